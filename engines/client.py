@@ -1,0 +1,121 @@
+"""HTTP calls the agent makes to one engine: health, sleep state, sleep, wake, request figures.
+
+Every call has its own timeout and turns transport failures into plain results or one
+exception type, so an owner never sees aiohttp's exception zoo. A connection refused while the
+process lives means the engine is still booting, not that it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+
+
+class EngineCallError(RuntimeError):
+    """An engine answered a lifecycle call with an error, or did not answer in time."""
+
+
+@dataclass(frozen=True)
+class RequestFigures:
+    running: float
+    waiting: float
+    success_total: float
+
+
+_FIGURES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:request_success_total": "success_total",
+}
+
+
+def parse_request_figures(text: str) -> RequestFigures:
+    """Sum vLLM's three request series over their labels from a Prometheus text exposition.
+
+    A line scan, not a full parser: vLLM's /metrics carries hundreds of histogram lines the agent
+    does not need, and this runs every few seconds for every engine.
+    """
+    sums = {"running": 0.0, "waiting": 0.0, "success_total": 0.0}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name_end = len(line)
+        for sep in ("{", " "):
+            idx = line.find(sep)
+            if 0 <= idx < name_end:
+                name_end = idx
+        key = _FIGURES.get(line[:name_end])
+        if key is None:
+            continue
+        value_part = line.rsplit("}", 1)[-1] if "}" in line else line[name_end:]
+        fields = value_part.split()
+        if not fields:
+            continue
+        try:
+            sums[key] += float(fields[0])
+        except ValueError:
+            continue
+    return RequestFigures(**sums)
+
+
+class EngineClient:
+    def __init__(self, session: aiohttp.ClientSession, host: str, port: int) -> None:
+        self._session = session
+        self._base = f"http://{host}:{port}"
+
+    async def health(self, timeout_s: float) -> bool:
+        """True when /health answers 200; False when refused, failing or too slow."""
+        try:
+            async with self._session.get(
+                f"{self._base}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def is_sleeping(self, timeout_s: float) -> bool | None:
+        """The engine's own word on sleep; None when it has no sleep endpoint or did not say."""
+        try:
+            async with self._session.get(
+                f"{self._base}/is_sleeping", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            return None
+        value = body.get("is_sleeping") if isinstance(body, dict) else None
+        return value if isinstance(value, bool) else None
+
+    async def _post(self, path: str, timeout_s: float) -> None:
+        try:
+            async with self._session.post(
+                f"{self._base}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                if resp.status >= 300:
+                    text = (await resp.text())[:500]
+                    raise EngineCallError(f"POST {path} answered {resp.status}: {text}")
+        except asyncio.TimeoutError as exc:
+            raise EngineCallError(f"POST {path} got no answer within {timeout_s:g} s") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineCallError(f"POST {path} failed: {exc}") from exc
+
+    async def sleep(self, level: int, timeout_s: float) -> None:
+        await self._post(f"/sleep?level={level}", timeout_s)
+
+    async def wake(self, timeout_s: float) -> None:
+        await self._post("/wake_up", timeout_s)
+
+    async def request_figures(self, timeout_s: float) -> RequestFigures | None:
+        try:
+            async with self._session.get(
+                f"{self._base}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                text = await resp.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+            return None
+        return parse_request_figures(text)

@@ -1,0 +1,218 @@
+"""Engine processes: start one in its own session, watch it through a pidfd, stop its group.
+
+This is the only module that forks, signals or reaps. An engine runs in a new session (so in
+its own process group), with stdout and stderr appended to its log file. Its exit is observed
+through ``os.pidfd_open`` and the event loop's ``add_reader``, for engines this agent started
+and for engines it re-adopted after a restart alike: the kernel tells us within microseconds,
+no polling loop is involved.
+
+For a child of this agent the exit status is read with ``waitid(P_PIDFD)``; a re-adopted engine
+is not our child, so its status is unknown and is reported as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from registry.identity import process_start_time
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How an engine process ended. ``code``/``signal`` are None when unknown (not our child)."""
+
+    code: int | None
+    signal: int | None
+    detected_at: float  # time.monotonic() when the agent saw it
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"killed by signal {signal.Signals(self.signal).name}"
+        if self.code is not None:
+            return f"exited with code {self.code}"
+        return "exited (status unknown: the process was re-adopted, not started by this agent)"
+
+
+class SpawnError(RuntimeError):
+    """The engine could not be started at all (missing executable, bad working directory)."""
+
+
+class EngineProcess:
+    """One running engine process (the leader of its process group) and its exit watch."""
+
+    def __init__(self, pid: int, start_time: int, is_child: bool) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.is_child = is_child
+        loop = asyncio.get_running_loop()
+        self.exited: asyncio.Future[ExitInfo] = loop.create_future()
+        self._loop = loop
+        self._pidfd = os.pidfd_open(pid)
+        loop.add_reader(self._pidfd, self._on_pidfd_readable)
+
+    def _on_pidfd_readable(self) -> None:
+        detected_at = time.monotonic()
+        self._loop.remove_reader(self._pidfd)
+        info = ExitInfo(code=None, signal=None, detected_at=detected_at)
+        if self.is_child:
+            with contextlib.suppress(ChildProcessError, OSError):
+                result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+                if result is not None:
+                    if result.si_code == os.CLD_EXITED:
+                        info = ExitInfo(result.si_status, None, detected_at)
+                    else:
+                        info = ExitInfo(None, result.si_status, detected_at)
+        os.close(self._pidfd)
+        self._pidfd = -1
+        # The leader is gone; whatever it left in its group (workers, engine cores) goes too.
+        self.signal_group(signal.SIGKILL)
+        if not self.exited.done():
+            self.exited.set_result(info)
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the engine's whole process group (its pgid is its pid)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def stop(self, grace_s: float) -> ExitInfo:
+        """SIGTERM the group, wait ``grace_s``, then SIGKILL it; no descendant survives."""
+        if self.exited.done():
+            return self.exited.result()
+        descendants = await asyncio.to_thread(_descendants, self.pid)  # blocking /proc reads
+        self.signal_group(signal.SIGTERM)
+        try:
+            info = await asyncio.wait_for(asyncio.shield(self.exited), grace_s)
+        except TimeoutError:
+            self.signal_group(signal.SIGKILL)
+            info = await self.exited
+        # Descendants that left the group (setsid) are found by the tree taken before the stop.
+        await asyncio.to_thread(_kill_survivors, descendants)
+        return info
+
+    def close(self) -> None:
+        """Stop watching without touching the process (the agent is shutting down)."""
+        if self._pidfd >= 0:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        if not self.exited.done():
+            self.exited.cancel()
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_survivors(processes: Sequence[psutil.Process]) -> None:
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            if proc.is_running():  # is_running checks the create time: no reused PID is hit
+                proc.kill()
+
+
+def resolve_executable(name: str) -> str:
+    if os.sep in name:
+        if not os.access(name, os.X_OK):
+            raise SpawnError(f"engine executable {name!r} does not exist or is not executable")
+        return name
+    found = shutil.which(name)
+    if found is None:
+        raise SpawnError(f"engine executable {name!r} was not found on PATH")
+    return found
+
+
+def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path) -> int:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    executable = resolve_executable(argv[0])
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        header = f"=== engine start {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {' '.join(argv)}\n"
+        os.write(log_fd, header.encode())
+        return os.posix_spawn(
+            executable,
+            list(argv),
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, null_fd, 0),
+                (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                (os.POSIX_SPAWN_DUP2, log_fd, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(log_fd)
+        os.close(null_fd)
+
+
+class ProcessLauncher:
+    """Starts engine processes and attaches to running ones. Tests use the same class."""
+
+    def __init__(self, cwd: Path | None = None) -> None:
+        self._cwd = cwd or Path.cwd()
+
+    async def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], log_path: Path
+    ) -> EngineProcess:
+        # posix_spawn and the log header are blocking syscalls: run them off the event loop.
+        pid = await asyncio.to_thread(_spawn_blocking, argv, env, log_path, self._cwd)
+        start_time = process_start_time(pid)
+        if start_time is None:  # exited before we looked: still watch it to get its status
+            start_time = 0
+        return EngineProcess(pid, start_time, is_child=True)
+
+    def attach(self, pid: int) -> EngineProcess | None:
+        """Watch a running engine this agent did not start; None when it is already gone."""
+        start_time = process_start_time(pid)
+        if start_time is None:
+            return None
+        try:
+            return EngineProcess(pid, start_time, is_child=False)
+        except ProcessLookupError:
+            return None
+
+
+def tail_lines(path: Path, lines: int = 20, max_bytes: int = 16384) -> list[str]:
+    """The last ``lines`` lines of a log file (blocking; call in a thread)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace")
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def trim_log(path: Path, max_bytes: int) -> bool:
+    """Copy-truncate a log that grew past ``max_bytes``: its older half goes to ``<log>.1``.
+
+    The engine holds the file open with O_APPEND, so after the truncate its next write lands at
+    the new end. Blocking; call in a thread. Returns True when it trimmed.
+    """
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if size <= max_bytes:
+        return False
+    with path.open("rb") as src, path.with_name(path.name + ".1").open("wb") as old:
+        shutil.copyfileobj(src, old)
+    with path.open("r+b") as fh:
+        fh.truncate(0)
+    return True

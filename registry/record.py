@@ -1,0 +1,75 @@
+"""The engine record: what the agent persists about one engine.
+
+One record per engine, stored as its own JSON file (see ``registry.store``). It holds the
+desired state (the spec the engine was activated with, awake or asleep) and the last observed
+facts needed to re-adopt the engine after an agent restart (PID, process start time, port).
+
+The record is plain data. Only an engine's owner task changes it, and it writes the record
+durably before each process start and on every phase transition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RECORD_VERSION = 1
+
+# Environment variables the agent puts into every engine it starts. Re-adoption reads them back
+# from /proc/<pid>/environ, so a reused PID is never mistaken for an engine.
+ENV_ENGINE_ID = "AIBRIX_ENGINE_ID"
+ENV_STATE_DIR = "AIBRIX_AGENT_STATE_DIR"
+ENV_ENGINE_SPEC = "AIBRIX_ENGINE_SPEC"
+
+EngineKind = Literal["vllm", "ollama", "sim"]
+Desired = Literal["awake", "asleep"]
+
+# Operation results kept per record for idempotency; the oldest are dropped first.
+MAX_OPERATIONS = 64
+
+
+class ClaimRef(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+
+
+class EngineSpec(BaseModel):
+    """What an engine was activated with. Two activations with equal specs are the same."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_name: str
+    artifact_url: str
+    engine: EngineKind = "vllm"
+    ipc_name: str
+    args: dict[str, str] = Field(default_factory=dict)
+    claim_ref: ClaimRef | None = None
+
+
+class EngineRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    version: int = RECORD_VERSION
+    engine_id: str
+    spec: EngineSpec
+    port: int
+    desired: Desired = "awake"
+    sleep_level: int | None = None
+    pid: int | None = None
+    pid_start_time: int | None = None
+    phase: str = "activating"
+    restart_count: int = 0
+    last_error: str | None = None
+    last_transition: float = 0.0
+    created_at: float = 0.0
+    operations: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def remember_operation(self, operation_id: str, result: dict[str, Any]) -> None:
+        """Keep an operation's result for idempotent replays, dropping the oldest past the cap."""
+        self.operations[operation_id] = result
+        while len(self.operations) > MAX_OPERATIONS:
+            del self.operations[next(iter(self.operations))]

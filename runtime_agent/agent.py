@@ -1,0 +1,129 @@
+"""The agent: wires settings, registry, launcher, pool, events and the HTTP API together.
+
+Start-up order matters: the registry is read and every engine the previous agent left running
+is re-adopted before the API accepts a request, so no activation can race with re-adoption.
+Shutdown leaves engines running; only a deactivate stops an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from engines.process import ProcessLauncher, tail_lines, trim_log
+from registry.store import RegistryStore
+from runtime_agent import __version__
+from runtime_agent.api import make_app
+from runtime_agent.artifacts import ArtifactMarkers
+from runtime_agent.events import EventLog
+from runtime_agent.owner import OwnerDeps
+from runtime_agent.phases import Phase
+from runtime_agent.pool import EnginePool
+from runtime_agent.recovery import recover
+from runtime_agent.settings import Settings
+from runtime_agent.snapshot import build_snapshot, short_entry
+from runtime_agent.views import EngineEvent, EngineView
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.events = EventLog()
+        self.markers = ArtifactMarkers(settings.weight_cache_dir)
+        self.started_at = time.time()
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.pool: EnginePool
+
+    async def start(self) -> None:
+        s = self.settings
+        for path in (s.state_dir, s.engines_dir, s.logs_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        store = RegistryStore(s.state_dir)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=8)
+        self._session = aiohttp.ClientSession(connector=connector)
+        deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd()),
+                         session=self._session, on_event=self._on_event,
+                         on_view=self._on_view)
+        self.pool = EnginePool(deps)
+        await asyncio.to_thread(self.markers.load)
+        loaded, steps = await recover(store, str(s.state_dir))
+        self.pool.adopt(steps)
+        log.info("registry: %d records, %d quarantined; %d engines taken over",
+                 len(loaded.records), len(loaded.quarantined), len(steps))
+        self._tasks.append(asyncio.create_task(self._trim_logs(), name="trim-logs"))
+        self._runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, s.host, s.port, reuse_address=True)
+        await site.start()
+        log.info("runtime agent %s listening on %s:%d, state in %s", __version__, s.host, s.port,
+                 s.state_dir)
+
+    async def stop(self) -> None:
+        """Close the API and let go of engines; they keep running for the next agent."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        await self.pool.close()
+        if self._session is not None:
+            await self._session.close()
+
+    # ---- readers ----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        agent = {"version": __version__, "state_dir": str(self.settings.state_dir),
+                 "started_at": self.started_at, "simulated_engines": self.settings.simulate_engines}
+        return build_snapshot(self.pool.views(), self.markers.listing(), agent)
+
+    def model_list(self) -> dict[str, Any]:
+        views = sorted(self.pool.views(), key=lambda v: v.spec.model_name)
+        return {"models": [short_entry(v) for v in views]}
+
+    async def log_tail(self, model_name: str, lines: int) -> list[str] | None:
+        owner = self.pool.owners.get(model_name)
+        if owner is None:
+            return None
+        return await asyncio.to_thread(tail_lines, owner.log_path, lines, 256 * lines + 4096)
+
+    # ---- hooks from owners ------------------------------------------------------------------
+
+    def _on_event(self, event: EngineEvent) -> None:
+        self.events.append(event)
+
+    def _on_view(self, view: EngineView) -> None:
+        url = view.spec.artifact_url
+        if view.phase is Phase.ACTIVE and self.markers.note(url):
+            task = asyncio.create_task(asyncio.to_thread(self.markers.write, url))
+            self._tasks.append(task)  # keep a reference until it finishes
+            task.add_done_callback(self._tasks.remove)
+
+    async def _trim_logs(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.log_check_interval_s)
+            for owner in list(self.pool.owners.values()):
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(trim_log, owner.log_path, self.settings.log_max_bytes)
+
+
+async def serve(settings: Settings) -> None:
+    agent = Agent(settings)
+    await agent.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping the agent; engines keep running")
+    await agent.stop()

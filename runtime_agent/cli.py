@@ -1,0 +1,195 @@
+"""``runtime-agent``: the daemon (``serve``) and a client for its API (snapshot, activate, ...).
+
+This is the only module that reads flags and the environment; it turns them into Settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime_agent.client import AgentClient, AgentError
+from runtime_agent.logs import setup_logging
+from runtime_agent.settings import DEFAULT_STATE_DIR, Settings
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(p) for p in text.split("-", 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW-HIGH, got {text!r}") from None
+    if not 1 <= low <= high <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port range {text!r}")
+    return low, high
+
+
+def _delays(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seconds, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError("restart delays must not be negative")
+    return values
+
+
+def gpu_present() -> bool:
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    engines = args.engines
+    if engines == "auto":
+        engines = "vllm" if gpu_present() and shutil.which("vllm") else "sim"
+    cache = os.environ.get("AIBRIX_WEIGHT_CACHE_DIR")
+    low, high = args.engine_ports
+    return Settings(
+        host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
+        port_high=high, engine_bind_host=args.engine_host, restart_delays=args.restart_delays,
+        stop_grace_s=args.stop_grace, simulate_engines=engines == "sim",
+        weight_cache_dir=Path(cache) if cache else None,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from runtime_agent.agent import serve
+
+    setup_logging(args.log_format, args.log_level)
+    asyncio.run(serve(settings_from(args)))
+    return 0
+
+
+def _table(snapshot: dict[str, Any]) -> str:
+    cols = ("MODEL", "ENGINE", "PHASE", "READY", "PORT", "PID", "RESTARTS", "RUNNING",
+            "WAITING", "LAST ERROR")
+    rows = [cols]
+    for m in snapshot.get("models", []):
+        err = (m.get("last_error") or "").splitlines()
+        rows.append((m["model_name"], m["engine"], m["phase"], str(m["ready"]).lower(),
+                     str(m["port"]), str(m["pid"] or "-"), str(m["restart_count"]),
+                     _num(m.get("requests_running")), _num(m.get("requests_waiting")),
+                     err[0][:60] if err else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    cached = snapshot.get("cached_artifacts") or []
+    lines.append(f"\nobserved at {snapshot.get('observed_at')}; cached artifacts: "
+                 f"{', '.join(cached) if cached else 'none'}")
+    return "\n".join(lines)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _client_command(args: argparse.Namespace) -> int:
+    client = AgentClient(args.url)
+    try:
+        if args.command == "snapshot":
+            snap = client.snapshot()
+            print(json.dumps(snap, indent=2) if args.output == "json" else _table(snap))
+            return 0
+        if args.command == "events":
+            return _follow(client, args.follow)
+        result = _dispatch(client, args)
+    except AgentError as exc:
+        print(f"error ({exc.status}): {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"cannot reach the agent at {args.url}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0 if result.get("status") == "success" else 1
+
+
+def _dispatch(client: AgentClient, args: argparse.Namespace) -> dict[str, Any]:
+    if args.command == "activate":
+        flags: dict[str, str] = {}
+        for item in args.arg:
+            flag, _, value = item.partition("=")
+            flags[flag] = value
+        return client.activate(args.model, args.artifact, args.engine, args.engine_port, flags)
+    if args.command == "deactivate":
+        return client.deactivate(args.model)
+    if args.command == "sleep":
+        return client.sleep(args.model, args.level, args.operation_id)
+    return client.wake(args.model, args.operation_id)
+
+
+def _follow(client: AgentClient, follow: bool) -> int:
+    cursor = 0
+    while True:
+        page = client.events(cursor, wait=30 if follow else 0)
+        for item in page["events"]:
+            when = time.strftime("%H:%M:%S", time.localtime(item["ts"]))
+            print(f"{when} {item['model']}: {item['from']} -> {item['to']} "
+                  f"({item['reason']}) {item['message'].splitlines()[0] if item['message'] else ''}",
+                  flush=True)
+        cursor = page["cursor"]
+        if not follow:
+            return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="runtime-agent", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the agent daemon")
+    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+    s.add_argument("--engines", choices=("auto", "vllm", "sim"), default="auto",
+                   help="engine binaries: auto = real vLLM when a GPU and vllm are present, "
+                   "else the simulated engine")
+    s.add_argument("--engine-ports", type=_port_range, default=(20000, 20999))
+    s.add_argument("--engine-host", default="0.0.0.0", help="address engines listen on")
+    s.add_argument("--restart-delays", type=_delays, default=(2.0, 4.0, 8.0, 16.0, 32.0),
+                   help="seconds before restarts 1..N (default 2,4,8,16,32)")
+    s.add_argument("--stop-grace", type=float, default=10.0)
+    s.add_argument("--log-format", choices=("json", "text"), default="json")
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(func=_serve)
+
+    def client_parser(name: str, help_text: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_text)
+        c.add_argument("--url", default=os.environ.get("RUNTIME_AGENT_URL",
+                                                       "http://127.0.0.1:8080"))
+        c.set_defaults(func=_client_command)
+        return c
+
+    c = client_parser("snapshot", "print the engines as a table (-o json for JSON)")
+    c.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    c = client_parser("activate", "start an engine for a model")
+    c.add_argument("model")
+    c.add_argument("--artifact", required=True, help="e.g. huggingface://Qwen/Qwen3-0.6B")
+    c.add_argument("--engine", default="vllm", choices=("vllm", "ollama", "sim"))
+    c.add_argument("--engine-port", type=int, default=0)
+    c.add_argument("--arg", action="append", default=[], help="engine flag, --flag=value")
+    client_parser("deactivate", "stop a model's engine").add_argument("model")
+    c = client_parser("sleep", "put a model's engine to sleep")
+    c.add_argument("model")
+    c.add_argument("--level", type=int, choices=(1, 2), default=1)
+    c.add_argument("--operation-id")
+    c = client_parser("wake", "wake a model's engine")
+    c.add_argument("model")
+    c.add_argument("--operation-id")
+    c = client_parser("events", "print engine events (-f to follow)")
+    c.add_argument("-f", "--follow", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

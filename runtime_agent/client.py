@@ -1,0 +1,67 @@
+"""A small synchronous client for the agent's HTTP API (the CLI uses it; so can scripts)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+class AgentError(RuntimeError):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(body.get("message") or f"HTTP {status}")
+        self.status = status
+        self.body = body
+
+
+class AgentClient:
+    def __init__(self, url: str = "http://127.0.0.1:8080", timeout_s: float = 330.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return dict(json.loads(resp.read() or b"{}"))
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                payload = {"status": "error", "message": raw.decode(errors="replace")[:500]}
+            raise AgentError(exc.code, payload) from None
+
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/healthz")
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/runtime/snapshot")
+
+    def models(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/runtime/models")
+
+    def activate(self, model_name: str, artifact_url: str, engine: str = "vllm", port: int = 0,
+                 args: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+        body = {"model_name": model_name, "artifact_url": artifact_url, "engine": engine,
+                "port": port, "engine_config": {"args": args or {}}, **extra}
+        return self._call("POST", "/v1/runtime/models/activate", body)
+
+    def deactivate(self, model_name: str) -> dict[str, Any]:
+        return self._call("POST", "/v1/runtime/models/deactivate",
+                          {"model_name": model_name, "mode": "stop"})
+
+    def sleep(self, model_name: str, level: int = 1,
+              operation_id: str | None = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/runtime/models/sleep",
+                          {"model_name": model_name, "level": level, "operation_id": operation_id})
+
+    def wake(self, model_name: str, operation_id: str | None = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/runtime/models/wake",
+                          {"model_name": model_name, "operation_id": operation_id})
+
+    def events(self, since: int = 0, wait: int = 0) -> dict[str, Any]:
+        return self._call("GET", f"/v1/runtime/events?since={since}&wait={wait}")

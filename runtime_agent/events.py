@@ -1,0 +1,50 @@
+"""The events feed: every engine transition as a structured log line and in a bounded ring.
+
+Readers ask for the events after a cursor (a sequence number), so a client that reconnects with
+its last cursor misses nothing still in the ring, and ``wait_after`` wakes followers the moment
+something happens: no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from typing import Any
+
+from runtime_agent.views import EngineEvent
+
+log = logging.getLogger("runtime_agent.events")
+
+
+class EventLog:
+    def __init__(self, capacity: int = 4096) -> None:
+        self._ring: deque[tuple[int, dict[str, Any]]] = deque(maxlen=capacity)
+        self._seq = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def append(self, event: EngineEvent) -> None:
+        self._seq += 1
+        item = {"seq": self._seq, **event.as_dict()}
+        self._ring.append((self._seq, item))
+        log.info(json.dumps(item), extra={"model": event.model_name})
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def since(self, cursor: int, limit: int = 1000) -> list[dict[str, Any]]:
+        return [item for seq, item in self._ring if seq > cursor][:limit]
+
+    async def wait_after(self, cursor: int, timeout_s: float) -> None:
+        """Return once an event newer than ``cursor`` exists, or after ``timeout_s``."""
+        if self._seq > cursor:
+            return
+        changed = self._changed
+        try:
+            await asyncio.wait_for(changed.wait(), timeout_s)
+        except TimeoutError:
+            pass

@@ -1,0 +1,437 @@
+"""The engine owner: one asyncio task per engine that alone changes that engine's state.
+
+API handlers send the owner an intent (sleep, wake, stop) and await its outcome; everything the
+engine does on its own (exits, becomes ready, reports request figures) reaches the owner as an
+event in the same inbox. The owner handles one message at a time, so every decision that leads
+to a start, stop, sleep or wake is made with the owner's own, current state. Long work (a 10 s
+sleep call, readiness probing, scraping) runs in helper tasks that post their results back, so
+the owner keeps answering (a stop, an exit) while an engine call is in flight. No lock exists.
+
+Readers (the snapshot, the metrics) read ``owner.view``: an immutable value replaced on every
+change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from engines.client import EngineCallError, EngineClient, RequestFigures
+from engines.process import EngineProcess, ExitInfo, ProcessLauncher, SpawnError, tail_lines
+from registry.record import EngineRecord, EngineSpec
+from registry.store import RegistryStore
+from runtime_agent.backoff import probe_delays, restart_delay
+from runtime_agent.commands import engine_command
+from runtime_agent.phases import Phase, check_transition
+from runtime_agent.settings import Settings
+from runtime_agent.views import EngineEvent, EngineView, OpResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OwnerDeps:
+    settings: Settings
+    store: RegistryStore
+    launcher: ProcessLauncher
+    session: aiohttp.ClientSession
+    on_event: Callable[[EngineEvent], None]
+    on_view: Callable[[EngineView], None]
+    clock: Callable[[], float] = time.time
+
+
+@dataclass(frozen=True)
+class Intent:
+    action: str  # "sleep" | "wake" | "stop"
+    operation_id: str | None = None
+    level: int = 1
+
+
+class EngineOwner:
+    def __init__(self, record: EngineRecord, deps: OwnerDeps) -> None:
+        self.record = record
+        self._deps = deps
+        self._settings = deps.settings
+        self._inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self._client = EngineClient(deps.session, self._settings.engine_probe_host, record.port)
+        self._proc: EngineProcess | None = None
+        self._gen = 0  # bumps with every process; events from older processes are dropped
+        self._helpers: set[asyncio.Task[None]] = set()
+        self._op: tuple[asyncio.Task[None], str] | None = None
+        self._deferred: deque[tuple[Intent, asyncio.Future[OpResult]]] = deque()
+        self._restart_timer: asyncio.TimerHandle | None = None
+        self._ready = False
+        self._adopted = False
+        self._converge = True  # after a spawn, steer the engine to the desired sleep state
+        self._figures: RequestFigures | None = None
+        self._figures_at: float | None = None
+        self.spawned: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self.log_path = self._settings.logs_dir / f"{record.engine_id}.log"
+        self.view = self._make_view()
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- public surface -------------------------------------------------------------------
+
+    def start(self, mode: str, pid: int | None = None) -> None:
+        """Run the owner. mode: "spawn" (new engine), "adopt" (pid verified by the caller),
+        "restart" (its process is gone: restart now, counted), or "idle" (failed: keep it)."""
+        self._task = asyncio.create_task(self._run(mode, pid), name=f"owner:{self.name}")
+
+    @property
+    def name(self) -> str:
+        return self.record.spec.model_name
+
+    @property
+    def spec(self) -> EngineSpec:
+        return self.record.spec
+
+    async def request(self, intent: Intent) -> OpResult:
+        if self._task is None or self._task.done():
+            return OpResult.error(404, f"model {self.name!r} is not running on this agent")
+        future: asyncio.Future[OpResult] = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait(("intent", intent, future))
+        return await future
+
+    async def wait_closed(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def detach(self) -> None:
+        """Stop supervising without touching the engine: the agent is shutting down."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._cancel_helpers()
+        if self._proc is not None:
+            self._proc.close()
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    async def _run(self, mode: str, pid: int | None) -> None:
+        try:
+            if mode == "adopt" and pid is not None:
+                await self._adopt(pid)
+            elif mode == "restart":
+                await self._after_exit(None, "its process was gone when the agent started")
+            elif mode == "stop":  # the previous agent died while stopping this engine
+                if pid is not None and (proc := self._deps.launcher.attach(pid)) is not None:
+                    self._proc = proc
+                self._inbox.put_nowait(("intent", Intent("stop"),
+                                        asyncio.get_running_loop().create_future()))
+            elif mode == "spawn":
+                await self._persist()  # the record is durable before any process starts
+                await self._spawn("activated")
+            if not self.spawned.done():
+                self.spawned.set_result(None)
+            while self.view.phase is not Phase.STOPPED:
+                message = await self._inbox.get()
+                await self._handle(message)
+                self._publish()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug: record it where an operator looks, keep the agent alive
+            log.exception("owner of %s crashed", self.name)
+            self.record.last_error = "agent error while supervising this engine (see agent log)"
+            self._publish()
+            raise
+
+    async def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "intent":
+            await self._on_intent(message[1], message[2])
+            return
+        if message[1] != self._gen:
+            return  # from a process that is gone
+        if kind == "exit":
+            await self._after_exit(message[2], None)
+        elif kind == "ready":
+            await self._on_ready(message[2])
+        elif kind == "figures":
+            self._figures, self._figures_at = message[2], self._deps.clock()
+        elif kind == "op_done":
+            await self._on_op_done(*message[2:])
+        elif kind == "restart_due":
+            self._restart_timer = None
+            if self.view.phase is Phase.RESTARTING:
+                self.record.restart_count += 1
+                self._emit("restart", f"restart {self.record.restart_count}")
+                await self._spawn("restarted")
+
+    # ---- process lifecycle ----------------------------------------------------------------
+
+    async def _spawn(self, reason: str) -> None:
+        spec = self.record.spec
+        try:
+            argv, env = engine_command(self._settings, self.record)
+            proc = await self._deps.launcher.spawn(argv, env, self.log_path)
+        except (SpawnError, ValueError, OSError) as exc:
+            self.record.last_error = f"cannot start engine: {exc}"
+            await self._transition(Phase.FAILED, "StartFailed", self.record.last_error)
+            if not self.spawned.done():
+                self.spawned.set_result(self.record.last_error)
+            return
+        self._attach(proc)
+        self.record.pid, self.record.pid_start_time = proc.pid, proc.start_time
+        self._converge = True
+        await self._transition(Phase.BOOTING, reason, f"pid {proc.pid} on port {self.record.port}")
+        log.info("engine %s started: pid %d port %d (%s)", spec.model_name, proc.pid,
+                 self.record.port, reason)
+
+    async def _adopt(self, pid: int) -> None:
+        proc = self._deps.launcher.attach(pid)
+        if proc is None:
+            await self._after_exit(None, "its process ended while the agent re-adopted it")
+            return
+        self._attach(proc)
+        self._adopted = True
+        self._converge = False  # the engine's own word on sleep is the truth after adoption
+        self._emit("readopted", f"pid {pid} on port {self.record.port}", to=self.view.phase)
+        if self.view.phase is Phase.ACTIVATING:
+            await self._transition(Phase.BOOTING, "readopted", f"pid {pid}")
+
+    def _attach(self, proc: EngineProcess) -> None:
+        self._gen += 1
+        gen = self._gen
+        self._proc = proc
+        self._ready = False
+        self._figures = None
+
+        def exited(fut: asyncio.Future[ExitInfo]) -> None:
+            if not fut.cancelled():
+                self._inbox.put_nowait(("exit", gen, fut.result()))
+
+        proc.exited.add_done_callback(exited)
+        self._helper(self._probe_ready(gen))
+
+    async def _after_exit(self, info: ExitInfo | None, why: str | None) -> None:
+        """The engine's process is gone without being asked to stop: restart it or fail it."""
+        self._cancel_helpers()
+        self._fail_op("the engine exited during the operation")
+        self._proc, self._ready = None, False
+        cause = why or (info.describe() if info else "exited")
+        tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
+        self.record.last_error = cause + ("\n" + "\n".join(tail) if tail else "")
+        self.record.pid = self.record.pid_start_time = None
+        delay = restart_delay(self.record.restart_count, self._settings.restart_delays)
+        if delay is None:
+            msg = f"{cause}; restart budget of {len(self._settings.restart_delays)} spent"
+            await self._transition(Phase.FAILED, "RestartBudgetExhausted", msg)
+            return
+        if why is not None:
+            delay = 0.0  # the agent was down for longer than any backoff already
+        await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s")
+        gen = self._gen
+        self._restart_timer = asyncio.get_running_loop().call_later(
+            delay, self._inbox.put_nowait, ("restart_due", gen)
+        )
+
+    async def _probe_ready(self, gen: int) -> None:
+        s = self._settings
+        for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
+            await asyncio.sleep(delay)
+            if await self._client.health(s.probe_timeout_s):
+                sleeping = await self._client.is_sleeping(s.probe_timeout_s)
+                self._inbox.put_nowait(("ready", gen, sleeping))
+                return
+
+    async def _scrape(self, gen: int) -> None:
+        while True:
+            figures = await self._client.request_figures(self._settings.probe_timeout_s)
+            if figures is not None:
+                self._inbox.put_nowait(("figures", gen, figures))
+            await asyncio.sleep(self._settings.scrape_interval_s)
+
+    async def _on_ready(self, sleeping: bool | None) -> None:
+        self._ready = True
+        target = Phase.SLEEPING if sleeping else Phase.ACTIVE
+        if self._adopted and not self._converge:
+            self.record.desired = "asleep" if sleeping else "awake"
+        await self._transition(target, "Ready", "answers /health")
+        self._helper(self._scrape(self._gen))
+        if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:
+            self._start_op("sleep", self.record.sleep_level or 1, None, None)
+
+    # ---- intents --------------------------------------------------------------------------
+
+    async def _on_intent(self, intent: Intent, future: asyncio.Future[OpResult]) -> None:
+        if intent.action == "stop":
+            await self._stop(future)
+            return
+        if intent.operation_id and intent.operation_id in self.record.operations:
+            _resolve(future, OpResult(200, self.record.operations[intent.operation_id]))
+            return
+        if self._op is not None:
+            self._deferred.append((intent, future))
+            return
+        phase = self.view.phase
+        want_sleep = intent.action == "sleep"
+        if (want_sleep and phase is Phase.SLEEPING) or (not want_sleep and phase is Phase.ACTIVE):
+            _resolve(future, OpResult(200, self._op_body(intent, applied=False)))
+            return
+        if phase not in (Phase.ACTIVE, Phase.SLEEPING):
+            _resolve(future, OpResult.error(
+                409, f"model {self.name!r} is {phase.value}; it can {intent.action} once it is "
+                "active or sleeping", phase=phase.value))
+            return
+        self._start_op(intent.action, intent.level, intent, future)
+
+    def _start_op(self, action: str, level: int, intent: Intent | None,
+                  future: asyncio.Future[OpResult] | None) -> None:
+        gen = self._gen
+        started = time.monotonic()
+
+        async def run() -> None:
+            error: str | None = None
+            try:
+                if action == "sleep":
+                    await self._client.sleep(level, self._settings.lifecycle_timeout_s)
+                else:
+                    await self._client.wake(self._settings.lifecycle_timeout_s)
+            except EngineCallError as exc:
+                error = str(exc)
+            sleeping = await self._client.is_sleeping(self._settings.probe_timeout_s)
+            self._inbox.put_nowait(("op_done", gen, action, level, error, sleeping, intent, future,
+                                    time.monotonic() - started))
+
+        task = asyncio.create_task(run(), name=f"{action}:{self.name}")
+        self._op = (task, action)
+        self._publish()
+
+    async def _on_op_done(self, action: str, level: int, error: str | None,
+                          sleeping: bool | None, intent: Intent | None,
+                          future: asyncio.Future[OpResult] | None, seconds: float) -> None:
+        self._op = None
+        want_sleeping = action == "sleep"
+        if sleeping is None:  # no confirmation: trust the call's own result
+            sleeping = want_sleeping if error is None else not want_sleeping
+        ok = error is None and sleeping == want_sleeping
+        if ok:
+            self.record.desired = "asleep" if want_sleeping else "awake"
+            self.record.sleep_level = level if want_sleeping else None
+        target = Phase.SLEEPING if sleeping else Phase.ACTIVE
+        reason = ("Slept" if want_sleeping else "Woken") if ok else f"{action.capitalize()}Failed"
+        detail = f"{action} took {seconds:.3f} s" if ok else (error or f"engine did not {action}")
+        if target is not self.view.phase:
+            await self._transition(target, reason, detail, persist=False)
+        else:
+            self._emit(reason, detail, to=target)
+        if intent is not None and future is not None:
+            if ok:
+                body = self._op_body(intent, applied=True)
+                if intent.operation_id:
+                    self.record.remember_operation(intent.operation_id, body)
+                await self._persist()
+                _resolve(future, OpResult(200, body))
+            else:
+                await self._persist()
+                _resolve(future, OpResult.error(
+                    502, f"{action} of {self.name!r} failed: {detail}", phase=target.value,
+                    operation_id=intent.operation_id, applied=False))
+        else:
+            await self._persist()
+        while self._deferred and self._op is None:
+            await self._on_intent(*self._deferred.popleft())
+
+    def _op_body(self, intent: Intent, applied: bool) -> dict[str, Any]:
+        return {"status": "success", "model_name": self.name, "operation_id": intent.operation_id,
+                "applied": applied, "phase": self.view.phase.value}
+
+    def _fail_op(self, why: str) -> None:
+        pending = list(self._deferred)
+        self._deferred.clear()
+        if self._op is not None:
+            self._op[0].cancel()
+            self._op = None
+        for _, future in pending:
+            _resolve(future, OpResult.error(409, f"{why}; try again", phase=self.view.phase.value))
+
+    async def _stop(self, future: asyncio.Future[OpResult]) -> None:
+        if self._restart_timer is not None:
+            self._restart_timer.cancel()
+            self._restart_timer = None
+        self._cancel_helpers()
+        self._fail_op(f"model {self.name!r} is being stopped")
+        await self._transition(Phase.STOPPING, "Deactivate", "stop requested")
+        proc, self._proc = self._proc, None
+        self._gen += 1
+        if proc is not None:
+            info = await proc.stop(self._settings.stop_grace_s)
+            detail = info.describe()
+        else:
+            detail = "no process was running"
+        self.record.pid = self.record.pid_start_time = None
+        await self._transition(Phase.STOPPED, "Stopped", detail, persist=False)
+        await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
+        _resolve(future, OpResult(200, {"status": "success", "model_name": self.name,
+                                        "phase": Phase.STOPPED.value, "message": detail}))
+        while not self._inbox.empty():  # intents that raced with the stop
+            message = self._inbox.get_nowait()
+            if message[0] == "intent":
+                _resolve(message[2], OpResult.error(404, f"model {self.name!r} was stopped"))
+
+    # ---- state changes --------------------------------------------------------------------
+
+    async def _transition(self, to: Phase, reason: str, message: str,
+                          persist: bool = True) -> None:
+        src = self.view.phase
+        if to is not src:
+            check_transition(src, to)
+            self.record.phase = to.value
+            self.record.last_transition = self._deps.clock()
+            self._publish()
+            self._emit(reason, message, src=src, to=to)
+        if persist and to is not Phase.STOPPED:
+            await self._persist()
+
+    async def _persist(self) -> None:
+        snapshot = self.record.model_copy(deep=True)
+        await asyncio.to_thread(self._deps.store.save, snapshot)  # fsync: off the event loop
+
+    def _emit(self, reason: str, message: str, src: Phase | None = None,
+              to: Phase | None = None) -> None:
+        self._deps.on_event(EngineEvent(
+            at=self._deps.clock(), model_name=self.name, engine_id=self.record.engine_id,
+            src=(src or self.view.phase).value, dst=(to or self.view.phase).value,
+            reason=reason, message=message))
+
+    def _publish(self) -> None:
+        self.view = self._make_view()
+        self._deps.on_view(self.view)
+
+    def _make_view(self) -> EngineView:
+        r, f = self.record, self._figures
+        return EngineView(
+            engine_id=r.engine_id, spec=r.spec, port=r.port, phase=Phase(r.phase), pid=r.pid,
+            alive=self._proc is not None, ready=self._ready and r.phase == Phase.ACTIVE.value,
+            adopted=self._adopted, desired=r.desired, sleep_level=r.sleep_level,
+            operation=self._op[1] if self._op else None, restart_count=r.restart_count,
+            last_error=r.last_error, last_transition=r.last_transition, created_at=r.created_at,
+            requests_running=f.running if f else None, requests_waiting=f.waiting if f else None,
+            request_success_total=f.success_total if f else None, figures_at=self._figures_at,
+            log_path=str(self.log_path),
+        )
+
+    def _helper(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._helpers.add(task)
+        task.add_done_callback(self._helpers.discard)
+
+    def _cancel_helpers(self) -> None:
+        for task in list(self._helpers):
+            task.cancel()
+        self._helpers.clear()
+
+
+def _resolve(future: asyncio.Future[OpResult], result: OpResult) -> None:
+    if not future.done():
+        future.set_result(result)

@@ -1,0 +1,149 @@
+"""The engine pool: the agent's set of engine owners, and the only place engines are created.
+
+It turns an activation into a record and an owner, routes intents to the right owner, removes
+owners whose engines stopped, and keeps the latest view of every engine for readers. It holds
+no lock: the checks and inserts that must not interleave (one owner per model name, one port
+and one IPC name per engine) run without an await between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from engines import vllm
+from registry.record import EngineRecord, EngineSpec
+from runtime_agent.api_models import ActivateRequest
+from runtime_agent.naming import ipc_name_for
+from runtime_agent.owner import EngineOwner, Intent, OwnerDeps
+from runtime_agent.phases import Phase
+from runtime_agent.recovery import Step
+from runtime_agent.ports import choose_port, port_is_free
+from runtime_agent.views import EngineView, OpResult
+
+log = logging.getLogger(__name__)
+
+
+class EnginePool:
+    def __init__(self, deps: OwnerDeps, is_port_free: Callable[[int], bool] = port_is_free):
+        self._deps = deps
+        self._settings = deps.settings
+        self._is_port_free = is_port_free
+        self.owners: dict[str, EngineOwner] = {}
+
+    # ---- activation -----------------------------------------------------------------------
+
+    async def activate(self, req: ActivateRequest) -> OpResult:
+        spec = EngineSpec(
+            model_name=req.model_name, artifact_url=req.artifact_url, engine=req.engine,
+            ipc_name=req.ipc_name or ipc_name_for(req.model_name), args=req.engine_config.args,
+            claim_ref=req.claim_ref,
+        )
+        problem = self._spec_problem(spec)
+        if problem is not None:
+            return OpResult.error(400, problem, reason="InvalidEngineConfig")
+        existing = self.owners.get(spec.model_name)
+        if existing is not None:
+            return await self._same_or_conflict(existing, spec, req.port)
+        clash = next((o for o in self.owners.values() if o.spec.ipc_name == spec.ipc_name), None)
+        if clash is not None:
+            return OpResult.error(409, f"ipc_name {spec.ipc_name!r} is already used by model "
+                                  f"{clash.name!r}; pass a distinct ipc_name")
+        port_or_error = self._pick_port(req.port)
+        if isinstance(port_or_error, OpResult):
+            return port_or_error
+        now = self._deps.clock()
+        record = EngineRecord(engine_id=uuid.uuid4().hex, spec=spec, port=port_or_error,
+                              phase=Phase.ACTIVATING.value, created_at=now, last_transition=now)
+        owner = self._add(record, "spawn")
+        error = await owner.spawned
+        if error is not None:
+            return OpResult.error(500, error, model_name=spec.model_name, port=record.port,
+                                  phase=owner.view.phase.value)
+        return OpResult(200, self._activate_body(owner))
+
+    def _spec_problem(self, spec: EngineSpec) -> str | None:
+        if spec.engine == "ollama":
+            return "engine 'ollama' is not supported by this agent build yet; use 'vllm'"
+        return vllm.artifact_problem(spec.artifact_url) or vllm.args_problem(spec.args)
+
+    async def _same_or_conflict(self, owner: EngineOwner, spec: EngineSpec, port: int) -> OpResult:
+        diffs = [k for k, v in spec.model_dump().items() if getattr(owner.spec, k) != getattr(spec, k)
+                 and not (k == "ipc_name" and spec.ipc_name == ipc_name_for(spec.model_name))]
+        if port and port != owner.record.port:
+            diffs.append("port")
+        if diffs:
+            return OpResult.error(
+                409, f"model {spec.model_name!r} already runs with a different "
+                f"{', '.join(diffs)}; deactivate it first to change them",
+                model_name=spec.model_name, port=owner.record.port)
+        await owner.spawned
+        return OpResult(200, self._activate_body(owner))
+
+    def _activate_body(self, owner: EngineOwner) -> dict[str, Any]:
+        view = owner.view
+        return {"status": "success", "model_name": owner.name, "port": view.port,
+                "ipc_name": owner.spec.ipc_name, "phase": view.phase.value, "pid": view.pid,
+                "engine_id": view.engine_id}
+
+    def _pick_port(self, requested: int) -> int | OpResult:
+        s = self._settings
+        held = {o.record.port for o in self.owners.values()}
+        if requested == 0:
+            port = choose_port(s.port_low, s.port_high, held, self._is_port_free)
+            if port is None:
+                return OpResult.error(503, f"no free engine port in {s.port_low}-{s.port_high}")
+            return port
+        if not s.port_low <= requested <= s.port_high:
+            return OpResult.error(400, f"port {requested} is outside the engine port range "
+                                  f"{s.port_low}-{s.port_high}; pass 0 to let the agent pick")
+        if requested in held or not self._is_port_free(requested):
+            return OpResult.error(409, f"port {requested} is already in use")
+        return requested
+
+    def _add(self, record: EngineRecord, mode: str, pid: int | None = None) -> EngineOwner:
+        owner = EngineOwner(record, self._deps)
+        self.owners[record.spec.model_name] = owner
+        owner.start(mode, pid)
+        return owner
+
+    # ---- intents --------------------------------------------------------------------------
+
+    async def deactivate(self, model_name: str) -> OpResult:
+        owner = self.owners.get(model_name)
+        if owner is None:
+            return OpResult(200, {"status": "success", "model_name": model_name,
+                                  "message": "not running on this agent; nothing to do"})
+        result = await owner.request(Intent("stop"))
+        if self.owners.get(model_name) is owner and owner.view.phase is Phase.STOPPED:
+            del self.owners[model_name]
+        if result.status == 404:  # stopped by a concurrent deactivate: the same outcome
+            return OpResult(200, {"status": "success", "model_name": model_name,
+                                  "phase": Phase.STOPPED.value})
+        return result
+
+    async def lifecycle(self, model_name: str, intent: Intent) -> OpResult:
+        owner = self.owners.get(model_name)
+        if owner is None:
+            return OpResult.error(404, f"model {model_name!r} is not running on this agent",
+                                  model_name=model_name)
+        return await owner.request(intent)
+
+    # ---- reading --------------------------------------------------------------------------
+
+    def views(self) -> list[EngineView]:
+        return [o.view for o in self.owners.values()]
+
+    async def close(self) -> None:
+        """Stop supervising; engines keep running, to be re-adopted by the next agent."""
+        await asyncio.gather(*(o.detach() for o in self.owners.values()))
+
+    # ---- recovery -------------------------------------------------------------------------
+
+    def adopt(self, steps: list[Step]) -> None:
+        for step in steps:
+            self._add(step.record, step.mode, step.pid)
+

@@ -1,0 +1,107 @@
+"""Re-adoption: what a starting agent does with the engines a previous agent left behind.
+
+Inputs are the registry (records, some possibly quarantined as corrupt) and a scan of running
+processes that carry this state directory in their environment. Each record becomes one of:
+- adopt: its PID is alive and is provably the same process (PID + start time + engine id);
+- adopt a found process: the record's PID is stale or missing, but a process carrying the
+  record's engine id runs (the agent died between starting it and writing its PID);
+- restart: no such process runs any more (counted against the restart budget);
+- idle: the engine had failed for good; it keeps its record and last_error;
+- finish a stop: the agent died while stopping it.
+A running engine whose record was lost or corrupted is rebuilt from the spec it carries in its
+environment, so no running engine is lost with its file. ``plan`` is pure; ``recover`` does
+the I/O in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from registry.identity import FoundEngine, Verdict, scan_engines, verify
+from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, EngineRecord, EngineSpec
+from registry.store import LoadResult, RegistryStore
+from runtime_agent.phases import Phase
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Step:
+    record: EngineRecord
+    mode: str  # "adopt" | "restart" | "idle" | "stop"
+    pid: int | None
+    note: str
+
+
+def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
+    """Rebuild a record from the spec an engine carries in its environment."""
+    try:
+        carried = json.loads(found.environ.get(ENV_ENGINE_SPEC, ""))
+        spec = EngineSpec.model_validate(carried["spec"])
+        port = int(carried["port"])
+    except (ValueError, KeyError, TypeError, ValidationError):
+        return None
+    return EngineRecord(engine_id=found.environ[ENV_ENGINE_ID], spec=spec, port=port,
+                        pid=found.pid, pid_start_time=found.start_time,
+                        phase=Phase.BOOTING.value, created_at=now, last_transition=now)
+
+
+def plan(records: list[EngineRecord], found: list[FoundEngine],
+         check: Callable[[int, int, str], Verdict], now: float) -> list[Step]:
+    by_id = {f.environ[ENV_ENGINE_ID]: f for f in found}
+    steps: list[Step] = []
+    names: set[str] = set()
+    for record in records:
+        if record.spec.model_name in names:
+            continue  # two records for one name cannot both be ours; the first wins
+        names.add(record.spec.model_name)
+        proc = by_id.pop(record.engine_id, None)
+        verdict = Verdict.GONE
+        if record.pid is not None and record.pid_start_time is not None:
+            verdict = check(record.pid, record.pid_start_time, record.engine_id)
+        if verdict is not Verdict.MATCH and proc is not None:
+            record.pid, record.pid_start_time = proc.pid, proc.start_time
+            verdict = Verdict.MATCH
+        phase = Phase(record.phase)
+        if phase is Phase.STOPPING:
+            steps.append(Step(record, "stop", record.pid if verdict is Verdict.MATCH else None,
+                              "finishing a stop the previous agent began"))
+        elif phase is Phase.FAILED:
+            steps.append(Step(record, "idle", None, "failed before the agent restarted"))
+        elif verdict is Verdict.MATCH:
+            steps.append(Step(record, "adopt", record.pid, f"pid {record.pid} verified"))
+        else:
+            steps.append(Step(record, "restart", None, f"process {verdict.value}"))
+    for proc in by_id.values():
+        rebuilt = record_from_process(proc, now)
+        if rebuilt is None or rebuilt.spec.model_name in names:
+            log.warning("engine process %d carries no usable spec; left alone", proc.pid)
+            continue
+        names.add(rebuilt.spec.model_name)
+        steps.append(Step(rebuilt, "adopt", proc.pid, "rebuilt from the process environment"))
+    return steps
+
+
+def _gather(store: RegistryStore, state_dir: str) -> tuple[LoadResult, list[FoundEngine], list[Step]]:
+    loaded = store.load_all()
+    found = scan_engines(state_dir)
+    steps = plan(loaded.records, found, verify, time.time())
+    for step in steps:
+        if step.note == "rebuilt from the process environment":
+            store.save(step.record)
+    return loaded, found, steps
+
+
+async def recover(store: RegistryStore, state_dir: str) -> tuple[LoadResult, list[Step]]:
+    loaded, _, steps = await asyncio.to_thread(_gather, store, state_dir)  # /proc + disk reads
+    for q in loaded.quarantined:
+        log.warning("registry file %s was unreadable (%s); kept at %s", q.original, q.reason,
+                    q.kept_at)
+    return loaded, steps

@@ -1,0 +1,61 @@
+"""The agent's settings: frozen data built once by the CLI, passed to everything that needs it.
+
+Nothing below the CLI reads the environment or flags; tests build Settings directly.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime_agent.backoff import DEFAULT_RESTART_DELAYS
+
+DEFAULT_STATE_DIR = Path("/var/run/aibrix")
+SIM_ENGINE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "engines.sim", "serve")
+VLLM_ENGINE_COMMAND: tuple[str, ...] = ("vllm", "serve")
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    state_dir: Path = DEFAULT_STATE_DIR
+    # Engines listen on a port in this range for their whole life.
+    port_low: int = 20000
+    port_high: int = 20999
+    # The address engines bind (reachable by the gateway) and the one the agent probes them on.
+    engine_bind_host: str = "0.0.0.0"
+    engine_probe_host: str = "127.0.0.1"
+    # Restart policy: delays before restarts 1..N; the engine fails after len(delays) restarts.
+    restart_delays: tuple[float, ...] = DEFAULT_RESTART_DELAYS
+    # Readiness probes: first delay after start, growth factor, cap.
+    probe_first_s: float = 0.005
+    probe_factor: float = 1.5
+    probe_max_s: float = 0.05
+    probe_timeout_s: float = 2.0
+    # Stop: SIGTERM to the process group, this long, then SIGKILL.
+    stop_grace_s: float = 10.0
+    # Sleep and wake calls can take long on big models; the owner waits this long at most.
+    lifecycle_timeout_s: float = 300.0
+    # How often an awake engine's /metrics is scraped (figures cached for the snapshot).
+    scrape_interval_s: float = 2.0
+    # Per-engine log files are cut back to about this size (copy-truncate).
+    log_max_bytes: int = 16 * 1024 * 1024
+    log_check_interval_s: float = 5.0
+    # Engine commands: the argv prefix for each engine kind, before "MODEL --flags".
+    vllm_command: tuple[str, ...] = VLLM_ENGINE_COMMAND
+    sim_command: tuple[str, ...] = SIM_ENGINE_COMMAND
+    # Run simulated engines in place of vLLM (the embedded default on a machine without a GPU).
+    simulate_engines: bool = False
+    # Where engines keep weights; served artifacts leave a marker here.
+    weight_cache_dir: Path | None = None
+    extra_engine_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def engines_dir(self) -> Path:
+        return self.state_dir / "engines"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"

@@ -1,0 +1,66 @@
+"""The snapshot and the short model list: JSON built from the owners' immutable views.
+
+Building it touches no engine, no disk and no GPU: every figure was gathered before the request
+(request figures by each owner's scrape loop), so a snapshot costs the same with one engine
+busy for ten seconds as with all idle.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from runtime_agent.views import EngineView
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def model_entry(view: EngineView) -> dict[str, Any]:
+    spec = view.spec
+    return {
+        "model_name": spec.model_name,
+        "engine": spec.engine,
+        "artifact_url": spec.artifact_url,
+        "claim_ref": spec.claim_ref.model_dump() if spec.claim_ref else None,
+        "engine_id": view.engine_id,
+        "port": view.port,
+        "ipc_name": spec.ipc_name,
+        "pid": view.pid,
+        "phase": view.phase.value,
+        "alive": view.alive,
+        "ready": view.ready,
+        "adopted": view.adopted,
+        "desired": view.desired,
+        "sleep_level": view.sleep_level,
+        "operation": view.operation,
+        "restart_count": view.restart_count,
+        "last_error": view.last_error,
+        "last_transition": _iso(view.last_transition) if view.last_transition else None,
+        "requests_running": view.requests_running,
+        "requests_waiting": view.requests_waiting,
+        "request_success_total": view.request_success_total,
+        "request_figures_at": _iso(view.figures_at) if view.figures_at else None,
+        "engine_args": dict(spec.args),
+        "log_path": view.log_path,
+    }
+
+
+def short_entry(view: EngineView) -> dict[str, Any]:
+    return {"model_name": view.spec.model_name, "engine": view.spec.engine, "port": view.port,
+            "phase": view.phase.value, "ready": view.ready, "pid": view.pid,
+            "restart_count": view.restart_count}
+
+
+def build_snapshot(views: list[EngineView], cached_artifacts: list[str],
+                   agent: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "observed_at": _iso(time.time()),
+        "agent": {**agent, "pid": os.getpid()},
+        "accelerators": [],
+        "models": [model_entry(v) for v in sorted(views, key=lambda v: v.spec.model_name)],
+        "cached_artifacts": cached_artifacts,
+    }

@@ -1,0 +1,64 @@
+"""Immutable values that owners hand to readers: engine views, transition events, op results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry.record import EngineSpec
+from runtime_agent.phases import Phase
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What one engine looks like right now; replaced (never changed) on every change."""
+
+    engine_id: str
+    spec: EngineSpec
+    port: int
+    phase: Phase
+    pid: int | None
+    alive: bool
+    ready: bool
+    adopted: bool
+    desired: str
+    sleep_level: int | None
+    operation: str | None
+    restart_count: int
+    last_error: str | None
+    last_transition: float
+    created_at: float
+    requests_running: float | None
+    requests_waiting: float | None
+    request_success_total: float | None
+    figures_at: float | None
+    log_path: str
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """One thing that happened to an engine (a phase transition or a notable act)."""
+
+    at: float
+    model_name: str
+    engine_id: str
+    src: str
+    dst: str
+    reason: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ts": self.at, "model": self.model_name, "engine_id": self.engine_id,
+                "from": self.src, "to": self.dst, "reason": self.reason, "message": self.message}
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """An HTTP status and the JSON body the API returns for an intent."""
+
+    status: int
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def error(cls, status: int, message: str, **extra: Any) -> OpResult:
+        return cls(status, {"status": "error", "message": message, **extra})
