@@ -53,7 +53,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
         port_high=high, engine_bind_host=args.engine_host, restart_delays=args.restart_delays,
-        stop_grace_s=args.stop_grace, simulate_engines=engines == "sim",
+        stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
+        scrape_interval_s=args.scrape_interval, simulate_engines=engines == "sim",
         weight_cache_dir=Path(cache) if cache else None,
     )
 
@@ -151,6 +152,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--restart-delays", type=_delays, default=(2.0, 4.0, 8.0, 16.0, 32.0),
                    help="seconds before restarts 1..N (default 2,4,8,16,32)")
     s.add_argument("--stop-grace", type=float, default=10.0)
+    s.add_argument("--probe-max", type=float, default=0.05,
+                   help="longest gap between readiness probes of a booting engine, seconds")
+    s.add_argument("--scrape-interval", type=float, default=2.0,
+                   help="seconds between scrapes of an engine's /metrics")
     s.add_argument("--log-format", choices=("json", "text"), default="json")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=_serve)

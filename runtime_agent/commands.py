@@ -24,6 +24,9 @@ def engine_command(settings: Settings, record: EngineRecord) -> tuple[list[str],
         ENV_STATE_DIR: str(settings.state_dir),
         # The engine carries its own spec, so it can be re-adopted even if its record is lost.
         ENV_ENGINE_SPEC: json.dumps({"spec": spec.model_dump(mode="json"), "port": record.port}),
+        # vLLM renames its processes with setproctitle, which can overwrite the environment
+        # block /proc/<pid>/environ shows; this keeps the engine id readable for re-adoption.
+        "SPT_NOENV": "1",
         "ENABLE_KVCACHED": "true",
         "KVCACHED_AUTOPATCH": "1",
         "KVCACHED_IPC_NAME": spec.ipc_name,

@@ -217,7 +217,7 @@ class EngineOwner:
         """The engine's process is gone without being asked to stop: restart it or fail it."""
         self._cancel_helpers()
         self._fail_op("the engine exited during the operation")
-        self._proc, self._ready = None, False
+        self._proc, self._ready, self._figures = None, False, None
         cause = why or (info.describe() if info else "exited")
         tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
         self.record.last_error = cause + ("\n" + "\n".join(tail) if tail else "")

@@ -1,0 +1,150 @@
+"""Process lifecycle of the simulated engine: ``python -m engines.sim serve MODEL [vLLM flags] [--sim-*]``.
+
+A supervisor must not be able to tell this process from ``vllm serve``: the port stays closed while
+the "model loads", log lines look like vLLM's, SIGTERM/SIGINT shut it down cleanly with exit code 0,
+and an optional child process mimics vLLM's API-server -> EngineCore process tree. Fault injection
+(hang on start, crash after a delay) lives here too because it concerns the process, not HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from aiohttp import web
+from prometheus_client import disable_created_metrics
+
+from engines.sim import logs
+from engines.sim.options import OptionsError, SimOptions, parse_options
+from engines.sim.server import SIM_VERSION, build_app, dev_mode_enabled
+from engines.sim.state import EngineState
+
+PROCESS_START = time.monotonic()
+SHUTDOWN_TIMEOUT_S = 0.1  # aiohttp waits this twice for in-flight requests; exit stays well under 1 s
+CHILD_MARKER = "sim-engine-core"
+# The child stays in our process group (no setsid); like vLLM's EngineCore it does not notice its
+# parent's death, so only a group kill (or our clean shutdown) ends it. SIGINT is left to the parent.
+CHILD_CODE = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "while True:\n"
+    "    time.sleep(3600)\n"
+)
+
+
+def _crash(exit_code: int) -> None:
+    logs.engine_log("ERROR", "simulated crash: EngineCore encountered a fatal error.", "core_client.py")
+    logs.server_log("ERROR", "simulated crash")
+    os._exit(exit_code)
+
+
+def _spawn_child() -> subprocess.Popen[bytes]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD_CODE, CHILD_MARKER],
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+    )
+    logs.engine_log("INFO", f"Started EngineCore child process [{child.pid}]", "core_client.py")
+    return child
+
+
+def _stop_child(child: subprocess.Popen[bytes] | None) -> None:
+    if child is None or child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(timeout=0.5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+async def _wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait ``seconds``; return True if a stop signal arrived first."""
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+async def _serve(options: SimOptions, stop: asyncio.Event) -> int:
+    """Bind, serve until a stop signal, shut down; return the exit code."""
+    state = EngineState(options)
+    app = build_app(state, dev_mode_enabled(os.environ.get("VLLM_SERVER_DEV_MODE")))
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port)
+    pid = os.getpid()
+    logs.server_log("INFO", f"Started server process [{pid}]")
+    logs.server_log("INFO", "Waiting for application startup.")
+    try:
+        await site.start()
+    except OSError as exc:
+        logs.server_log("ERROR", f"[Errno {exc.errno}] error while attempting to bind on address "
+                        f"({options.host!r}, {options.port}): {exc.strerror}")
+        await runner.cleanup()
+        return 1
+    logs.server_log("INFO", "Application startup complete.")
+    logs.server_log("INFO", f"Uvicorn running on http://{options.host}:{options.port} (Press CTRL+C to quit)")
+    await stop.wait()
+    logs.server_log("INFO", "Shutting down")
+    logs.server_log("INFO", "Waiting for application shutdown.")
+    await runner.cleanup()
+    logs.server_log("INFO", "Application shutdown complete.")
+    logs.server_log("INFO", f"Finished server process [{pid}]")
+    return 0
+
+
+async def run(options: SimOptions) -> int:
+    """The whole life of the engine process."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if options.crash_after is not None:
+        delay = max(0.0, options.crash_after - (time.monotonic() - PROCESS_START))
+        loop.call_later(delay, _crash, options.crash_exit_code)
+    logs.engine_log("INFO", f"vLLM API server version {SIM_VERSION}", "api_server.py")
+    logs.engine_log("INFO", f"non-default args: model={options.model!r}, served_model_name="
+                    f"{list(options.served_model_names)!r}, host={options.host!r}, port={options.port}, "
+                    f"enable_sleep_mode={options.enable_sleep_mode}, max_model_len={options.max_model_len}",
+                    "utils.py")
+    if options.ignored_args:
+        logs.engine_log("DEBUG", f"simulator ignores: {' '.join(options.ignored_args)}", "sim_engine.py")
+    child = _spawn_child() if options.spawn_child else None
+    try:
+        logs.engine_log("INFO", f"Loading model {options.model} (simulated, {options.memory_bytes} bytes).",
+                        "gpu_model_runner.py")
+        if options.hang_on_start:
+            await stop.wait()  # never opens the port and never logs again
+            return 0
+        if await _wait_or_stop(stop, options.startup_seconds):
+            return 0
+        logs.engine_log("INFO", f"Model loading took {options.startup_seconds:.4f} seconds (simulated).",
+                        "gpu_model_runner.py")
+        logs.engine_log("INFO", f"Starting vLLM API server 0 on http://{options.host}:{options.port}",
+                        "launcher.py")
+        return await _serve(options, stop)
+    finally:
+        _stop_child(child)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run the engine; return the process exit code."""
+    # vLLM exposes no *_created series. The switch is process-wide, so it is flipped here, not in state.py.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    try:
+        options = parse_options(sys.argv[1:] if argv is None else argv, os.environ)
+    except OptionsError as exc:
+        logs.server_log("ERROR", f"simulated engine: {exc}")
+        return 2
+    return asyncio.run(run(options))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""OpenAI-compatible inference endpoints of the simulated engine.
+
+Clients, the agent's idleness checks and benchmarks talk to vLLM through ``/v1/completions`` and
+``/v1/chat/completions``. These handlers reproduce vLLM's response shapes (ids, ``usage``, SSE chunks
+ending in ``data: [DONE]``) and its error documents, while the "model" is the deterministic word
+generator and the timing comes from the ``--sim-request-seconds`` / ``--sim-token-seconds`` knobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from engines.sim.state import EngineAsleep, EngineState
+from engines.sim.textgen import chat_prompt, count_tokens, generate_tokens
+
+STATE_KEY: web.AppKey[EngineState] = web.AppKey("sim_state", EngineState)
+DEFAULT_MAX_TOKENS = 16
+
+
+def error_response(status: int, message: str, err_type: str) -> web.Response:
+    """vLLM's error document; both the flat (older vLLM) and nested (newer vLLM) shapes are present."""
+    error = {"message": message, "type": err_type, "param": None, "code": status}
+    body = {"object": "error", **error, "error": error}
+    return web.json_response(body, status=status)
+
+
+class RequestError(Exception):
+    """A client error that maps directly to an HTTP error document."""
+
+    def __init__(self, status: int, message: str, err_type: str) -> None:
+        super().__init__(message)
+        self.response = error_response(status, message, err_type)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One parsed inference request."""
+
+    kind: str  # "chat" or "completion"
+    prompts: tuple[str, ...]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+async def _read_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"Invalid JSON body: {exc}", "BadRequestError") from exc
+    if not isinstance(body, dict):
+        raise RequestError(400, "The request body must be a JSON object", "BadRequestError")
+    return body
+
+
+def _parse_job(kind: str, body: dict[str, Any], state: EngineState) -> Job:
+    options = state.options
+    model = body.get("model")
+    if model is not None and model not in options.served_model_names:
+        raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(400, "'messages' must be a non-empty list", "BadRequestError")
+        try:
+            prompts: tuple[str, ...] = (chat_prompt(messages),)
+        except ValueError as exc:
+            raise RequestError(400, str(exc), "BadRequestError") from exc
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompts = (prompt,)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompts = tuple(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+            prompts = (" ".join(str(p) for p in prompt),)  # token ids: one prompt
+        else:
+            raise RequestError(400, "'prompt' must be a string or a list of strings", "BadRequestError")
+        max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise RequestError(400, "max_tokens must be an integer of at least 1", "BadRequestError")
+    for prompt_text in prompts:
+        needed = count_tokens(prompt_text) + max_tokens
+        if needed > options.max_model_len:
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {options.max_model_len} tokens. However, you "
+                f"requested {needed} tokens ({count_tokens(prompt_text)} in the messages, {max_tokens} in "
+                "the completion). Please reduce the length of the messages or completion.",
+                "BadRequestError",
+            )
+    stream_options = body.get("stream_options") or {}
+    include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
+    return Job(kind, prompts, max_tokens, bool(body.get("stream", False)), include_usage)
+
+
+def _usage(prompts: tuple[str, ...], completion_tokens: int) -> dict[str, int]:
+    prompt_tokens = sum(count_tokens(p) for p in prompts)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _choice(job: Job, index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+    if job.kind == "completion":
+        return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+    if text is None and not first:
+        delta: dict[str, Any] = {}
+    else:
+        delta = {"role": "assistant", "content": text or ""} if first else {"content": text}
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+
+class _Completion:
+    """Builds the documents of one response, sharing id/created/model between all chunks."""
+
+    def __init__(self, job: Job, model: str) -> None:
+        self.job = job
+        prefix = "chatcmpl-" if job.kind == "chat" else "cmpl-"
+        self.base = {"id": prefix + uuid.uuid4().hex, "created": int(time.time()), "model": model}
+        self.obj = "chat.completion" if job.kind == "chat" else "text_completion"
+        self.chunk_obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
+
+    def full(self, texts: list[str], completion_tokens: int) -> dict[str, Any]:
+        if self.job.kind == "chat":
+            choices = [
+                {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": "stop"}
+                for i, t in enumerate(texts)
+            ]
+        else:
+            choices = [_choice(self.job, i, t, "stop") for i, t in enumerate(texts)]
+        usage = _usage(self.job.prompts, completion_tokens)
+        return {**self.base, "object": self.obj, "choices": choices, "usage": usage}
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        doc: dict[str, Any] = {**self.base, "object": self.chunk_obj, "choices": choices}
+        if usage is not None:
+            doc["usage"] = usage
+        return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+async def _stream(
+    request: web.Request, job: Job, state: EngineState, out: _Completion
+) -> tuple[web.StreamResponse, str]:
+    """Send the SSE stream; return the response and the finished reason ("abort" if the client left)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    try:
+        await _write_events(response, job, state, out)
+    except ConnectionResetError:  # the client went away mid-stream, as vLLM counts it: an abort
+        return response, "abort"
+    return response, "stop"
+
+
+async def _write_events(response: web.StreamResponse, job: Job, state: EngineState, out: _Completion) -> None:
+    token_lists = [generate_tokens(p, job.max_tokens) for p in job.prompts]
+    if job.kind == "chat":
+        await response.write(out.chunk([_choice(job, i, None, None, first=True) for i in range(len(job.prompts))]))
+    for position in range(job.max_tokens):
+        if position and state.options.token_seconds:
+            await asyncio.sleep(state.options.token_seconds)
+        choices = [_choice(job, i, tokens[position], None) for i, tokens in enumerate(token_lists)]
+        await response.write(out.chunk(choices))
+    last_text = None if job.kind == "chat" else ""
+    await response.write(out.chunk([_choice(job, i, last_text, "stop") for i in range(len(job.prompts))]))
+    if job.include_usage:
+        await response.write(out.chunk([], usage=_usage(job.prompts, job.max_tokens * len(job.prompts))))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+
+
+async def _serve(request: web.Request, kind: str) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    try:
+        job = _parse_job(kind, await _read_body(request), state)
+    except RequestError as exc:
+        return exc.response
+    out = _Completion(job, state.options.served_model_name)
+    try:
+        async with state.slot():
+            try:
+                if state.options.request_seconds:
+                    await asyncio.sleep(state.options.request_seconds)
+                if job.stream:
+                    response, reason = await _stream(request, job, state, out)
+                else:
+                    if state.options.token_seconds:
+                        await asyncio.sleep(state.options.token_seconds * max(0, job.max_tokens - 1))
+                    texts = ["".join(generate_tokens(p, job.max_tokens)) for p in job.prompts]
+                    response = web.json_response(out.full(texts, job.max_tokens * len(job.prompts)))
+                    reason = "stop"
+            except asyncio.CancelledError:
+                state.finished("abort")
+                raise
+            state.finished(reason)
+            return response
+    except EngineAsleep:
+        return error_response(503, "The engine is sleeping; wake it up first.", "ServiceUnavailableError")
+
+
+def _handler(kind: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await _serve(request, kind)
+
+    return handle
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the OpenAI-compatible inference endpoints."""
+    app.router.add_post("/v1/completions", _handler("completion"))
+    app.router.add_post("/v1/chat/completions", _handler("chat"))

@@ -1,0 +1,164 @@
+"""Command line of the simulated engine.
+
+The agent launches engines with the command line real vLLM expects (``vllm serve MODEL
+--served-model-name NAME --host H --port P --enable-sleep-mode ...``). The simulator must accept that
+exact command line unchanged, so it parses the few flags it models, ignores every other flag (and its
+value), and adds its own ``--sim-*`` knobs for tuning and fault injection. Each ``--sim-*`` flag has an
+environment fallback (``SIM_STARTUP_SECONDS`` for ``--sim-startup-seconds`` and so on); the flag wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable
+
+GIB = 1024**3
+SUPPORTED_MODES = ("vllm",)  # "ollama" will join later; the structure is ready for it.
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+class OptionsError(ValueError):
+    """The command line or a SIM_* environment variable is unusable."""
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Everything the simulated engine needs to know, after flags and env are merged."""
+
+    model: str
+    served_model_names: tuple[str, ...]
+    host: str = "0.0.0.0"
+    port: int = 8000
+    enable_sleep_mode: bool = False
+    max_model_len: int = 4096
+    access_log: bool = True
+    mode: str = "vllm"
+    startup_seconds: float = 0.5
+    hang_on_start: bool = False
+    crash_after: float | None = None
+    crash_exit_code: int = 1
+    fail_wake: bool = False
+    sleep_seconds: float = 0.0
+    wake_seconds: float = 0.0
+    memory_bytes: int = GIB
+    spawn_child: bool = False
+    request_seconds: float = 0.0
+    token_seconds: float = 0.0
+    max_running: int = 256
+    ignored_args: tuple[str, ...] = ()
+
+    @property
+    def served_model_name(self) -> str:
+        """The primary name: reported by /v1/models, responses and metric labels."""
+        return self.served_model_names[0]
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+# (flag destination, type converter, default, is_boolean_flag)
+_SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
+    ("mode", str, "vllm", False),
+    ("startup_seconds", float, 0.5, False),
+    ("hang_on_start", _parse_bool, False, True),
+    ("crash_after", float, None, False),
+    ("crash_exit_code", int, 1, False),
+    ("fail_wake", _parse_bool, False, True),
+    ("sleep_seconds", float, 0.0, False),
+    ("wake_seconds", float, 0.0, False),
+    ("memory_bytes", int, GIB, False),
+    ("spawn_child", _parse_bool, False, True),
+    ("request_seconds", float, 0.0, False),
+    ("token_seconds", float, 0.0, False),
+    ("max_running", int, 256, False),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser for the flags the simulator models; unknown flags are left to the caller."""
+    parser = argparse.ArgumentParser(
+        prog="python -m engines.sim",
+        description="Simulated vLLM engine (OpenAI-compatible API, sleep mode, metrics).",
+        allow_abbrev=False,  # never let an unknown vLLM flag match one of ours by prefix
+    )
+    parser.add_argument("command", choices=["serve"], help="only 'serve' is supported")
+    parser.add_argument("model_tag", nargs="?", default=None, help="model name or path")
+    parser.add_argument("--model", dest="model_flag", default=None)
+    parser.add_argument("--served-model-name", nargs="+", default=None)
+    parser.add_argument("--host", default=None)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--enable-sleep-mode", action="store_true")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--disable-uvicorn-access-log", action="store_true")
+    for dest, convert, _default, is_bool in _SIM_FLAGS:
+        flag = "--sim-" + dest.replace("_", "-")
+        if is_bool:
+            parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None)
+        else:
+            parser.add_argument(flag, dest=dest, type=convert, default=None)
+    return parser
+
+
+def _sim_value(
+    namespace: argparse.Namespace,
+    env: Mapping[str, str],
+    dest: str,
+    convert: Callable[[str], Any],
+    default: Any,
+) -> Any:
+    flag_value = getattr(namespace, dest)
+    if flag_value is not None:
+        return flag_value
+    env_name = "SIM_" + dest.upper()
+    raw = env.get(env_name)
+    if raw is None or (raw.strip() == "" and convert is not _parse_bool):
+        return default
+    try:
+        return convert(raw)
+    except ValueError as exc:
+        raise OptionsError(f"{env_name}={raw!r}: {exc}") from exc
+
+
+def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
+    """Merge the command line and SIM_* environment into SimOptions; raise OptionsError if unusable."""
+    parser = build_parser()
+    try:
+        namespace, unknown = parser.parse_known_args(list(argv))
+    except SystemExit as exc:  # argparse already printed its message (or the --help text)
+        if exc.code in (0, None):
+            raise
+        raise OptionsError(f"bad command line (exit {exc.code})") from exc
+    model = namespace.model_tag or namespace.model_flag  # the positional wins, as in `vllm serve`
+    if not model:
+        raise OptionsError("a model is required: 'serve MODEL' or 'serve --model MODEL'")
+    sim = {dest: _sim_value(namespace, env, dest, conv, default) for dest, conv, default, _ in _SIM_FLAGS}
+    if sim["mode"] not in SUPPORTED_MODES:
+        raise OptionsError(f"--sim-mode {sim['mode']!r} is not supported (choose from {SUPPORTED_MODES})")
+    if sim["max_running"] < 1:
+        raise OptionsError("--sim-max-running must be at least 1")
+    for dest in ("startup_seconds", "sleep_seconds", "wake_seconds", "request_seconds", "token_seconds"):
+        if sim[dest] < 0:
+            raise OptionsError(f"--sim-{dest.replace('_', '-')} must not be negative")
+    if sim["crash_after"] is not None and sim["crash_after"] < 0:
+        raise OptionsError("--sim-crash-after must not be negative")
+    names = tuple(namespace.served_model_name or (model,))
+    return SimOptions(
+        model=model,
+        served_model_names=names,
+        host=namespace.host or "0.0.0.0",
+        port=namespace.port,
+        enable_sleep_mode=namespace.enable_sleep_mode,
+        max_model_len=namespace.max_model_len,
+        access_log=not namespace.disable_uvicorn_access_log,
+        ignored_args=tuple(unknown),
+        **sim,
+    )

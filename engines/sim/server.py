@@ -1,0 +1,138 @@
+"""HTTP application of the simulated engine: vLLM's control, sleep-mode and metrics endpoints.
+
+The agent supervises engines only through HTTP: readiness via ``/health``, the served name via
+``/v1/models``, idleness via ``/metrics`` and sleep mode via ``/sleep``, ``/wake_up`` and
+``/is_sleeping`` (present only with ``VLLM_SERVER_DEV_MODE=1`` and ``--enable-sleep-mode``, as in
+vLLM). This module wires those endpoints, plus the inference endpoints from ``openai_api`` and a
+private ``/sim/state`` debugging document, onto one aiohttp application.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from engines.sim import logs, openai_api
+from engines.sim.openai_api import STATE_KEY, error_response
+from engines.sim.state import EngineState, WakeFailed
+
+SIM_VERSION = "0.0.0+sim"
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def dev_mode_enabled(value: str | None) -> bool:
+    """vLLM reads ``VLLM_SERVER_DEV_MODE`` as ``bool(int(value))``; anything unparsable is off."""
+    try:
+        return bool(int(value or "0"))
+    except ValueError:
+        return False
+
+
+def _make_access_log_middleware(enabled: bool) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            # FastAPI (vLLM's framework) answers unknown routes with a JSON "detail" document.
+            response = web.json_response({"detail": exc.reason}, status=exc.status)
+            if exc.status == 405:
+                response.headers["Allow"] = exc.headers.get("Allow", "")
+        if enabled:
+            peer = request.remote or "-"
+            transport = request.transport
+            if transport is not None:
+                peername = transport.get_extra_info("peername")
+                if isinstance(peername, tuple) and len(peername) >= 2:
+                    peer = f"{peername[0]}:{peername[1]}"
+            logs.access_log(peer, request.method, request.path_qs, response.status, response.reason)
+        return response
+
+    return middleware
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _version(request: web.Request) -> web.Response:
+    return web.json_response({"version": SIM_VERSION})
+
+
+async def _models(request: web.Request) -> web.Response:
+    options = request.app[STATE_KEY].options
+    created = int(time.time())
+    data: list[dict[str, Any]] = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": options.model,
+            "parent": None,
+            "max_model_len": options.max_model_len,
+            "permission": [],
+        }
+        for name in options.served_model_names
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE_KEY].metrics_text()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _sim_state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE_KEY].snapshot())
+
+
+async def _sleep(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    raw_level = request.query.get("level", "1")
+    try:
+        level = int(raw_level)
+    except ValueError:
+        level = 0
+    if level not in (1, 2):
+        return error_response(400, f"Invalid sleep level {raw_level!r}; use 1 or 2.", "BadRequestError")
+    logs.engine_log("INFO", f"Putting the engine to sleep (level {level}).", "api_server.py")
+    await state.sleep(level)
+    logs.engine_log("INFO", f"It took {state.options.sleep_seconds:.6f} seconds to fall asleep.", "gpu_worker.py")
+    return web.Response(status=200)
+
+
+async def _wake_up(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    logs.engine_log("INFO", "Waking up the engine.", "api_server.py")
+    try:
+        await state.wake_up()
+    except WakeFailed as exc:
+        logs.engine_log("ERROR", f"Wake-up failed: {exc}", "api_server.py")
+        return error_response(500, f"Wake-up failed: {exc}", "InternalServerError")
+    return web.Response(status=200)
+
+
+async def _is_sleeping(request: web.Request) -> web.Response:
+    return web.json_response({"is_sleeping": request.app[STATE_KEY].sleeping})
+
+
+def build_app(state: EngineState, dev_mode: bool) -> web.Application:
+    """The complete application; sleep endpoints exist only with dev mode and ``--enable-sleep-mode``."""
+    app = web.Application(middlewares=[_make_access_log_middleware(state.options.access_log)])
+    app[STATE_KEY] = state
+    app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/sim/state", _sim_state)
+    openai_api.add_routes(app)
+    if dev_mode and state.options.enable_sleep_mode:
+        app.router.add_post("/sleep", _sleep)
+        app.router.add_post("/wake_up", _wake_up)
+        app.router.add_get("/is_sleeping", _is_sleeping)
+    return app

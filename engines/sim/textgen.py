@@ -1,0 +1,55 @@
+"""Deterministic "model output" for the simulated engine.
+
+Tests and demos need completions that are reproducible (the same prompt always yields the same text)
+yet differ between prompts, and token counts that behave like a tokenizer's. A SHA-256 of the prompt
+seeds a private random generator that picks words from a fixed vocabulary; one word is one token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+
+_VOCABULARY: tuple[str, ...] = (
+    "the", "warm", "pool", "engine", "wakes", "sleeps", "token", "cache", "model", "claim",
+    "memory", "card", "fast", "quiet", "river", "stone", "light", "signal", "north", "garden",
+    "paper", "orbit", "copper", "violet", "lantern", "harbor", "meadow", "cloud", "ember", "falcon",
+    "glacier", "horizon", "island", "jasmine", "kernel", "ladder", "marble", "needle", "ocean",
+    "pepper", "quartz", "ribbon", "saddle", "thunder", "umbrella", "velvet", "willow", "yonder",
+    "zephyr", "and", "of", "to", "in", "a", "is", "on", "with", "under", "over", "beyond",
+)
+
+
+def generate_tokens(prompt: str, count: int) -> list[str]:
+    """``count`` tokens derived from ``prompt``; each token after the first carries a leading space."""
+    seed = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big")
+    rng = random.Random(seed)
+    words = [rng.choice(_VOCABULARY) for _ in range(count)]
+    return [word if index == 0 else " " + word for index, word in enumerate(words)]
+
+
+def count_tokens(text: str) -> int:
+    """A tokenizer stand-in: whitespace-separated words, at least one for any prompt."""
+    return max(1, len(text.split()))
+
+
+def chat_prompt(messages: Sequence[object]) -> str:
+    """Flatten OpenAI chat messages (string or content-part lists) into one prompt string."""
+    lines: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise ValueError("each message must be an object")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise ValueError("each message needs a string 'role'")
+        content = message.get("content", "")
+        if content is None:
+            content = ""
+        if isinstance(content, list):
+            parts = [part.get("text", "") for part in content if isinstance(part, dict)]
+            content = " ".join(str(part) for part in parts)
+        if not isinstance(content, str):
+            raise ValueError("message 'content' must be a string or a list of parts")
+        lines.append(f"{role}: {content}")
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""Runs the real agent as a separate process for integration tests and benchmarks.
+
+The agent gets its own state directory, API port and engine port block, simulated engines and
+a fast restart schedule. ``cleanup`` kills the agent and every engine process that carries the
+agent's state directory in its environment (whole process groups), so nothing outlives a test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from registry.identity import scan_engines
+from runtime_agent.client import AgentClient, AgentError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_block(size: int) -> int:
+    """The first port of ``size`` consecutive free ports (picked at random to avoid clashes)."""
+    for _ in range(200):
+        low = random.randrange(30000, 60000 - size)
+        if all(_free(p) for p in range(low, low + size)):
+            return low
+    raise RuntimeError("no free port block found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class AgentProcess:
+    def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
+                 ports: int = 100, extra_args: Sequence[str] = ()) -> None:
+        self.state_dir = state_dir
+        self.port = free_port()
+        self.port_low = free_port_block(ports)
+        self.port_high = self.port_low + ports - 1
+        self.restart_delays = restart_delays
+        self.extra_args = list(extra_args)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = AgentClient(self.url, timeout_s=60)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = state_dir.parent / f"agent-{self.port}.log"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        argv = [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
+                "--port", str(self.port), "--state-dir", str(self.state_dir), "--engines", "sim",
+                "--engine-ports", f"{self.port_low}-{self.port_high}",
+                "--engine-host", "127.0.0.1", "--restart-delays", self.restart_delays,
+                "--stop-grace", "3", "--scrape-interval", "0.2", "--log-format", "text",
+                *self.extra_args]
+        log = self.log_path.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log, env=env,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(OSError, AgentError):
+                self.client.health()
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"agent did not answer within {timeout_s} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the agent alone; its engines are in their own sessions and keep running."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.terminate()
+        return self.proc.wait(15)
+
+    def cleanup(self) -> None:
+        self.kill()
+        for found in scan_engines(str(self.state_dir)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(found.pid, signal.SIGKILL)
+
+    # ---- waiting --------------------------------------------------------------------------
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 20.0,
+                 what: str = "condition") -> dict[str, Any]:
+        """Wait until ``predicate(snapshot)`` holds; woken by the agent's events feed."""
+        deadline = time.monotonic() + timeout_s
+        cursor = self.client.events(0)["cursor"]
+        while True:
+            snap = self.client.snapshot()
+            if predicate(snap):
+                return snap
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {what}; snapshot: {snap}")
+            cursor = self.client.events(cursor, wait=max(1, min(int(left), 2)))["cursor"]
+
+    def model(self, snap: dict[str, Any], name: str) -> dict[str, Any]:
+        for entry in snap["models"]:
+            if entry["model_name"] == name:
+                return dict(entry)
+        raise KeyError(name)
+
+    def wait_phase(self, name: str, phase: str, timeout_s: float = 20.0) -> dict[str, Any]:
+        def has_phase(snap: dict[str, Any]) -> bool:
+            return any(m["model_name"] == name and m["phase"] == phase for m in snap["models"])
+
+        return self.model(self.wait_for(has_phase, timeout_s, f"{name} {phase}"), name)
+
+    def activate_sim(self, name: str, *sim_flags: str, **extra: Any) -> dict[str, Any]:
+        """Activate a simulated engine; ``sim_flags`` like "--sim-startup-seconds=0.1"."""
+        args: dict[str, str] = {"--sim-startup-seconds": "0.05"}
+        for flag in sim_flags:
+            key, _, value = flag.partition("=")
+            args[key] = value
+        return self.client.activate(name, f"huggingface://test/{name}", "vllm", args=args,
+                                    **extra)

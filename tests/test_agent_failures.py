@@ -1,0 +1,70 @@
+"""Engine crashes, the restart budget, and isolation between engines."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.harness import AgentProcess
+from tests.test_agent_lifecycle import complete
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_crashing_engine_restarts_with_backoff_then_fails_with_its_log(
+    agent_factory,
+) -> None:
+    agent: AgentProcess = agent_factory(restart_delays="0.1,0.2,0.4,0.8,1.6")
+    steady = agent.activate_sim("steady")
+    agent.wait_phase("steady", "active")
+    flaky = agent.activate_sim("flaky", "--sim-crash-after=0.3", "--sim-crash-exit-code=3")
+    model = agent.wait_phase("flaky", "failed", timeout_s=30)
+    assert model["restart_count"] == 5
+    assert model["pid"] is None and model["alive"] is False
+    assert model["port"] == flaky["port"]
+    assert "exited with code 3" in model["last_error"]
+    assert "simulated crash" in model["last_error"]  # the tail of the engine's own log
+    assert "restart budget" not in model["last_error"]
+    events = [e for e in agent.client.events(0)["events"]
+              if e["model"] == "flaky" and e["from"] != e["to"]]
+    restarting = [e for e in events if e["to"] == "restarting"]
+    booting = [e for e in events if e["to"] == "booting"]
+    assert len(restarting) == 5 and len(booting) == 6
+    # Each restart waits out its delay: booting i+1 comes >= delay i after restarting i.
+    for delay, down, up in zip((0.1, 0.2, 0.4, 0.8, 1.6), restarting, booting[1:], strict=True):
+        assert up["ts"] - down["ts"] >= delay * 0.95
+    assert events[-1]["to"] == "failed" and events[-1]["reason"] == "RestartBudgetExhausted"
+    # The other engine never noticed.
+    other = agent.model(agent.client.snapshot(), "steady")
+    assert other["phase"] == "active" and other["pid"] == steady["pid"]
+    assert other["restart_count"] == 0
+    assert complete(steady["port"], "steady")[0] == 200
+
+
+def test_a_killed_engine_restarts_on_the_same_port(agent: AgentProcess) -> None:
+    first = agent.activate_sim("m1")
+    agent.wait_phase("m1", "active")
+    os.kill(first["pid"], signal.SIGKILL)
+    model = agent.wait_for(
+        lambda s: agent.model(s, "m1")["phase"] == "active"
+        and agent.model(s, "m1")["pid"] not in (None, first["pid"]),
+        what="m1 restarted")
+    m1 = agent.model(model, "m1")
+    assert m1["port"] == first["port"] and m1["restart_count"] == 1
+    assert m1["last_error"].startswith("killed by signal SIGKILL")
+    assert complete(first["port"], "m1")[0] == 200
+
+
+def test_a_sleeping_engine_that_crashes_comes_back_asleep(agent: AgentProcess) -> None:
+    first = agent.activate_sim("m1")
+    agent.wait_phase("m1", "active")
+    agent.client.sleep("m1", 1)
+    os.kill(first["pid"], signal.SIGKILL)
+    snap = agent.wait_for(
+        lambda s: agent.model(s, "m1")["pid"] not in (None, first["pid"])
+        and agent.model(s, "m1")["phase"] == "sleeping" and agent.model(s, "m1")["operation"] is None,
+        what="m1 restarted and asleep again")
+    assert agent.model(snap, "m1")["desired"] == "asleep"
+    assert complete(first["port"], "m1")[0] == 503

@@ -1,0 +1,151 @@
+"""Pure decisions: restart backoff, probe delays, phase table, names, ports, engine arguments."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines import vllm
+from engines.client import parse_request_figures
+from runtime_agent.backoff import DEFAULT_RESTART_DELAYS, probe_delays, restart_delay
+from runtime_agent.naming import ipc_name_for, ipc_name_problem, model_name_problem
+from runtime_agent.phases import Phase, TransitionError, allowed, check_transition
+from runtime_agent.ports import choose_port
+
+
+def test_the_restart_schedule_is_the_seeds_and_ends_after_five() -> None:
+    got = [restart_delay(n, DEFAULT_RESTART_DELAYS) for n in range(7)]
+    assert got == [2.0, 4.0, 8.0, 16.0, 32.0, None, None]
+
+
+@given(st.lists(st.floats(0, 100), max_size=8), st.integers(0, 20))
+def test_restart_delay_follows_any_configured_schedule(delays: list[float], n: int) -> None:
+    expected = delays[n] if n < len(delays) else None
+    assert restart_delay(n, delays) == expected
+
+
+def test_a_negative_restart_count_is_a_bug() -> None:
+    with pytest.raises(ValueError):
+        restart_delay(-1, DEFAULT_RESTART_DELAYS)
+
+
+@given(st.floats(0.001, 1), st.floats(1, 3), st.floats(1, 10))
+def test_probe_delays_start_at_first_grow_and_never_pass_the_cap(
+    first: float, factor: float, cap_mult: float
+) -> None:
+    cap = first * cap_mult
+    delays = list(itertools.islice(probe_delays(first, factor, cap), 50))
+    assert delays[0] == first
+    assert all(a <= b for a, b in itertools.pairwise(delays))
+    assert max(delays) <= cap
+
+
+def test_every_phase_can_be_stopped_and_stopped_is_terminal() -> None:
+    for phase in Phase:
+        if phase not in (Phase.STOPPING, Phase.STOPPED):
+            assert allowed(phase, Phase.STOPPING)
+    assert not any(allowed(Phase.STOPPED, p) for p in Phase)
+    assert allowed(Phase.STOPPING, Phase.STOPPED)
+
+
+def test_a_failed_engine_only_leaves_failed_by_being_stopped() -> None:
+    assert [p for p in Phase if allowed(Phase.FAILED, p)] == [Phase.STOPPING]
+    with pytest.raises(TransitionError):
+        check_transition(Phase.FAILED, Phase.ACTIVE)
+
+
+def test_an_engine_becomes_active_only_from_booting_or_sleeping() -> None:
+    assert {p for p in Phase if allowed(p, Phase.ACTIVE)} == {Phase.BOOTING, Phase.SLEEPING}
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3:32b", "a", "m@v2"])
+def test_usual_model_names_are_accepted(name: str) -> None:
+    assert model_name_problem(name) is None
+
+
+@pytest.mark.parametrize("name", ["", "a b", "../x", "x/../y", "-x", ".hidden", "a//b", "a/",
+                                  "x" * 129, "tab\t", "ü"])
+def test_unsafe_model_names_are_refused(name: str) -> None:
+    assert model_name_problem(name) is not None
+
+
+@given(st.text(min_size=1, max_size=200))
+def test_ipc_names_are_always_safe_and_short(name: str) -> None:
+    ipc = ipc_name_for(name)
+    assert len(ipc) <= 64 and (ipc == "" or ipc_name_problem(ipc) is None)
+
+
+def test_ipc_names_follow_kvcached_normalisation() -> None:
+    assert ipc_name_for("Qwen/Qwen3-0.6B") == "Qwen-Qwen3-0-6B"
+    assert ipc_name_for("qwen3:32b") == "qwen3-32b"
+
+
+@given(st.sets(st.integers(100, 120)))
+def test_the_chosen_port_is_the_lowest_free_one(held: set[int]) -> None:
+    port = choose_port(100, 120, held, lambda p: True)
+    free = [p for p in range(100, 121) if p not in held]
+    assert port == (free[0] if free else None)
+
+
+def test_a_port_something_else_listens_on_is_skipped() -> None:
+    assert choose_port(100, 105, {100}, lambda p: p != 101) == 102
+
+
+def test_vllm_argv_puts_agent_flags_first_and_values_as_separate_items() -> None:
+    argv = vllm.build_argv(["vllm", "serve"], "huggingface://Qwen/Qwen3-0.6B", "qwen3-0.6b",
+                           "0.0.0.0", 20000, {"--max-model-len": "2048", "--enforce-eager": "",
+                                              "--chat-template": "a b; rm -rf /"})
+    assert argv == ["vllm", "serve", "Qwen/Qwen3-0.6B", "--served-model-name", "qwen3-0.6b",
+                    "--host", "0.0.0.0", "--port", "20000", "--enable-sleep-mode",
+                    "--max-model-len", "2048", "--enforce-eager", "--chat-template",
+                    "a b; rm -rf /"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ({"--model": "x"}, "set by the runtime agent"),
+    ({"--served_model_name": "x"}, "set by the runtime agent"),
+    ({"--port=1": ""}, "set by the runtime agent"),
+    ({"--gpu-memory-utilization": "0.5"}, "kvcached"),
+    ({"--tensor-parallel-size": "0"}, "positive whole"),
+    ({"--pipeline-parallel-size": "1.5"}, "positive whole"),
+    ({"--data-parallel-size": "2"}, "data parallel"),
+    ({"max-model-len": "1"}, "not a flag"),
+])
+def test_invalid_engine_args_are_named(args: dict[str, str], words: str) -> None:
+    problem = vllm.args_problem(args)
+    assert problem is not None and words in problem
+
+
+def test_valid_engine_args_pass() -> None:
+    assert vllm.args_problem({"--tensor-parallel-size": "2", "--data-parallel-size": "1",
+                              "--max-model-len": "2048"}) is None
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("huggingface://Qwen/Qwen3-0.6B", True), ("hf://a/b", True), ("file:///models/x", True),
+    ("/models/x", True), ("s3://bucket/x", False), ("hf://", False), ("", False)])
+def test_artifact_schemes(url: str, ok: bool) -> None:
+    assert (vllm.artifact_problem(url) is None) is ok
+
+
+def test_request_figures_sum_vllm_series_over_labels() -> None:
+    text = """# HELP vllm:num_requests_running Number of requests running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+vllm:num_requests_waiting{model_name="m"} 4.0
+vllm:num_requests_waiting_by_reason{reason="x"} 9.0
+vllm:request_success_total{finished_reason="stop",model_name="m"} 10.0
+vllm:request_success_total{finished_reason="length",model_name="m"} 5.0
+vllm:request_success_created{finished_reason="stop",model_name="m"} 1.7e9
+"""
+    figures = parse_request_figures(text)
+    assert (figures.running, figures.waiting, figures.success_total) == (3.0, 4.0, 15.0)
+
+
+def test_request_figures_of_an_empty_exposition_are_zero() -> None:
+    figures = parse_request_figures("")
+    assert (figures.running, figures.waiting, figures.success_total) == (0.0, 0.0, 0.0)
