@@ -164,8 +164,7 @@ class EngineOwner:
             self._restart_timer = None
             if self.view.phase is Phase.RESTARTING:
                 self.record.restart_count += 1
-                self._emit("restart", f"restart {self.record.restart_count}")
-                await self._spawn("restarted")
+                await self._spawn(f"restart {self.record.restart_count}")
 
     # ---- process lifecycle ----------------------------------------------------------------
 
