@@ -67,6 +67,13 @@ class EngineRecord(BaseModel):
     last_transition: float = 0.0
     created_at: float = 0.0
     operations: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Lifetime counters kept with the record so metrics do not drop to zero on an agent restart.
+    op_counts: dict[str, int] = Field(default_factory=dict)  # "sleep:success" -> n
+    budget_exhausted: int = 0
+
+    def count_operation(self, action: str, result: str) -> None:
+        key = f"{action}:{result}"
+        self.op_counts[key] = self.op_counts.get(key, 0) + 1
 
     def remember_operation(self, operation_id: str, result: dict[str, Any]) -> None:
         """Keep an operation's result for idempotent replays, dropping the oldest past the cap."""

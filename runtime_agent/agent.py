@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import disable_created_metrics
 
 from engines.process import ProcessLauncher, tail_lines, trim_log
 from registry.store import RegistryStore
@@ -24,10 +25,11 @@ from runtime_agent import __version__
 from runtime_agent.api import make_app
 from runtime_agent.artifacts import ArtifactMarkers
 from runtime_agent.events import EventLog
+from runtime_agent.metrics import AgentMetrics
 from runtime_agent.owner import OwnerDeps
 from runtime_agent.phases import Phase
 from runtime_agent.pool import EnginePool
-from runtime_agent.recovery import recover
+from runtime_agent.recovery import Step, recover
 from runtime_agent.settings import Settings
 from runtime_agent.snapshot import build_snapshot, short_entry
 from runtime_agent.views import EngineEvent, EngineView
@@ -41,6 +43,8 @@ class Agent:
         self.events = EventLog()
         self.markers = ArtifactMarkers(settings.weight_cache_dir)
         self.started_at = time.time()
+        disable_created_metrics()  # the agent's own process: no *_created series, as vLLM
+        self.metrics = AgentMetrics(lambda: self.pool.views())
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -60,6 +64,7 @@ class Agent:
         await asyncio.to_thread(self.markers.load)
         loaded, steps = await recover(store, str(s.state_dir))
         self.pool.adopt(steps)
+        self.metrics.count_readoptions(_readoption_result(step) for step in steps)
         log.info("registry: %d records, %d quarantined; %d engines taken over",
                  len(loaded.records), len(loaded.quarantined), len(steps))
         self._tasks.append(asyncio.create_task(self._trim_logs(), name="trim-logs"))
@@ -101,6 +106,7 @@ class Agent:
 
     def _on_event(self, event: EngineEvent) -> None:
         self.events.append(event)
+        self.metrics.on_event(event)
 
     def _on_view(self, view: EngineView) -> None:
         url = view.spec.artifact_url
@@ -115,6 +121,12 @@ class Agent:
             for owner in list(self.pool.owners.values()):
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(trim_log, owner.log_path, self.settings.log_max_bytes)
+
+
+def _readoption_result(step: Step) -> str:
+    if step.mode == "adopt":
+        return "rebuilt" if step.rebuilt else "adopted"
+    return {"restart": "restarted", "idle": "failed"}.get(step.mode, "stopped")
 
 
 async def serve(settings: Settings) -> None:

@@ -22,6 +22,7 @@ from runtime_agent.api_models import (
     WakeRequest,
     describe_validation_error,
 )
+from runtime_agent.metrics import CONTENT_TYPE
 from runtime_agent.owner import Intent
 from runtime_agent.views import OpResult
 
@@ -146,6 +147,11 @@ async def events(request: web.Request) -> web.Response:
     return web.json_response({"events": items, "cursor": items[-1]["seq"] if items else since})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    body = _agent(request).metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
 async def engine_logs(request: web.Request) -> web.Response:
     tail = _int_query(request, "tail", 100, 1, 10000)
     lines = await _agent(request).log_tail(request.match_info["model"], tail)
@@ -166,4 +172,5 @@ def make_app(agent: Any) -> web.Application:
     app.router.add_get("/v1/runtime/models/{model:.+}/logs", engine_logs)
     app.router.add_get("/v1/runtime/snapshot", snapshot)
     app.router.add_get("/v1/runtime/events", events)
+    app.router.add_get("/metrics", metrics)
     return app

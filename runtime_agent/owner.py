@@ -223,6 +223,7 @@ class EngineOwner:
         self.record.pid = self.record.pid_start_time = None
         delay = restart_delay(self.record.restart_count, self._settings.restart_delays)
         if delay is None:
+            self.record.budget_exhausted += 1
             msg = f"{cause}; restart budget of {len(self._settings.restart_delays)} spent"
             await self._transition(Phase.FAILED, "RestartBudgetExhausted", msg)
             return
@@ -317,13 +318,14 @@ class EngineOwner:
         if ok:
             self.record.desired = "asleep" if want_sleeping else "awake"
             self.record.sleep_level = level if want_sleeping else None
+        self.record.count_operation(action, "success" if ok else "failure")
         target = Phase.SLEEPING if sleeping else Phase.ACTIVE
         reason = ("Slept" if want_sleeping else "Woken") if ok else f"{action.capitalize()}Failed"
         detail = f"{action} took {seconds:.3f} s" if ok else (error or f"engine did not {action}")
         if target is not self.view.phase:
-            await self._transition(target, reason, detail, persist=False)
+            await self._transition(target, reason, detail, persist=False, duration_s=seconds)
         else:
-            self._emit(reason, detail, to=target)
+            self._emit(reason, detail, to=target, duration_s=seconds)
         if intent is not None and future is not None:
             if ok:
                 body = self._op_body(intent, applied=True)
@@ -381,14 +383,14 @@ class EngineOwner:
     # ---- state changes --------------------------------------------------------------------
 
     async def _transition(self, to: Phase, reason: str, message: str,
-                          persist: bool = True) -> None:
+                          persist: bool = True, duration_s: float | None = None) -> None:
         src = self.view.phase
         if to is not src:
             check_transition(src, to)
             self.record.phase = to.value
             self.record.last_transition = self._deps.clock()
             self._publish()
-            self._emit(reason, message, src=src, to=to)
+            self._emit(reason, message, src=src, to=to, duration_s=duration_s)
         if persist and to is not Phase.STOPPED:
             await self._persist()
 
@@ -397,11 +399,11 @@ class EngineOwner:
         await asyncio.to_thread(self._deps.store.save, snapshot)  # fsync: off the event loop
 
     def _emit(self, reason: str, message: str, src: Phase | None = None,
-              to: Phase | None = None) -> None:
+              to: Phase | None = None, duration_s: float | None = None) -> None:
         self._deps.on_event(EngineEvent(
             at=self._deps.clock(), model_name=self.name, engine_id=self.record.engine_id,
             src=(src or self.view.phase).value, dst=(to or self.view.phase).value,
-            reason=reason, message=message))
+            reason=reason, message=message, duration_s=duration_s))
 
     def _publish(self) -> None:
         self.view = self._make_view()
@@ -417,7 +419,8 @@ class EngineOwner:
             last_error=r.last_error, last_transition=r.last_transition, created_at=r.created_at,
             requests_running=f.running if f else None, requests_waiting=f.waiting if f else None,
             request_success_total=f.success_total if f else None, figures_at=self._figures_at,
-            log_path=str(self.log_path),
+            log_path=str(self.log_path), op_counts=dict(r.op_counts),
+            budget_exhausted=r.budget_exhausted,
         )
 
     def _helper(self, coro: Any) -> None:

@@ -38,6 +38,7 @@ class Step:
     mode: str  # "adopt" | "restart" | "idle" | "stop"
     pid: int | None
     note: str
+    rebuilt: bool = False  # the record was rebuilt from the process environment
 
 
 def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
@@ -85,7 +86,8 @@ def plan(records: list[EngineRecord], found: list[FoundEngine],
             log.warning("engine process %d carries no usable spec; left alone", proc.pid)
             continue
         names.add(rebuilt.spec.model_name)
-        steps.append(Step(rebuilt, "adopt", proc.pid, "rebuilt from the process environment"))
+        steps.append(Step(rebuilt, "adopt", proc.pid, "rebuilt from the process environment",
+                          rebuilt=True))
     return steps
 
 
@@ -94,7 +96,7 @@ def _gather(store: RegistryStore, state_dir: str) -> tuple[LoadResult, list[Foun
     found = scan_engines(state_dir)
     steps = plan(loaded.records, found, verify, time.time())
     for step in steps:
-        if step.note == "rebuilt from the process environment":
+        if step.rebuilt:
             store.save(step.record)
     return loaded, found, steps
 

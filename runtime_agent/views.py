@@ -33,6 +33,8 @@ class EngineView:
     request_success_total: float | None
     figures_at: float | None
     log_path: str
+    op_counts: dict[str, int] = field(default_factory=dict)
+    budget_exhausted: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class EngineEvent:
     dst: str
     reason: str
     message: str
+    duration_s: float | None = None  # for finished operations (sleep, wake)
 
     def as_dict(self) -> dict[str, Any]:
         return {"ts": self.at, "model": self.model_name, "engine_id": self.engine_id,

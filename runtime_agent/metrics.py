@@ -1,0 +1,105 @@
+"""Prometheus metrics with the published agent's names, read from current state at scrape time.
+
+A scrape builds every family from the owners' immutable views and the agent's own counters: it
+never calls NVML, an engine or the disk. Counters that the registry keeps (restart attempts,
+lifecycle operations, budget exhaustion) come from the engine records, so a dashboard does not
+drop to zero when the agent restarts. Operation durations are a live histogram, fed by events.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from runtime_agent.phases import Phase
+from runtime_agent.views import EngineEvent, EngineView
+
+P = "aibrix:modelclaim_"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OP_REASONS = {"Slept": ("sleep", "success"), "Woken": ("wake", "success"),
+               "SleepFailed": ("sleep", "failure"), "WakeFailed": ("wake", "failure")}
+
+
+class AgentCollector(Collector):
+    def __init__(self, views: Callable[[], list[EngineView]],
+                 extra: Callable[[], Iterable[Metric]] | None = None) -> None:
+        self._views = views
+        self._extra = extra
+        self.readoptions: Tally[str] = Tally()
+
+    def collect(self) -> Iterator[Metric]:
+        views = self._views()
+        resident = GaugeMetricFamily(P + "models_resident",
+                                     "Engines whose process runs in this Pod.")
+        resident.add_metric([], sum(1 for v in views if v.alive))
+        yield resident
+        state = GaugeMetricFamily(P + "engine_state", "Engines in each phase.", labels=["phase"])
+        phases = Tally(v.phase for v in views)
+        for phase in Phase:
+            state.add_metric([phase.value], phases.get(phase, 0))
+        yield state
+        restarts = CounterMetricFamily(P + "engine_restart_attempts",
+                                       "Restarts of each engine over its life.", labels=["model"])
+        exhausted = CounterMetricFamily(P + "engine_restart_budget_exhausted",
+                                        "Times an engine spent its restart budget.",
+                                        labels=["model"])
+        ops = CounterMetricFamily(P + "lifecycle_operations", "Sleep and wake operations.",
+                                  labels=["model", "action", "result"])
+        for v in views:
+            name = v.spec.model_name
+            restarts.add_metric([name], v.restart_count)
+            exhausted.add_metric([name], v.budget_exhausted)
+            for key, count in sorted(v.op_counts.items()):
+                action, _, result = key.partition(":")
+                ops.add_metric([name, action, result], count)
+        yield restarts
+        yield exhausted
+        yield ops
+        readopt = CounterMetricFamily(P + "engine_re_adoptions",
+                                      "Engines found at agent start, by what became of them.",
+                                      labels=["result"])
+        for result in ("adopted", "rebuilt", "restarted", "failed", "stopped"):
+            readopt.add_metric([result], self.readoptions.get(result, 0))
+        yield readopt
+        if self._extra is not None:
+            yield from self._extra()
+
+
+class AgentMetrics:
+    """The agent's own metrics registry (never the global one)."""
+
+    def __init__(self, views: Callable[[], list[EngineView]],
+                 extra: Callable[[], Iterable[Metric]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = AgentCollector(views, extra)
+        self.registry.register(self.collector)
+        self.durations = Histogram(P + "lifecycle_operation_duration_seconds",
+                                   "How long sleep and wake calls took.", ["action"],
+                                   buckets=DURATION_BUCKETS, registry=self.registry)
+        for action in ("sleep", "wake"):
+            self.durations.labels(action)  # start at zero, so the series exist before use
+
+    def on_event(self, event: EngineEvent) -> None:
+        op = _OP_REASONS.get(event.reason)
+        if op is not None and event.duration_s is not None:
+            self.durations.labels(op[0]).observe(event.duration_s)
+
+    def count_readoptions(self, modes: Iterable[str]) -> None:
+        self.collector.readoptions.update(modes)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], Any]]
+          ) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(P + name, doc, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
