@@ -68,7 +68,8 @@ class Agent:
         log.info("registry: %d records, %d quarantined; %d engines taken over",
                  len(loaded.records), len(loaded.quarantined), len(steps))
         self._tasks.append(asyncio.create_task(self._trim_logs(), name="trim-logs"))
-        self._runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False,
+                                     shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.host, s.port, reuse_address=True)
         await site.start()

@@ -147,6 +147,32 @@ async def events(request: web.Request) -> web.Response:
     return web.json_response({"events": items, "cursor": items[-1]["seq"] if items else since})
 
 
+async def event_stream(request: web.Request) -> web.StreamResponse:
+    """Server-Sent Events: the backlog after the cursor, then each event as it happens.
+
+    The cursor is ``?since=N`` or the standard ``Last-Event-ID`` header of a reconnecting
+    client. A client whose cursor fell out of the ring first gets a ``gap`` event.
+    """
+    header = request.headers.get("Last-Event-ID")
+    cursor = _int_query(request, "since", 0, 0, 2**62)
+    if header is not None and header.isdigit():
+        cursor = int(header)
+    feed = _agent(request).events
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    if feed.first_seq > cursor + 1 and cursor < feed.last_seq:
+        gap = {"missed_from": cursor + 1, "missed_to": feed.first_seq - 1}
+        await resp.write(f"event: gap\ndata: {json.dumps(gap)}\n\n".encode())
+    while True:
+        for item in feed.since(cursor):
+            cursor = item["seq"]
+            await resp.write(f"id: {cursor}\ndata: {json.dumps(item)}\n\n".encode())
+        await feed.wait_after(cursor, 15.0)
+        if feed.last_seq <= cursor:
+            await resp.write(b": keep-alive\n\n")
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = _agent(request).metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
@@ -172,5 +198,6 @@ def make_app(agent: Any) -> web.Application:
     app.router.add_get("/v1/runtime/models/{model:.+}/logs", engine_logs)
     app.router.add_get("/v1/runtime/snapshot", snapshot)
     app.router.add_get("/v1/runtime/events", events)
+    app.router.add_get("/v1/runtime/events/stream", event_stream)
     app.router.add_get("/metrics", metrics)
     return app

@@ -98,6 +98,10 @@ def _client_command(args: argparse.Namespace) -> int:
             return 0
         if args.command == "events":
             return _follow(client, args.follow)
+        if args.command == "logs":
+            for line in client.logs(args.model, args.tail)["lines"]:
+                print(line)
+            return 0
         result = _dispatch(client, args)
     except AgentError as exc:
         print(f"error ({exc.status}): {exc}", file=sys.stderr)
@@ -183,6 +187,9 @@ def parser() -> argparse.ArgumentParser:
     c = client_parser("wake", "wake a model's engine")
     c.add_argument("model")
     c.add_argument("--operation-id")
+    c = client_parser("logs", "print the last lines of a model's engine log")
+    c.add_argument("model")
+    c.add_argument("--tail", type=int, default=100)
     c = client_parser("events", "print engine events (-f to follow)")
     c.add_argument("-f", "--follow", action="store_true")
     return p

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -62,6 +63,10 @@ class AgentClient:
     def wake(self, model_name: str, operation_id: str | None = None) -> dict[str, Any]:
         return self._call("POST", "/v1/runtime/models/wake",
                           {"model_name": model_name, "operation_id": operation_id})
+
+    def logs(self, model_name: str, tail: int = 100) -> dict[str, Any]:
+        quoted = urllib.parse.quote(model_name, safe="")
+        return self._call("GET", f"/v1/runtime/models/{quoted}/logs?tail={tail}")
 
     def events(self, since: int = 0, wait: int = 0) -> dict[str, Any]:
         return self._call("GET", f"/v1/runtime/events?since={since}&wait={wait}")

@@ -8,7 +8,6 @@ something happens: no polling.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from typing import Any
@@ -32,9 +31,16 @@ class EventLog:
         self._seq += 1
         item = {"seq": self._seq, **event.as_dict()}
         self._ring.append((self._seq, item))
-        log.info(json.dumps(item), extra={"model": event.model_name})
+        log.info("%s: %s -> %s (%s) %s", event.model_name, event.src, event.dst, event.reason,
+                 event.message.splitlines()[0] if event.message else "",
+                 extra={"model": event.model_name, "event": item})
         self._changed.set()
         self._changed = asyncio.Event()
+
+    @property
+    def first_seq(self) -> int:
+        """The oldest sequence number still in the ring (last_seq + 1 when it is empty)."""
+        return self._ring[0][0] if self._ring else self._seq + 1
 
     def since(self, cursor: int, limit: int = 1000) -> list[dict[str, Any]]:
         return [item for seq, item in self._ring if seq > cursor][:limit]

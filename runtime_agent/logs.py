@@ -20,6 +20,9 @@ class JsonFormatter(logging.Formatter):
         model = getattr(record, "model", None)
         if model is not None:
             item["model"] = model
+        event = getattr(record, "event", None)
+        if isinstance(event, dict):
+            item["event"] = event
         if record.exc_info:
             item["exc"] = self.formatException(record.exc_info)
         return json.dumps(item)

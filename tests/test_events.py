@@ -1,0 +1,138 @@
+"""The events feed: every transition in order, long-poll and SSE, reconnect without loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+
+import pytest
+
+from tests.harness import AgentProcess
+
+pytestmark = pytest.mark.integration
+
+
+class SseReader:
+    """A minimal SSE client over a raw socket (reads until told to stop)."""
+
+    def __init__(self, agent: AgentProcess, since: int | None = None,
+                 last_event_id: int | None = None) -> None:
+        self.items: list[dict] = []
+        self.gaps: list[dict] = []
+        self.changed = threading.Condition()
+        self.sock = socket.create_connection(("127.0.0.1", agent.port), timeout=30)
+        path = "/v1/runtime/events/stream" + (f"?since={since}" if since is not None else "")
+        headers = f"Last-Event-ID: {last_event_id}\r\n" if last_event_id is not None else ""
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode())
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        buf = b""
+        try:
+            while chunk := self.sock.recv(65536):
+                buf += chunk
+                while b"\n\n" in buf:
+                    block, buf = buf.split(b"\n\n", 1)
+                    self._block(block.decode(errors="replace"))
+        except OSError:
+            pass
+
+    def _block(self, block: str) -> None:
+        lines = block.splitlines()
+        data = [ln[6:] for ln in lines if ln.startswith("data: ")]
+        if not data:
+            return
+        with self.changed:
+            if "event: gap" in lines:
+                self.gaps.append(json.loads(data[0]))
+            else:
+                self.items.append(json.loads(data[0]))
+            self.changed.notify_all()
+
+    def wait_count(self, n: int, timeout_s: float = 20) -> list[dict]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.items) >= n, timeout_s), self.items
+            return list(self.items)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_the_stream_delivers_every_transition_in_order(agent: AgentProcess) -> None:
+    reader = SseReader(agent, since=0)
+    try:
+        pid = agent.activate_sim("m1")["pid"]
+        agent.wait_phase("m1", "active")
+        agent.client.sleep("m1")
+        agent.client.wake("m1")
+        os.kill(pid, signal.SIGKILL)
+        agent.wait_for(lambda s: agent.model(s, "m1")["restart_count"] == 1
+                       and agent.model(s, "m1")["ready"], what="restarted")
+        agent.client.deactivate("m1")
+        feed = agent.client.events(0)["events"]
+        streamed = reader.wait_count(len(feed))
+        assert streamed == feed
+        assert [e["seq"] for e in streamed] == list(range(1, len(feed) + 1))
+        moves = [(e["from"], e["to"]) for e in streamed]
+        assert moves == [("activating", "booting"), ("booting", "active"),
+                         ("active", "sleeping"), ("sleeping", "active"),
+                         ("active", "restarting"), ("restarting", "booting"),
+                         ("booting", "active"), ("active", "stopping"),
+                         ("stopping", "stopped")]
+    finally:
+        reader.close()
+
+
+def test_a_reconnecting_client_misses_nothing_still_in_the_ring(agent: AgentProcess) -> None:
+    first = SseReader(agent)
+    agent.activate_sim("m1")
+    agent.wait_phase("m1", "active")
+    seen = first.wait_count(2)
+    first.close()
+    agent.client.sleep("m1")  # happens while the client is away
+    agent.client.wake("m1")
+    again = SseReader(agent, last_event_id=seen[-1]["seq"])
+    try:
+        rest = again.wait_count(2)
+        assert [e["seq"] for e in seen + rest] == [1, 2, 3, 4]
+        assert [e["to"] for e in rest] == ["sleeping", "active"]
+        assert again.gaps == []
+    finally:
+        again.close()
+
+
+def test_long_poll_returns_as_soon_as_something_happens(agent: AgentProcess) -> None:
+    cursor = agent.client.events(0)["cursor"]
+    result: dict = {}
+    waiter = threading.Thread(target=lambda: result.update(agent.client.events(cursor, wait=30)))
+    waiter.start()
+    agent.activate_sim("m1")
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert result["events"][0]["to"] == "booting"
+
+
+def test_the_ring_keeps_the_newest_events_and_reports_where_it_starts() -> None:
+    from runtime_agent.events import EventLog
+    from runtime_agent.views import EngineEvent
+
+    log = EventLog(capacity=3)
+    assert log.first_seq == 1 and log.since(0) == []
+    for i in range(5):
+        log.append(EngineEvent(at=float(i), model_name="m", engine_id="e", src="a", dst="b",
+                               reason="r", message=str(i)))
+    assert [e["seq"] for e in log.since(0)] == [3, 4, 5]
+    assert log.first_seq == 3 and log.last_seq == 5
+    assert [e["message"] for e in log.since(4)] == ["4"]
+
+
+def test_engine_logs_are_served_by_model_name(agent: AgentProcess) -> None:
+    agent.activate_sim("Qwen/Qwen3-0.6B")
+    agent.wait_phase("Qwen/Qwen3-0.6B", "active")
+    lines = agent.client.logs("Qwen/Qwen3-0.6B", 50)["lines"]
+    assert any("engine start" in line for line in lines)
+    assert any("startup complete" in line.lower() for line in lines)
