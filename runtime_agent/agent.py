@@ -43,7 +43,7 @@ class Agent:
         self.events = EventLog()
         self.markers = ArtifactMarkers(settings.weight_cache_dir)
         self.started_at = time.time()
-        disable_created_metrics()  # the agent's own process: no *_created series, as vLLM
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # the agent's own process: no *_created series, as vLLM
         self.metrics = AgentMetrics(lambda: self.pool.views())
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
