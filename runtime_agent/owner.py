@@ -65,7 +65,8 @@ class EngineOwner:
         self._proc: EngineProcess | None = None
         self._gen = 0  # bumps with every process; events from older processes are dropped
         self._helpers: set[asyncio.Task[None]] = set()
-        self._op: tuple[asyncio.Task[None], str] | None = None
+        # The sleep or wake in flight: its task, action and the caller waiting for it (if any).
+        self._op: tuple[asyncio.Task[None], str, asyncio.Future[OpResult] | None] | None = None
         self._deferred: deque[tuple[Intent, asyncio.Future[OpResult]]] = deque()
         self._restart_timer: asyncio.TimerHandle | None = None
         self._ready = False
@@ -304,7 +305,7 @@ class EngineOwner:
                                     time.monotonic() - started))
 
         task = asyncio.create_task(run(), name=f"{action}:{self.name}")
-        self._op = (task, action)
+        self._op = (task, action, future)
         self._publish()
 
     async def _on_op_done(self, action: str, level: int, error: str | None,
@@ -348,12 +349,16 @@ class EngineOwner:
                 "applied": applied, "phase": self.view.phase.value}
 
     def _fail_op(self, why: str) -> None:
-        pending = list(self._deferred)
+        """Cancel the operation in flight and answer everyone waiting on one: ``why``."""
+        waiting = [future for _, future in self._deferred]
         self._deferred.clear()
         if self._op is not None:
-            self._op[0].cancel()
+            task, _, future = self._op
+            task.cancel()
             self._op = None
-        for _, future in pending:
+            if future is not None:
+                waiting.insert(0, future)
+        for future in waiting:
             _resolve(future, OpResult.error(409, f"{why}; try again", phase=self.view.phase.value))
 
     async def _stop(self, future: asyncio.Future[OpResult]) -> None:

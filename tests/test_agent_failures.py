@@ -68,3 +68,37 @@ def test_a_sleeping_engine_that_crashes_comes_back_asleep(agent: AgentProcess) -
         what="m1 restarted and asleep again")
     assert agent.model(snap, "m1")["desired"] == "asleep"
     assert complete(first["port"], "m1")[0] == 503
+
+
+def test_a_crash_during_a_slow_sleep_answers_the_caller_at_once(agent: AgentProcess) -> None:
+    import threading
+    import time
+
+    from runtime_agent.client import AgentError
+
+    first = agent.activate_sim("m1", "--sim-sleep-seconds=30")
+    agent.wait_phase("m1", "active")
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            outcome["result"] = agent.client.sleep("m1")
+        except AgentError as exc:
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    agent.wait_for(lambda s: agent.model(s, "m1")["operation"] == "sleep", what="sleep in flight")
+    started = time.monotonic()
+    os.kill(first["pid"], signal.SIGKILL)
+    caller.join(10)
+    assert not caller.is_alive() and time.monotonic() - started < 5
+    assert outcome["error"].status == 409 and "exited" in str(outcome["error"])
+    # A stop while a sleep is in flight is not held up by it either.
+    agent.wait_phase("m1", "active")
+    caller = threading.Thread(target=call)
+    caller.start()
+    agent.wait_for(lambda s: agent.model(s, "m1")["operation"] == "sleep", what="sleep again")
+    assert agent.client.deactivate("m1")["phase"] == "stopped"
+    caller.join(10)
+    assert not caller.is_alive() and "being stopped" in str(outcome["error"])

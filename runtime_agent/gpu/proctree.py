@@ -1,0 +1,57 @@
+"""An engine's whole process tree, as local PIDs: the set attribution sums GPU memory over.
+
+vLLM holds its GPU memory in EngineCore and worker processes, not in the API server the agent
+started, so memory must be summed over every descendant. A process's parent (``PPid``) is the
+process of the thread that forked it, so descendants of any thread are found through the PPid
+links. A descendant that left the tree by double-forking is still caught through its session:
+engines are started with ``setsid``, so everything in the session led by the engine is the
+engine's. Processes may vanish at any moment; they are simply left out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import psutil
+
+
+def _links() -> tuple[dict[int, list[int]], dict[int, int]]:
+    """Children by parent PID, and the session of every process we could read."""
+    children: dict[int, list[int]] = {}
+    sessions: dict[int, int] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        ppid = proc.info.get("ppid")
+        if isinstance(ppid, int):
+            children.setdefault(ppid, []).append(proc.pid)
+        try:
+            sessions[proc.pid] = os.getsid(proc.pid)
+        except OSError:
+            pass  # gone, or not ours to ask
+    return children, sessions
+
+
+def _tree(root: int, children: dict[int, list[int]], sessions: dict[int, int]) -> frozenset[int]:
+    if root not in sessions and not psutil.pid_exists(root):
+        return frozenset()
+    found = {root}
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    if sessions.get(root) == root:  # a session leader: its whole session is its own
+        found.update(pid for pid, sid in sessions.items() if sid == root)
+    return frozenset(found)
+
+
+def process_trees(roots: Iterable[int]) -> dict[int, frozenset[int]]:
+    """``process_tree`` for many roots with one scan of the process table."""
+    children, sessions = _links()
+    return {root: _tree(root, children, sessions) for root in roots}
+
+
+def process_tree(pid: int) -> frozenset[int]:
+    """The process and all its descendants (empty when it no longer exists)."""
+    return process_trees([pid])[pid]

@@ -1,0 +1,133 @@
+"""The GPU backend for machines without a GPU: simulated cards fed by simulated engines.
+
+"The simulated path is the real path": only the source of truth changes. Cards come from a spec
+such as ``2x141GiB``; processes come from the files simulated engines write into the channel
+directory (``engines.sim.gpu_report``), so ledger, attribution and admission see the same shapes
+as with NVML, and a simulated engine that sleeps or dies changes what the agent measures. Files
+of dead processes are ignored and removed (an engine killed with SIGKILL cannot remove its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from engines.sim.gpu_report import GpuReport
+from runtime_agent.gpu.model import Device, GpuProcess, GpuSample
+
+UNITS = {"B": 1, "MIB": 1024**2, "MB": 1000**2, "GIB": 1024**3, "GB": 1000**3,
+         "TIB": 1024**4, "TB": 1000**4}
+_SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
+_REPORT_NAME = re.compile(r"^(\d+)\.json$")
+
+
+def parse_spec(spec: str) -> tuple[int, int, str]:
+    """``"2x141GiB"`` -> (2, 141 GiB in bytes, "141GiB"). ValueError says what is wrong."""
+    match = _SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"GPU spec {spec!r} is not COUNTxSIZE, e.g. '1x80GiB' or '8x141GB' "
+                         f"(units: B, MiB, MB, GiB, GB, TiB, TB)")
+    count, number, unit = int(match[1]), match[2], match[3]
+    factor = UNITS.get(unit.upper())
+    if factor is None:
+        raise ValueError(f"GPU spec {spec!r}: unknown unit {unit!r} (use B, MiB, MB, GiB, GB, "
+                         f"TiB or TB)")
+    size = int(float(number) * factor)
+    if count < 1 or size < 1:
+        raise ValueError(f"GPU spec {spec!r}: needs at least one card of at least one byte")
+    return count, size, f"{number}{unit}"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie (a zombie holds no memory)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` integer shares summing to ``total``; the first take the remainder."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+class SimulatedGpuBackend:
+    """``GpuBackend`` over simulated cards. ``is_alive`` lets tests decide which PIDs live."""
+
+    name = "simulated"
+
+    def __init__(self, spec: str, channel_dir: Path, clock: Callable[[], float] = time.time,
+                 is_alive: Callable[[int], bool] = pid_alive) -> None:
+        count, size, label = parse_spec(spec)
+        self.spec = spec
+        self.channel_dir = Path(channel_dir)
+        self.channel_dir.mkdir(parents=True, exist_ok=True)
+        self._cards = [(i, f"GPU-sim-{i:04x}-0000-0000-000000000000", f"Simulated GPU {label}",
+                        size) for i in range(count)]
+        self._clock = clock
+        self._is_alive = is_alive
+
+    def reports(self) -> tuple[list[GpuReport], list[str]]:
+        """The live engines' reports (sorted by pid) and the problems met reading the channel."""
+        reports: list[GpuReport] = []
+        problems: list[str] = []
+        try:
+            names = sorted(p.name for p in self.channel_dir.iterdir())
+        except OSError as exc:
+            return [], [f"channel {self.channel_dir} unreadable: {exc}"]
+        for name in names:
+            match = _REPORT_NAME.match(name)
+            if match is None:
+                continue  # temp files of a writer in progress, anything else
+            path, pid = self.channel_dir / name, int(match[1])
+            if not self._is_alive(pid):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            try:
+                report = GpuReport.from_json(path.read_text())
+            except FileNotFoundError:
+                continue  # its engine withdrew it just now
+            except (OSError, ValueError) as exc:
+                problems.append(f"{name}: {exc}")
+                continue
+            if report.pid != pid:
+                problems.append(f"{name}: names pid {pid} but holds pid {report.pid}")
+                continue
+            reports.append(report)
+        return sorted(reports, key=lambda r: r.pid), problems
+
+    def host_bytes(self) -> dict[int, int]:
+        """Host memory each live simulated engine holds for offloaded weights, by pid."""
+        return {r.pid: r.host_bytes for r in self.reports()[0] if r.host_bytes}
+
+    def sample(self) -> GpuSample:
+        taken_at = self._clock()
+        reports, problems = self.reports()
+        known = {index for index, _, _, _ in self._cards}
+        processes: list[GpuProcess] = []
+        for report in reports:
+            devices = list(dict.fromkeys(report.devices))  # a repeated index counts once
+            missing = [d for d in devices if d not in known]
+            if missing or not devices:
+                problems.append(f"engine pid {report.pid} reports devices {devices}, but this "
+                                f"simulated machine has GPUs 0-{len(self._cards) - 1}")
+            shares = split_evenly(report.gpu_bytes, len(devices)) if devices else []
+            processes.extend(GpuProcess(report.pid, d, share)
+                             for d, share in zip(devices, shares, strict=True) if d in known)
+        used = {i: 0 for i in known}
+        for proc in processes:
+            used[proc.device_index] += proc.used_bytes or 0
+        devices_out = tuple(Device(i, uuid, name, total, max(0, total - used[i]), used[i], None)
+                            for i, uuid, name, total in self._cards)
+        return GpuSample(devices_out, tuple(processes), taken_at, True,
+                         "; ".join(problems) if problems else None)
+
+    def close(self) -> None:
+        """Nothing to release; the channel directory belongs to the agent's state directory."""
