@@ -7,10 +7,12 @@ whole process group afterwards, so no engine (or engine child) outlives its test
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -23,7 +25,9 @@ import aiohttp
 import psutil
 import pytest
 
+from engines.sim.kvcache import KvCache
 from engines.sim.options import GIB, OptionsError, parse_options
+from runtime_agent.kv_segment import SegmentInfo, SegmentReplaced, read_segment, write_limit
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -460,3 +464,228 @@ def test_clean_shutdown_also_stops_the_spawned_child(launch: Launcher) -> None:
     sim.proc.terminate()
     assert sim.wait_exit(timeout=1.0) == 0
     assert wait_for(lambda: _gone(child), timeout=2.0)
+
+
+# --- kvcached segment -----------------------------------------------------------------------------
+
+MIB = 1024**2
+
+
+def kv_env(shm_dir: Path, name: str = "opt-kv") -> dict[str, str]:
+    return {"ENABLE_KVCACHED": "true", "KVCACHED_AUTOPATCH": "1", "KVCACHED_IPC_NAME": name,
+            "KVCACHED_SHM_DIR": str(shm_dir)}
+
+
+async def sim_state(session: aiohttp.ClientSession, sim: Sim) -> dict[str, Any]:
+    async with session.get(f"{sim.url}/sim/state") as response:
+        assert response.status == 200
+        state: dict[str, Any] = await response.json()
+        return state
+
+
+def segment(shm_dir: Path, name: str = "opt-kv") -> SegmentInfo | None:
+    return read_segment(name, shm_dir)
+
+
+async def segment_used_becomes(shm_dir: Path, used: int, timeout: float) -> bool:
+    async def check() -> bool:
+        return getattr(segment(shm_dir), "used_size", None) == used
+
+    return await async_wait_for(check, timeout)
+
+
+def test_kv_flags_fall_back_to_env_and_kvcached_comes_from_its_environment() -> None:
+    options = parse_options(["serve", "m"], {})
+    assert (options.kv_capacity_bytes, options.kv_bytes_per_request) == (2 * GIB, 64 * MIB)
+    assert (options.kv_page_bytes, options.kv_layers, options.kvcached_ipc_name) == (2 * MIB, 1, None)
+    options = parse_options(["serve", "m", "--sim-kv-bytes-per-request", "5000000", "--sim-kv-layers", "3"],
+                            {"SIM_KV_PAGE_BYTES": str(MIB), "ENABLE_KVCACHED": "True",
+                             "KVCACHED_IPC_NAME": "Qwen/Qwen3 0.6B", "KVCACHED_SHM_DIR": "/tmp/x"})
+    assert options.kv_request_bytes == 6 * MIB  # 5,000,000 bytes rounded up to whole 1 MiB pages x 3 layers
+    assert (options.kvcached_ipc_name, options.kvcached_shm_dir) == ("Qwen-Qwen3-0-6B", "/tmp/x")
+    assert parse_options(["serve", "m"], {"KVCACHED_IPC_NAME": "n"}).kvcached_ipc_name is None
+    assert parse_options(["serve", "m"], {"ENABLE_KVCACHED": "1"}).kvcached_ipc_name is None
+    with pytest.raises(OptionsError):
+        parse_options(["serve", "m", "--sim-kv-page-bytes", "0"], {})
+
+
+async def test_segment_appears_with_the_capacity_when_the_port_opens(launch: Launcher, tmp_path: Path) -> None:
+    sim = launch("--sim-kv-capacity-bytes", str(512 * MIB), startup=1.0, ready=False, env=kv_env(tmp_path))
+    while time.monotonic() - sim.launched_at < 0.7:
+        assert segment(tmp_path) is None
+        time.sleep(0.05)
+    sim.wait_ready()
+    info = segment(tmp_path)
+    assert info is not None and (info.total_size, info.used_size, info.prealloc_size) == (512 * MIB, 0, 0)
+    assert oct((tmp_path / "opt-kv").stat().st_mode & 0o777) == oct(0o666)
+    async with aiohttp.ClientSession() as session:
+        kv = (await sim_state(session, sim))["kv"]
+    assert (kv["capacity_bytes"], kv["limit_bytes"], kv["used_bytes"], kv["inode"]) == (512 * MIB, 512 * MIB, 0, info.inode)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".log")) == ["opt-kv"]
+
+
+async def test_engine_without_kvcached_creates_no_segment(launch: Launcher, tmp_path: Path) -> None:
+    sim = launch(env={"KVCACHED_IPC_NAME": "opt-kv", "KVCACHED_SHM_DIR": str(tmp_path)})
+    async with aiohttp.ClientSession() as session:
+        assert (await sim_state(session, sim))["kv"] is None
+    assert segment(tmp_path) is None
+
+
+async def test_used_kv_grows_with_running_requests_and_shrinks_after(launch: Launcher, tmp_path: Path) -> None:
+    # 3 MiB per request in 1 MiB pages on 2 layers: 4 MiB each.
+    sim = launch("--sim-request-seconds", "0.8", "--sim-kv-bytes-per-request", str(3 * MIB),
+                 "--sim-kv-page-bytes", str(MIB), "--sim-kv-layers", "2", env=kv_env(tmp_path))
+    async with aiohttp.ClientSession() as session:
+        url = f"{sim.url}/v1/completions"
+        requests = [asyncio.create_task(post_json(session, url, {"prompt": f"p{i}"})) for i in range(3)]
+        assert await segment_used_becomes(tmp_path, 12 * MIB, timeout=0.7)
+        assert (await sim_state(session, sim))["kv"]["used_bytes"] == 12 * MIB
+        assert [status for status, _ in await asyncio.gather(*requests)] == [200, 200, 200]
+        info = segment(tmp_path)
+        assert info is not None and (info.total_size, info.used_size, info.prealloc_size) == (2 * GIB, 0, 0)
+
+
+async def test_a_limit_below_use_keeps_live_kv_and_makes_new_requests_wait(launch: Launcher, tmp_path: Path) -> None:
+    sim = launch("--sim-request-seconds", "1.2", "--sim-kv-bytes-per-request", str(8 * MIB),
+                 "--sim-kv-capacity-bytes", str(64 * MIB), env=kv_env(tmp_path))
+    async with aiohttp.ClientSession() as session:
+        url = f"{sim.url}/v1/completions"
+        first = [asyncio.create_task(post_json(session, url, {"prompt": f"p{i}"})) for i in range(3)]
+        assert await segment_used_becomes(tmp_path, 24 * MIB, timeout=1.0)
+        started = time.monotonic()
+        written = write_limit("opt-kv", 8 * MIB, tmp_path)
+        assert (written.total_size, written.used_size) == (8 * MIB, 24 * MIB)  # live KV is never evicted
+
+        async def limit_applied() -> bool:
+            return bool((await sim_state(session, sim))["kv"]["limit_bytes"] == 8 * MIB)
+
+        assert await async_wait_for(limit_applied, timeout=0.5)  # the 100 ms watch picks it up
+        late = asyncio.create_task(post_json(session, url, {"prompt": "late"}))
+
+        async def late_waits() -> bool:
+            state = await sim_state(session, sim)
+            return bool(state["waiting"] == 1 and state["running"] == 3 and state["kv"]["waiting_for_kv"] == 1)
+
+        assert await async_wait_for(late_waits, timeout=0.5)
+        assert await get_metric(session, sim, "vllm:num_requests_waiting", model_name="opt") == 1
+        info = segment(tmp_path)
+        assert info is not None and (info.total_size, info.used_size) == (8 * MIB, 24 * MIB)
+        assert [status for status, _ in await asyncio.gather(*first)] == [200, 200, 200]
+
+        async def late_runs() -> bool:
+            state = await sim_state(session, sim)
+            return bool(state["running"] == 1 and state["waiting"] == 0 and state["kv"]["used_bytes"] == 8 * MIB)
+
+        assert await async_wait_for(late_runs, timeout=0.5)
+        assert getattr(segment(tmp_path), "used_size", None) == 8 * MIB
+        status, _ = await late
+        assert status == 200 and time.monotonic() - started >= 1.2
+        assert getattr(segment(tmp_path), "used_size", None) == 0
+
+
+async def test_raising_the_limit_lets_waiting_requests_run(launch: Launcher, tmp_path: Path) -> None:
+    sim = launch("--sim-request-seconds", "5", "--sim-kv-bytes-per-request", str(8 * MIB),
+                 "--sim-kv-capacity-bytes", str(64 * MIB), env=kv_env(tmp_path))
+    write_limit("opt-kv", 8 * MIB, tmp_path)
+    async with aiohttp.ClientSession() as session:
+        url = f"{sim.url}/v1/completions"
+        requests = [asyncio.create_task(post_json(session, url, {"prompt": f"p{i}"})) for i in range(3)]
+
+        async def counts(running: int, waiting: int) -> bool:
+            state = await sim_state(session, sim)
+            return bool((state["running"], state["waiting"]) == (running, waiting))
+
+        assert await async_wait_for(lambda: counts(1, 2), timeout=1.0)  # the new limit applied on allocation
+        write_limit("opt-kv", 1 << 40, tmp_path)  # above the capacity: the engine holds what it has
+        assert await async_wait_for(lambda: counts(3, 0), timeout=0.5)
+        assert (await sim_state(session, sim))["kv"]["limit_bytes"] == 64 * MIB
+        for request in requests:
+            request.cancel()
+        await asyncio.gather(*requests, return_exceptions=True)
+
+
+def _write_total_raw(path: Path, total: int) -> None:
+    """What a careless writer could do: put 0 in total_size (write_limit refuses to)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, struct.pack("=q", total), 0)
+    finally:
+        os.close(fd)
+
+
+async def test_a_limit_of_zero_is_ignored(launch: Launcher, tmp_path: Path) -> None:
+    sim = launch("--sim-kv-capacity-bytes", str(64 * MIB), "--sim-kv-bytes-per-request", str(8 * MIB),
+                 env=kv_env(tmp_path))
+    write_limit("opt-kv", 32 * MIB, tmp_path)
+    async with aiohttp.ClientSession() as session:
+
+        async def limit_is(value: int) -> bool:
+            return bool((await sim_state(session, sim))["kv"]["limit_bytes"] == value)
+
+        assert await async_wait_for(lambda: limit_is(32 * MIB), timeout=0.5)
+        _write_total_raw(tmp_path / "opt-kv", 0)
+        await asyncio.sleep(0.3)  # three watch periods
+        assert await limit_is(32 * MIB)
+        status, _ = await post_json(session, f"{sim.url}/v1/completions", {"prompt": "still serving"})
+        assert status == 200 and await limit_is(32 * MIB)
+
+
+async def test_a_restarted_engine_resets_its_segment_with_a_new_inode(launch: Launcher, tmp_path: Path) -> None:
+    first = launch("--sim-kv-capacity-bytes", str(64 * MIB), env=kv_env(tmp_path))
+    before = write_limit("opt-kv", 16 * MIB, tmp_path)
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    leftover = segment(tmp_path)
+    assert leftover is not None and (leftover.total_size, leftover.inode) == (16 * MIB, before.inode)
+    second = launch("--sim-kv-capacity-bytes", str(64 * MIB), env=kv_env(tmp_path))
+    after = segment(tmp_path)
+    assert after is not None and (after.total_size, after.used_size, after.prealloc_size) == (64 * MIB, 0, 0)
+    assert after.inode != before.inode
+    with pytest.raises(SegmentReplaced):
+        write_limit("opt-kv", 8 * MIB, tmp_path, expected_inode=before.inode)
+    async with aiohttp.ClientSession() as session:
+        assert (await sim_state(session, second))["kv"]["limit_bytes"] == 64 * MIB
+
+
+def test_sigterm_removes_the_segment_and_sigkill_leaves_it(launch: Launcher, tmp_path: Path) -> None:
+    sim = launch(env=kv_env(tmp_path, "clean"))
+    assert segment(tmp_path, "clean") is not None
+    sim.proc.terminate()
+    assert sim.wait_exit(timeout=1.0) == 0
+    assert segment(tmp_path, "clean") is None
+    assert "KV segment" in sim.log() and "removed" in sim.log()
+    killed = launch(env=kv_env(tmp_path, "killed"))
+    os.killpg(killed.proc.pid, signal.SIGKILL)
+    killed.proc.wait()
+    assert segment(tmp_path, "killed") is not None
+
+
+async def test_a_request_that_gives_up_waiting_for_kv_leaves_the_queue(tmp_path: Path) -> None:
+    kv = KvCache("unit", str(tmp_path), capacity=16 * MIB, request_bytes=8 * MIB)
+    kv.create()
+    write_limit("unit", 8 * MIB, tmp_path)
+    holding, release = asyncio.Event(), asyncio.Event()
+    order: list[str] = []
+
+    async def request(name: str) -> None:
+        async with kv.allocation():
+            order.append(name)
+            holding.set()
+            await release.wait()
+
+    first = asyncio.create_task(request("first"))
+    await holding.wait()
+    assert kv.limit == 8 * MIB  # applied lazily, on this allocation
+    quitter = asyncio.create_task(request("quitter"))
+    patient = asyncio.create_task(request("patient"))
+    await asyncio.sleep(0.05)
+    assert kv.snapshot()["waiting_for_kv"] == 2 and order == ["first"]
+    quitter.cancel()
+    await asyncio.gather(quitter, return_exceptions=True)
+    assert kv.snapshot()["waiting_for_kv"] == 1
+    release.set()
+    await asyncio.wait_for(asyncio.gather(first, patient), timeout=1.0)
+    assert order == ["first", "patient"] and kv.used == 0
+    assert getattr(segment(tmp_path, "unit"), "used_size", None) == 0
+    assert kv.remove() and segment(tmp_path, "unit") is None

@@ -82,22 +82,32 @@ async def _serve(options: SimOptions, stop: asyncio.Event) -> int:
     pid = os.getpid()
     logs.server_log("INFO", f"Started server process [{pid}]")
     logs.server_log("INFO", "Waiting for application startup.")
+    kv = state.kv
     try:
-        await site.start()
-    except OSError as exc:
-        logs.server_log("ERROR", f"[Errno {exc.errno}] error while attempting to bind on address "
-                        f"({options.host!r}, {options.port}): {exc.strerror}")
+        if kv is not None:  # like kvcached: the segment exists, at full capacity, before the port opens
+            kv.create()
+        try:
+            await site.start()
+        except OSError as exc:
+            logs.server_log("ERROR", f"[Errno {exc.errno}] error while attempting to bind on address "
+                            f"({options.host!r}, {options.port}): {exc.strerror}")
+            await runner.cleanup()
+            return 1
+        if kv is not None:
+            kv.start_watch()
+        logs.server_log("INFO", "Application startup complete.")
+        logs.server_log("INFO", f"Uvicorn running on http://{options.host}:{options.port} (Press CTRL+C to quit)")
+        await stop.wait()
+        logs.server_log("INFO", "Shutting down")
+        logs.server_log("INFO", "Waiting for application shutdown.")
         await runner.cleanup()
-        return 1
-    logs.server_log("INFO", "Application startup complete.")
-    logs.server_log("INFO", f"Uvicorn running on http://{options.host}:{options.port} (Press CTRL+C to quit)")
-    await stop.wait()
-    logs.server_log("INFO", "Shutting down")
-    logs.server_log("INFO", "Waiting for application shutdown.")
-    await runner.cleanup()
-    logs.server_log("INFO", "Application shutdown complete.")
-    logs.server_log("INFO", f"Finished server process [{pid}]")
-    return 0
+        logs.server_log("INFO", "Application shutdown complete.")
+        logs.server_log("INFO", f"Finished server process [{pid}]")
+        return 0
+    finally:
+        if kv is not None:  # a clean exit removes the segment; SIGKILL or a crash leaves it behind
+            await kv.stop_watch()
+            kv.remove()
 
 
 async def run(options: SimOptions) -> int:

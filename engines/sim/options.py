@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from engines.sim.kvcache import DEFAULT_SHM_DIR, ipc_name_from_env, round_up_to_pages
+
+MIB = 1024**2
 GIB = 1024**3
 SUPPORTED_MODES = ("vllm",)  # "ollama" will join later; the structure is ready for it.
 _TRUE = {"1", "true", "yes", "on"}
@@ -48,12 +51,25 @@ class SimOptions:
     request_seconds: float = 0.0
     token_seconds: float = 0.0
     max_running: int = 256
+    kv_capacity_bytes: int = 2 * GIB
+    kv_bytes_per_request: int = 64 * MIB
+    kv_page_bytes: int = 2 * MIB
+    kv_layers: int = 1
     ignored_args: tuple[str, ...] = ()
+    # kvcached, from the environment like the real engine: ENABLE_KVCACHED=true and KVCACHED_IPC_NAME
+    # (sanitised as kvcached does). KVCACHED_SHM_DIR is the simulator's own, for tests.
+    kvcached_ipc_name: str | None = None
+    kvcached_shm_dir: str = DEFAULT_SHM_DIR
 
     @property
     def served_model_name(self) -> str:
         """The primary name: reported by /v1/models, responses and metric labels."""
         return self.served_model_names[0]
+
+    @property
+    def kv_request_bytes(self) -> int:
+        """KV one running request holds: the per-request bytes rounded up to whole pages on every layer."""
+        return round_up_to_pages(self.kv_bytes_per_request, self.kv_page_bytes, self.kv_layers)
 
 
 def _parse_bool(text: str) -> bool:
@@ -80,6 +96,10 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("request_seconds", float, 0.0, False),
     ("token_seconds", float, 0.0, False),
     ("max_running", int, 256, False),
+    ("kv_capacity_bytes", int, 2 * GIB, False),
+    ("kv_bytes_per_request", int, 64 * MIB, False),
+    ("kv_page_bytes", int, 2 * MIB, False),
+    ("kv_layers", int, 1, False),
 )
 
 
@@ -150,6 +170,11 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
             raise OptionsError(f"--sim-{dest.replace('_', '-')} must not be negative")
     if sim["crash_after"] is not None and sim["crash_after"] < 0:
         raise OptionsError("--sim-crash-after must not be negative")
+    for dest in ("kv_capacity_bytes", "kv_page_bytes", "kv_layers"):
+        if sim[dest] < 1:
+            raise OptionsError(f"--sim-{dest.replace('_', '-')} must be at least 1")
+    if sim["kv_bytes_per_request"] < 0:
+        raise OptionsError("--sim-kv-bytes-per-request must not be negative")
     names = tuple(namespace.served_model_name or (model,))
     return SimOptions(
         model=model,
@@ -160,5 +185,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         max_model_len=namespace.max_model_len,
         access_log=not namespace.disable_uvicorn_access_log,
         ignored_args=tuple(unknown),
+        kvcached_ipc_name=ipc_name_from_env(env),
+        kvcached_shm_dir=env.get("KVCACHED_SHM_DIR") or DEFAULT_SHM_DIR,
         **sim,
     )

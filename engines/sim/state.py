@@ -9,6 +9,7 @@ sleep/wake state, so the HTTP layer stays a thin translation of requests into th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from engines.sim.kvcache import KvCache
 from engines.sim.options import SimOptions
 
 FINISHED_REASONS = ("stop", "length", "abort")
@@ -41,6 +43,10 @@ class EngineState:
         self.waiting = 0
         self.success_total = 0
         self._slots = asyncio.Semaphore(options.max_running)
+        self.kv: KvCache | None = None  # present when the engine runs with kvcached
+        if options.kvcached_ipc_name is not None:
+            self.kv = KvCache(options.kvcached_ipc_name, options.kvcached_shm_dir, options.kv_capacity_bytes,
+                              options.kv_request_bytes)
         self._transition_lock = asyncio.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
         labels = {"model_name": options.served_model_name}
@@ -75,22 +81,34 @@ class EngineState:
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        """Hold a running slot for the body of the ``async with``; queue as *waiting* until one frees."""
+        """Hold a running slot (and, with kvcached, the request's KV) for the body of the ``async with``.
+
+        The request counts as *waiting* until it holds both: like vLLM's scheduler, a request whose KV
+        does not fit under the limit is not admitted to the running batch.
+        """
         if not self.accepting:
             raise EngineAsleep()
         self.waiting += 1
         self._publish()
+        kv = contextlib.AsyncExitStack()
         try:
             await self._slots.acquire()
+            try:
+                if self.kv is not None:
+                    await kv.enter_async_context(self.kv.allocation())
+            except BaseException:
+                self._slots.release()
+                raise
         finally:
             self.waiting -= 1
             self._publish()
         self.running += 1
         self._publish()
         try:
-            if not self.accepting:  # fell asleep while this request was queued
-                raise EngineAsleep()
-            yield
+            async with kv:  # releases the KV when the request finishes
+                if not self.accepting:  # fell asleep while this request was queued
+                    raise EngineAsleep()
+                yield
         finally:
             self.running -= 1
             self._publish()
@@ -150,4 +168,5 @@ class EngineState:
             "success_total": self.success_total,
             "memory_bytes": self.options.memory_bytes,
             "max_running": self.options.max_running,
+            "kv": None if self.kv is None else self.kv.snapshot(),
         }
