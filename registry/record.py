@@ -67,6 +67,11 @@ class EngineRecord(BaseModel):
     last_transition: float = 0.0
     created_at: float = 0.0
     operations: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # KV-cache limit: what was asked, and the segment it was applied to (capacity, inode).
+    kv_limit_bytes: int | None = None
+    kv_capacity_bytes: int | None = None
+    kv_inode: int | None = None
+    kv_applied_bytes: int | None = None
     # Lifetime counters kept with the record so metrics do not drop to zero on an agent restart.
     op_counts: dict[str, int] = Field(default_factory=dict)  # "sleep:success" -> n
     budget_exhausted: int = 0

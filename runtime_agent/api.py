@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from runtime_agent.api_models import (
     ActivateRequest,
     DeactivateRequest,
+    KvLimitRequest,
     SleepRequest,
     WakeRequest,
     describe_validation_error,
@@ -116,6 +117,12 @@ async def wake(request: web.Request) -> web.Response:
     return reply(await _agent(request).pool.lifecycle(req.model_name, intent))
 
 
+async def kv_limit(request: web.Request) -> web.Response:
+    req = await parse(request, KvLimitRequest)
+    intent = Intent("kv_limit", req.operation_id, limit_bytes=req.limit_bytes)
+    return reply(await _agent(request).pool.lifecycle(req.model_name, intent))
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response(_agent(request).model_list())
 
@@ -194,6 +201,7 @@ def make_app(agent: Any) -> web.Application:
     app.router.add_post("/v1/runtime/models/deactivate", deactivate)
     app.router.add_post("/v1/runtime/models/sleep", sleep)
     app.router.add_post("/v1/runtime/models/wake", wake)
+    app.router.add_post("/v1/runtime/models/kv-limit", kv_limit)
     app.router.add_get("/v1/runtime/models", models)
     app.router.add_get("/v1/runtime/models/{model:.+}/logs", engine_logs)
     app.router.add_get("/v1/runtime/snapshot", snapshot)

@@ -59,6 +59,7 @@ class ActivateRequest(_ModelRequest):
     ipc_name: str | None = None
     engine_config: EngineConfig = Field(default_factory=EngineConfig)
     claim_ref: ClaimRef | None = None
+    kv_limit_bytes: int | None = Field(default=None, gt=0, le=2**62)
 
     @field_validator("ipc_name")
     @classmethod
@@ -80,6 +81,11 @@ class SleepRequest(_ModelRequest):
 
 
 class WakeRequest(_ModelRequest):
+    operation_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class KvLimitRequest(_ModelRequest):
+    limit_bytes: int = Field(gt=0, le=2**62)
     operation_id: str | None = Field(default=None, min_length=1, max_length=256)
 
 

@@ -54,7 +54,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
         port_high=high, engine_bind_host=args.engine_host, restart_delays=args.restart_delays,
         stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
-        scrape_interval_s=args.scrape_interval, simulate_engines=engines == "sim",
+        scrape_interval_s=args.scrape_interval, kv_shm_dir=Path(args.kv_shm_dir),
+        kv_hold_s=args.kv_hold_interval,
+        simulate_engines=engines == "sim",
         weight_cache_dir=Path(cache) if cache else None,
     )
 
@@ -69,20 +71,32 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _table(snapshot: dict[str, Any]) -> str:
     cols = ("MODEL", "ENGINE", "PHASE", "READY", "PORT", "PID", "RESTARTS", "RUNNING",
-            "WAITING", "LAST ERROR")
+            "WAITING", "KV LIMIT", "KV APPLIED", "KV USED", "LAST ERROR")
     rows = [cols]
     for m in snapshot.get("models", []):
         err = (m.get("last_error") or "").splitlines()
+        notes = [*m.get("conditions", []), *(err[:1])]
         rows.append((m["model_name"], m["engine"], m["phase"], str(m["ready"]).lower(),
                      str(m["port"]), str(m["pid"] or "-"), str(m["restart_count"]),
                      _num(m.get("requests_running")), _num(m.get("requests_waiting")),
-                     err[0][:60] if err else ""))
+                     _bytes(m.get("kv_limit_requested_bytes")),
+                     _bytes(m.get("kv_limit_applied_bytes")), _bytes(m.get("kv_used_bytes")),
+                     "; ".join(notes)[:70]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     cached = snapshot.get("cached_artifacts") or []
     lines.append(f"\nobserved at {snapshot.get('observed_at')}; cached artifacts: "
                  f"{', '.join(cached) if cached else 'none'}")
     return "\n".join(lines)
+
+
+def _bytes(value: Any) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value}B"
 
 
 def _num(value: Any) -> str:
@@ -122,6 +136,8 @@ def _dispatch(client: AgentClient, args: argparse.Namespace) -> dict[str, Any]:
         return client.activate(args.model, args.artifact, args.engine, args.engine_port, flags)
     if args.command == "deactivate":
         return client.deactivate(args.model)
+    if args.command == "kv-limit":
+        return client.kv_limit(args.model, args.bytes, args.operation_id)
     if args.command == "sleep":
         return client.sleep(args.model, args.level, args.operation_id)
     return client.wake(args.model, args.operation_id)
@@ -160,6 +176,10 @@ def parser() -> argparse.ArgumentParser:
                    help="longest gap between readiness probes of a booting engine, seconds")
     s.add_argument("--scrape-interval", type=float, default=2.0,
                    help="seconds between scrapes of an engine's /metrics")
+    s.add_argument("--kv-hold-interval", type=float, default=1.0,
+                   help="seconds between checks that each KV limit still holds")
+    s.add_argument("--kv-shm-dir", default="/dev/shm",
+                   help="where kvcached segments live (tests point it at a temp dir)")
     s.add_argument("--log-format", choices=("json", "text"), default="json")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=_serve)
@@ -186,6 +206,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--operation-id")
     c = client_parser("wake", "wake a model's engine")
     c.add_argument("model")
+    c.add_argument("--operation-id")
+    c = client_parser("kv-limit", "set a model's KV-cache limit (bytes)")
+    c.add_argument("model")
+    c.add_argument("bytes", type=int)
     c.add_argument("--operation-id")
     c = client_parser("logs", "print the last lines of a model's engine log")
     c.add_argument("model")

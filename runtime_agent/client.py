@@ -64,6 +64,12 @@ class AgentClient:
         return self._call("POST", "/v1/runtime/models/wake",
                           {"model_name": model_name, "operation_id": operation_id})
 
+    def kv_limit(self, model_name: str, limit_bytes: int,
+                 operation_id: str | None = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/runtime/models/kv-limit",
+                          {"model_name": model_name, "limit_bytes": limit_bytes,
+                           "operation_id": operation_id})
+
     def logs(self, model_name: str, tail: int = 100) -> dict[str, Any]:
         quoted = urllib.parse.quote(model_name, safe="")
         return self._call("GET", f"/v1/runtime/models/{quoted}/logs?tail={tail}")

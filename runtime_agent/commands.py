@@ -31,5 +31,7 @@ def engine_command(settings: Settings, record: EngineRecord) -> tuple[list[str],
         "KVCACHED_AUTOPATCH": "1",
         "KVCACHED_IPC_NAME": spec.ipc_name,
     }
+    if str(settings.kv_shm_dir) != "/dev/shm":
+        identity["KVCACHED_SHM_DIR"] = str(settings.kv_shm_dir)  # the simulated engine's knob
     env = vllm.build_env(os.environ, {**settings.extra_engine_env, **identity})
     return argv, env

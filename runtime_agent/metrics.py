@@ -57,10 +57,12 @@ class AgentCollector(Collector):
             exhausted.add_metric([name], v.budget_exhausted)
             for key, count in sorted(v.op_counts.items()):
                 action, _, result = key.partition(":")
-                ops.add_metric([name, action, result], count)
+                if action != "kv_limit":
+                    ops.add_metric([name, action, result], count)
         yield restarts
         yield exhausted
         yield ops
+        yield from _kv_families(views)
         readopt = CounterMetricFamily(P + "engine_re_adoptions",
                                       "Engines found at agent start, by what became of them.",
                                       labels=["result"])
@@ -69,6 +71,31 @@ class AgentCollector(Collector):
         yield readopt
         if self._extra is not None:
             yield from self._extra()
+
+
+def _kv_families(views: list[EngineView]) -> Iterator[Metric]:
+    picks: tuple[tuple[str, str, Callable[[EngineView], int | None]], ...] = (
+        ("kv_used_bytes", "KV cache mapped by the engine (used + prealloc).",
+         lambda v: v.kv.used),
+        ("kv_total_bytes", "KV-cache limit in force in the engine's segment.",
+         lambda v: v.kv.total),
+        ("kv_limit_requested_bytes", "KV-cache limit asked of the agent.",
+         lambda v: v.kv.requested),
+        ("kv_limit_applied_bytes", "KV-cache limit confirmed by read-back.",
+         lambda v: v.kv.applied),
+    )
+    for name, doc, pick in picks:
+        rows = [([v.spec.model_name], pick(v)) for v in views]
+        yield gauge(name, doc, ["model"], ((labels, val) for labels, val in rows
+                                           if val is not None))
+    ops = CounterMetricFamily(P + "kv_limit_operations", "KV-limit writes by result.",
+                              labels=["model", "result"])
+    for v in views:
+        for key, count in sorted(v.op_counts.items()):
+            action, _, result = key.partition(":")
+            if action == "kv_limit":
+                ops.add_metric([v.spec.model_name, result], count)
+    yield ops
 
 
 class AgentMetrics:

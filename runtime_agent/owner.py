@@ -30,6 +30,7 @@ from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
 from runtime_agent.backoff import probe_delays, restart_delay
 from runtime_agent.commands import engine_command
+from runtime_agent.kv_keeper import KvKeeper
 from runtime_agent.phases import Phase, check_transition
 from runtime_agent.settings import Settings
 from runtime_agent.views import EngineEvent, EngineView, OpResult
@@ -50,9 +51,10 @@ class OwnerDeps:
 
 @dataclass(frozen=True)
 class Intent:
-    action: str  # "sleep" | "wake" | "stop"
+    action: str  # "sleep" | "wake" | "stop" | "kv_limit"
     operation_id: str | None = None
     level: int = 1
+    limit_bytes: int = 0
 
 
 class EngineOwner:
@@ -76,6 +78,8 @@ class EngineOwner:
         self._figures_at: float | None = None
         self.spawned: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.log_path = self._settings.logs_dir / f"{record.engine_id}.log"
+        self._kv = KvKeeper(record, self._settings.kv_shm_dir, lambda reason, message:
+                            self._emit(reason, message))
         self.view = self._make_view()
         self._task: asyncio.Task[None] | None = None
 
@@ -157,6 +161,9 @@ class EngineOwner:
             await self._after_exit(message[2], None)
         elif kind == "ready":
             await self._on_ready(message[2])
+        elif kind == "kv":
+            if await self._kv.reading(message[2]):
+                await self._persist()
         elif kind == "figures":
             self._figures, self._figures_at = message[2], self._deps.clock()
         elif kind == "op_done":
@@ -180,6 +187,7 @@ class EngineOwner:
             if not self.spawned.done():
                 self.spawned.set_result(self.record.last_error)
             return
+        self._kv.new_process()
         self._attach(proc)
         self.record.pid, self.record.pid_start_time = proc.pid, proc.start_time
         self._converge = True
@@ -212,12 +220,15 @@ class EngineOwner:
 
         proc.exited.add_done_callback(exited)
         self._helper(self._probe_ready(gen))
+        self._helper(self._kv.watch(lambda info: self._inbox.put_nowait(("kv", gen, info)),
+                                    self._settings.kv_watch_s, self._settings.kv_hold_s))
 
     async def _after_exit(self, info: ExitInfo | None, why: str | None) -> None:
         """The engine's process is gone without being asked to stop: restart it or fail it."""
         self._cancel_helpers()
         self._fail_op("the engine exited during the operation")
         self._proc, self._ready, self._figures = None, False, None
+        await self._kv.remove_leftover()
         cause = why or (info.describe() if info else "exited")
         tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
         self.record.last_error = cause + ("\n" + "\n".join(tail) if tail else "")
@@ -270,6 +281,9 @@ class EngineOwner:
             return
         if intent.operation_id and intent.operation_id in self.record.operations:
             _resolve(future, OpResult(200, self.record.operations[intent.operation_id]))
+            return
+        if intent.action == "kv_limit":
+            await self._set_kv_limit(intent, future)
             return
         if self._op is not None:
             self._deferred.append((intent, future))
@@ -344,6 +358,21 @@ class EngineOwner:
         while self._deferred and self._op is None:
             await self._on_intent(*self._deferred.popleft())
 
+    async def _set_kv_limit(self, intent: Intent, future: asyncio.Future[OpResult]) -> None:
+        phase = self.view.phase
+        if phase in (Phase.FAILED, Phase.STOPPING, Phase.STOPPED):
+            _resolve(future, OpResult.error(409, f"model {self.name!r} is {phase.value}; its KV "
+                                            "limit cannot be set", phase=phase.value))
+            return
+        detail = await self._kv.request(intent.limit_bytes)
+        body = {"status": "success", "model_name": self.name,
+                "operation_id": intent.operation_id, "phase": phase.value, **detail}
+        if detail["applied"] and intent.operation_id:
+            self.record.remember_operation(intent.operation_id, body)
+        await self._persist()
+        self._publish()
+        _resolve(future, OpResult(200, body))
+
     def _op_body(self, intent: Intent, applied: bool) -> dict[str, Any]:
         return {"status": "success", "model_name": self.name, "operation_id": intent.operation_id,
                 "applied": applied, "phase": self.view.phase.value}
@@ -376,6 +405,7 @@ class EngineOwner:
         else:
             detail = "no process was running"
         self.record.pid = self.record.pid_start_time = None
+        await self._kv.remove_leftover()
         await self._transition(Phase.STOPPED, "Stopped", detail, persist=False)
         await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
         _resolve(future, OpResult(200, {"status": "success", "model_name": self.name,
@@ -400,6 +430,7 @@ class EngineOwner:
             await self._persist()
 
     async def _persist(self) -> None:
+        self._kv.persist_into(self.record)
         snapshot = self.record.model_copy(deep=True)
         await asyncio.to_thread(self._deps.store.save, snapshot)  # fsync: off the event loop
 
@@ -425,7 +456,7 @@ class EngineOwner:
             requests_running=f.running if f else None, requests_waiting=f.waiting if f else None,
             request_success_total=f.success_total if f else None, figures_at=self._figures_at,
             log_path=str(self.log_path), op_counts=dict(r.op_counts),
-            budget_exhausted=r.budget_exhausted,
+            budget_exhausted=r.budget_exhausted, kv=self._kv.state,
         )
 
     def _helper(self, coro: Any) -> None:

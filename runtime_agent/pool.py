@@ -47,7 +47,7 @@ class EnginePool:
             return OpResult.error(400, problem, reason="InvalidEngineConfig")
         existing = self.owners.get(spec.model_name)
         if existing is not None:
-            return await self._same_or_conflict(existing, spec, req.port)
+            return await self._same_or_conflict(existing, spec, req.port, req.kv_limit_bytes)
         clash = next((o for o in self.owners.values() if o.spec.ipc_name == spec.ipc_name), None)
         if clash is not None:
             return OpResult.error(409, f"ipc_name {spec.ipc_name!r} is already used by model "
@@ -57,7 +57,8 @@ class EnginePool:
             return port_or_error
         now = self._deps.clock()
         record = EngineRecord(engine_id=uuid.uuid4().hex, spec=spec, port=port_or_error,
-                              phase=Phase.ACTIVATING.value, created_at=now, last_transition=now)
+                              phase=Phase.ACTIVATING.value, created_at=now, last_transition=now,
+                              kv_limit_bytes=req.kv_limit_bytes)
         owner = self._add(record, "spawn")
         error = await owner.spawned
         if error is not None:
@@ -70,7 +71,8 @@ class EnginePool:
             return "engine 'ollama' is not supported by this agent build yet; use 'vllm'"
         return vllm.artifact_problem(spec.artifact_url) or vllm.args_problem(spec.args)
 
-    async def _same_or_conflict(self, owner: EngineOwner, spec: EngineSpec, port: int) -> OpResult:
+    async def _same_or_conflict(self, owner: EngineOwner, spec: EngineSpec, port: int,
+                                kv_limit: int | None) -> OpResult:
         diffs = [k for k, v in spec.model_dump().items() if getattr(owner.spec, k) != getattr(spec, k)
                  and not (k == "ipc_name" and spec.ipc_name == ipc_name_for(spec.model_name))]
         if port and port != owner.record.port:
@@ -81,6 +83,8 @@ class EnginePool:
                 f"{', '.join(diffs)}; deactivate it first to change them",
                 model_name=spec.model_name, port=owner.record.port)
         await owner.spawned
+        if kv_limit is not None and kv_limit != owner.record.kv_limit_bytes:
+            await owner.request(Intent("kv_limit", limit_bytes=kv_limit))
         return OpResult(200, self._activate_body(owner))
 
     def _activate_body(self, owner: EngineOwner) -> dict[str, Any]:

@@ -50,6 +50,10 @@ class Settings:
     simulate_engines: bool = False
     # Where engines keep weights; served artifacts leave a marker here.
     weight_cache_dir: Path | None = None
+    # kvcached segments: their directory, how often to look for a new one, how often to check it.
+    kv_shm_dir: Path = Path("/dev/shm")
+    kv_watch_s: float = 0.01
+    kv_hold_s: float = 1.0
     extra_engine_env: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry.record import EngineSpec
+from runtime_agent.kv_hold import KvState
 from runtime_agent.phases import Phase
 
 
@@ -35,6 +36,7 @@ class EngineView:
     log_path: str
     op_counts: dict[str, int] = field(default_factory=dict)
     budget_exhausted: int = 0
+    kv: KvState = field(default_factory=KvState)
 
 
 @dataclass(frozen=True)

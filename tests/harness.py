@@ -62,6 +62,8 @@ class AgentProcess:
         self.client = AgentClient(self.url, timeout_s=60)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = state_dir.parent / f"agent-{self.port}.log"
+        self.shm_dir = state_dir.parent / "shm"  # kvcached segments, shared by restarted agents
+        self.shm_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, timeout_s: float = 15.0) -> None:
         argv = [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
@@ -69,6 +71,7 @@ class AgentProcess:
                 "--engine-ports", f"{self.port_low}-{self.port_high}",
                 "--engine-host", "127.0.0.1", "--restart-delays", self.restart_delays,
                 "--stop-grace", "3", "--scrape-interval", "0.2", "--log-format", "text",
+                "--kv-shm-dir", str(self.shm_dir), "--kv-hold-interval", "0.2",
                 *self.extra_args]
         log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -111,8 +114,11 @@ class AgentProcess:
     # ---- waiting --------------------------------------------------------------------------
 
     def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 20.0,
-                 what: str = "condition") -> dict[str, Any]:
-        """Wait until ``predicate(snapshot)`` holds; woken by the agent's events feed."""
+                 what: str = "condition", poll_s: float | None = None) -> dict[str, Any]:
+        """Wait until ``predicate(snapshot)`` holds; woken by the agent's events feed.
+
+        Figures that change without an event (request counts, KV use) need ``poll_s``.
+        """
         deadline = time.monotonic() + timeout_s
         cursor = self.client.events(0)["cursor"]
         while True:
@@ -122,6 +128,9 @@ class AgentProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"timed out waiting for {what}; snapshot: {snap}")
+            if poll_s is not None:
+                time.sleep(poll_s)
+                continue
             cursor = self.client.events(cursor, wait=max(1, min(int(left), 2)))["cursor"]
 
     def model(self, snap: dict[str, Any], name: str) -> dict[str, Any]:

@@ -95,7 +95,8 @@ def test_a_crash_during_a_slow_sleep_answers_the_caller_at_once(agent: AgentProc
     assert not caller.is_alive() and time.monotonic() - started < 5
     assert outcome["error"].status == 409 and "exited" in str(outcome["error"])
     # A stop while a sleep is in flight is not held up by it either.
-    agent.wait_phase("m1", "active")
+    agent.wait_for(lambda s: agent.model(s, "m1")["ready"]
+                   and agent.model(s, "m1")["pid"] not in (None, first["pid"]), what="back")
     caller = threading.Thread(target=call)
     caller.start()
     agent.wait_for(lambda s: agent.model(s, "m1")["operation"] == "sleep", what="sleep again")

@@ -57,7 +57,7 @@ def test_request_figures_in_the_snapshot_follow_the_engine(agent: AgentProcess) 
     for _ in range(3):
         assert complete(port, "m1")[0] == 200
     snap = agent.wait_for(lambda s: agent.model(s, "m1")["request_success_total"] == 3,
-                          what="three successful requests scraped")
+                          what="three successful requests scraped", poll_s=0.05)
     assert agent.model(snap, "m1")["requests_running"] == 0
 
 

@@ -19,6 +19,7 @@ Why each rule exists:
 from __future__ import annotations
 
 import importlib
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,15 +68,16 @@ class NvmlBackend:
         self._proc_root = Path(proc_root)
         self._clock = clock
         self._initialised = False
+        self._lock = threading.Lock()  # sample() runs in a worker thread; close() may not race it
         self.init_count = 0  # how often NVML was initialised (tests and diagnostics)
         try:
             self._init()
             count = int(self._nvml.nvmlDeviceGetCount())
         except self._nvml.NVMLError as exc:
-            self.close()
+            self._shutdown()
             raise GpuUnavailable(self._unavailable_reason(exc)) from exc
         if count == 0:
-            self.close()
+            self._shutdown()
             raise GpuUnavailable("NVML is loaded but reports no GPU on this machine")
 
     # ---- NVML life ------------------------------------------------------------------------
@@ -103,6 +105,10 @@ class NvmlBackend:
             self.init_count += 1
 
     def close(self) -> None:
+        with self._lock:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
         if self._initialised:
             self._initialised = False
             try:
@@ -113,12 +119,16 @@ class NvmlBackend:
     # ---- sampling -------------------------------------------------------------------------
 
     def sample(self) -> GpuSample:
+        with self._lock:
+            return self._sample()
+
+    def _sample(self) -> GpuSample:
         taken_at = self._clock()
         try:
             self._init()
             devices, raw, problems = self._read_devices()
         except self._nvml.NVMLError as exc:
-            self.close()  # initialise afresh on the next sample
+            self._shutdown()  # initialise afresh on the next sample
             return GpuSample((), (), taken_at, False,
                              f"NVML error: {exc} (NVML will be initialised again)")
         processes, mapping_ok = self._to_local(raw)

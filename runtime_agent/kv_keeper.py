@@ -1,0 +1,150 @@
+"""The part of an engine's owner that keeps its KV-cache limit: segment I/O around ``kv_hold``.
+
+It belongs to one owner and is only called from the owner's task, so it needs no lock. Every
+segment read and write is blocking flock I/O and runs in a worker thread. The watch helper
+looks for the segment every few milliseconds until it appears (so an initial limit is in force
+within milliseconds of the engine creating it), then reads it on the hold interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from registry.record import EngineRecord
+from runtime_agent.kv_hold import (
+    KvState,
+    Write,
+    after_write,
+    new_process,
+    on_reading,
+    with_request,
+)
+from runtime_agent.kv_segment import (
+    SegmentError,
+    SegmentInfo,
+    SegmentMissing,
+    SegmentReplaced,
+    clamp,
+    read_segment,
+    remove_segment,
+    write_limit,
+)
+
+log = logging.getLogger(__name__)
+_EVENT_REASONS = {"initial": "KVLimitSet", "requested": "KVLimitSet",
+                  "restored": "KVLimitRestored", "set_back": "KVLimitSetBack"}
+
+
+class KvKeeper:
+    def __init__(self, record: EngineRecord, shm_dir: Path,
+                 emit: Callable[[str, str], None]) -> None:
+        self._record = record
+        self._ipc = record.spec.ipc_name
+        self._shm_dir = shm_dir
+        self._emit = emit
+        target = None
+        if record.kv_limit_bytes is not None and record.kv_capacity_bytes is not None:
+            target = clamp(record.kv_limit_bytes, record.kv_capacity_bytes)[0]
+        self.state = KvState(requested=record.kv_limit_bytes, target=target,
+                             capacity=record.kv_capacity_bytes, inode=record.kv_inode,
+                             applied=record.kv_applied_bytes)
+
+    async def watch(self, post: Callable[[SegmentInfo | None], None], first_s: float,
+                    hold_s: float) -> None:
+        """Post a reading when the segment appears, then every ``hold_s``."""
+        path = self._shm_dir / self._ipc
+        while True:
+            if not os.path.exists(path):  # a stat on tmpfs: microseconds, fine on the loop
+                await asyncio.sleep(first_s)
+                continue
+            try:
+                info = await asyncio.to_thread(read_segment, self._ipc, self._shm_dir)
+            except SegmentError as exc:
+                log.warning("kv segment of %s unreadable: %s", self._record.spec.model_name, exc)
+                info = None
+            post(info)
+            await asyncio.sleep(hold_s if info is not None else first_s)
+
+    async def reading(self, info: SegmentInfo | None) -> bool:
+        """Handle one reading; True when the record changed and must be persisted."""
+        before = self._durable()
+        self.state, write = on_reading(self.state, info)
+        if write is not None:
+            await self._write(write)
+        return self._durable() != before
+
+    def _durable(self) -> tuple[int | None, int | None, int | None]:
+        return self.state.capacity, self.state.inode, self.state.applied
+
+    async def request(self, limit: int) -> dict[str, Any]:
+        """Set the limit the controller asked for; the API body (less status fields)."""
+        self._record.kv_limit_bytes = limit
+        self.state, write, clamped = with_request(self.state, limit)
+        if write is not None:
+            await self._write(write)
+        st = self.state
+        applied = st.target is not None and st.applied == st.target
+        if not st.present:
+            message = ("the engine has not created its KV segment yet; the limit is applied "
+                       "the moment it does")
+        elif clamped:
+            message = (f"{limit} bytes is above the {st.capacity} bytes the engine started "
+                       f"with; clamped to {st.target}")
+        elif applied:
+            message = "the segment holds the limit"
+        else:
+            message = "the segment did not take the limit; see the agent log"
+        if applied and st.used is not None and st.target is not None and st.used > st.target:
+            message += (f"; {st.used} bytes are in use, above the limit: kvcached frees "
+                        "nothing, use drops as requests finish")
+        self._record.count_operation("kv_limit", "applied" if applied else
+                                     ("pending" if not st.present else "failed"))
+        return {"applied": applied, "requested_bytes": limit, "applied_bytes": st.applied,
+                "clamped": clamped, "capacity_bytes": st.capacity, "used_bytes": st.used,
+                "message": message}
+
+    async def _write(self, write: Write) -> None:
+        try:
+            readback = await asyncio.to_thread(write_limit, self._ipc, write.value,
+                                               self._shm_dir, write.expected_inode)
+        except SegmentReplaced:
+            return  # the engine restarted: the next reading sees the new segment
+        except SegmentMissing:
+            self.state = replace(self.state, present=False)
+            return
+        except (SegmentError, OSError) as exc:
+            log.warning("kv limit write for %s failed: %s", self._record.spec.model_name, exc)
+            self._record.count_operation("kv_limit", "failed")
+            return
+        self.state = after_write(self.state, write, readback)
+        held = self.state.applied == write.value
+        if write.reason == "set_back":
+            self._record.count_operation("kv_limit", "set_back")
+        elif write.reason == "restored":
+            self._record.count_operation("kv_limit", "restored")
+        self._emit(_EVENT_REASONS[write.reason] if held else "KVLimitNotHeld",
+                   f"{write.value} bytes ({write.reason}); segment holds {readback.total_size}, "
+                   f"uses {readback.mapped}")
+
+    async def remove_leftover(self) -> None:
+        """The engine is gone: remove its segment (kvcached leaves it behind on SIGKILL)."""
+        try:
+            await asyncio.to_thread(remove_segment, self._ipc, self._shm_dir, self.state.inode)
+        except (SegmentError, OSError) as exc:
+            log.warning("could not remove kv segment of %s: %s", self._record.spec.model_name,
+                        exc)
+        self.state = replace(self.state, present=False, used=None, total=None, applied=None)
+
+    def new_process(self) -> None:
+        self.state = new_process(self.state)
+
+    def persist_into(self, record: EngineRecord) -> None:
+        record.kv_capacity_bytes = self.state.capacity
+        record.kv_inode = self.state.inode
+        record.kv_applied_bytes = self.state.applied

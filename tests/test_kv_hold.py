@@ -1,0 +1,92 @@
+"""Pure KV-limit holding decisions: what a reading of the segment makes the agent write."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime_agent.kv_hold import KvState, Write, after_write, new_process, on_reading, with_request
+from runtime_agent.kv_segment import SegmentInfo
+
+GiB = 2**30
+
+
+def seg(total: int, inode: int = 7, used: int = 0) -> SegmentInfo:
+    return SegmentInfo(total_size=total, used_size=used, prealloc_size=0, inode=inode)
+
+
+def test_a_new_segment_records_its_capacity_and_gets_the_requested_limit() -> None:
+    state, write, _ = with_request(KvState(), GiB)
+    assert write is None and state.requested == GiB
+    state, write = on_reading(state, seg(4 * GiB))
+    assert state.capacity == 4 * GiB and write == Write(GiB, 7, "initial")
+    state = after_write(state, write, seg(GiB))
+    assert state.applied == GiB and not state.not_held
+
+
+def test_without_a_request_the_agent_only_observes() -> None:
+    state, write = on_reading(KvState(), seg(4 * GiB, used=GiB))
+    assert write is None and state.used == GiB and state.applied is None
+
+
+def test_an_outside_write_is_set_back_and_counted() -> None:
+    state, _, _ = with_request(KvState(), GiB)
+    state, write = on_reading(state, seg(4 * GiB))
+    state = after_write(state, write, seg(GiB))
+    state, write = on_reading(state, seg(3 * GiB))
+    assert write == Write(GiB, 7, "set_back")
+    assert state.not_held and state.set_back_total == 1
+    state = after_write(state, write, seg(GiB))
+    assert not state.not_held and state.applied == GiB
+
+
+def test_a_write_the_segment_does_not_take_is_not_applied() -> None:
+    state, _, _ = with_request(KvState(), GiB)
+    state, write = on_reading(state, seg(4 * GiB))
+    state = after_write(state, write, seg(4 * GiB))
+    assert state.applied is None and state.not_held
+
+
+def test_a_restarted_engine_gets_its_limit_restored_even_with_a_recycled_inode() -> None:
+    state, _, _ = with_request(KvState(), GiB)
+    state, write = on_reading(state, seg(4 * GiB))
+    state = new_process(after_write(state, write, seg(GiB)))
+    state, write = on_reading(state, seg(4 * GiB, inode=7))  # same inode number again
+    assert write == Write(GiB, 7, "restored") and state.capacity == 4 * GiB
+    assert state.set_back_total == 0
+
+
+def test_a_vanished_segment_is_reported_absent() -> None:
+    state, write = on_reading(KvState(present=True, used=5), None)
+    assert write is None and not state.present and state.used is None
+
+
+def test_a_request_above_capacity_is_clamped() -> None:
+    state, _ = on_reading(KvState(), seg(2 * GiB))
+    state, write, clamped = with_request(state, 8 * GiB)
+    assert clamped and write == Write(2 * GiB, 7, "requested")
+
+
+@given(st.lists(st.one_of(
+    st.tuples(st.just("request"), st.integers(1, 8 * GiB)),
+    st.tuples(st.just("read"), st.integers(1, 8 * GiB), st.integers(1, 3)),
+    st.tuples(st.just("restart")),
+), max_size=30))
+def test_the_agent_never_writes_above_the_capacity_or_to_a_stale_inode(steps: list) -> None:
+    state = KvState()
+    for step in steps:
+        write = None
+        if step[0] == "request":
+            state, write, _ = with_request(state, step[1])
+        elif step[0] == "read":
+            info = seg(step[1], inode=step[2])
+            state, write = on_reading(state, info)
+            if write is not None:
+                assert write.expected_inode == info.inode
+        else:
+            state = new_process(state)
+        if write is not None:
+            assert state.capacity is not None and 0 < write.value <= state.capacity
+            assert write.value == min(state.requested or 0, state.capacity)
+            state = after_write(state, write, seg(write.value, inode=write.expected_inode))
+            assert state.applied == write.value
