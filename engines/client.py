@@ -65,11 +65,11 @@ class EngineClient:
         self._session = session
         self._base = f"http://{host}:{port}"
 
-    async def health(self, timeout_s: float) -> bool:
-        """True when /health answers 200; False when refused, failing or too slow."""
+    async def health(self, timeout_s: float, path: str = "/health") -> bool:
+        """True when ``path`` answers 200; False when refused, failing or too slow."""
         try:
             async with self._session.get(
-                f"{self._base}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+                f"{self._base}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -89,10 +89,11 @@ class EngineClient:
         value = body.get("is_sleeping") if isinstance(body, dict) else None
         return value if isinstance(value, bool) else None
 
-    async def _post(self, path: str, timeout_s: float) -> None:
+    async def post(self, path: str, timeout_s: float, body: object | None = None) -> None:
+        """POST to the engine; any answer but 2xx, or none in time, is an EngineCallError."""
         try:
             async with self._session.post(
-                f"{self._base}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
+                f"{self._base}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
                 if resp.status >= 300:
                     text = (await resp.text())[:500]
@@ -102,11 +103,6 @@ class EngineClient:
         except aiohttp.ClientError as exc:
             raise EngineCallError(f"POST {path} failed: {exc}") from exc
 
-    async def sleep(self, level: int, timeout_s: float) -> None:
-        await self._post(f"/sleep?level={level}", timeout_s)
-
-    async def wake(self, timeout_s: float) -> None:
-        await self._post("/wake_up", timeout_s)
 
     async def request_figures(self, timeout_s: float) -> RequestFigures | None:
         try:

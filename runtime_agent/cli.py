@@ -55,7 +55,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         port_high=high, engine_bind_host=args.engine_host, restart_delays=args.restart_delays,
         stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
         scrape_interval_s=args.scrape_interval, kv_shm_dir=Path(args.kv_shm_dir),
-        kv_hold_s=args.kv_hold_interval,
+        kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
+        vllm_sleep_mode=(args.vllm_sleep_mode == "on"
+                         or (args.vllm_sleep_mode == "auto" and gpu_present())),
         simulate_engines=engines == "sim",
         weight_cache_dir=Path(cache) if cache else None,
     )
@@ -176,6 +178,10 @@ def parser() -> argparse.ArgumentParser:
                    help="longest gap between readiness probes of a booting engine, seconds")
     s.add_argument("--scrape-interval", type=float, default=2.0,
                    help="seconds between scrapes of an engine's /metrics")
+    s.add_argument("--start-stall-timeout", type=float, default=600.0,
+                   help="seconds a booting engine may go without opening its port or logging")
+    s.add_argument("--vllm-sleep-mode", choices=("auto", "on", "off"), default="auto",
+                   help="auto: on with a GPU (vLLM on CPU refuses --enable-sleep-mode)")
     s.add_argument("--kv-hold-interval", type=float, default=1.0,
                    help="seconds between checks that each KV limit still holds")
     s.add_argument("--kv-shm-dir", default="/dev/shm",

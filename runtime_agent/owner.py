@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,12 +25,13 @@ from typing import Any
 
 import aiohttp
 
-from engines.client import EngineCallError, EngineClient, RequestFigures
+from engines.adapter import Observation
+from engines.client import EngineCallError
 from engines.process import EngineProcess, ExitInfo, ProcessLauncher, SpawnError, tail_lines
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
 from runtime_agent.backoff import probe_delays, restart_delay
-from runtime_agent.commands import engine_command
+from runtime_agent.engine_kinds import engine_command, make_adapter
 from runtime_agent.kv_keeper import KvKeeper
 from runtime_agent.phases import Phase, check_transition
 from runtime_agent.settings import Settings
@@ -63,7 +65,8 @@ class EngineOwner:
         self._deps = deps
         self._settings = deps.settings
         self._inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-        self._client = EngineClient(deps.session, self._settings.engine_probe_host, record.port)
+        self._adapter = make_adapter(self._settings, deps.session, record)
+        self._exit_cause: str | None = None  # why the agent itself killed the process
         self._proc: EngineProcess | None = None
         self._gen = 0  # bumps with every process; events from older processes are dropped
         self._helpers: set[asyncio.Task[None]] = set()
@@ -74,7 +77,7 @@ class EngineOwner:
         self._ready = False
         self._adopted = False
         self._converge = True  # after a spawn, steer the engine to the desired sleep state
-        self._figures: RequestFigures | None = None
+        self._figures: Observation | None = None
         self._figures_at: float | None = None
         self.spawned: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.log_path = self._settings.logs_dir / f"{record.engine_id}.log"
@@ -119,6 +122,7 @@ class EngineOwner:
         self._cancel_helpers()
         if self._proc is not None:
             self._proc.close()
+        await self._adapter.close()
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -159,6 +163,10 @@ class EngineOwner:
             return  # from a process that is gone
         if kind == "exit":
             await self._after_exit(message[2], None)
+        elif kind == "unusable":  # stuck or unloadable: end this process; the exit decides
+            self._exit_cause = message[2]
+            if self._proc is not None:
+                self._proc.signal_group(signal.SIGKILL)
         elif kind == "ready":
             await self._on_ready(message[2])
         elif kind == "kv":
@@ -179,7 +187,7 @@ class EngineOwner:
     async def _spawn(self, reason: str) -> None:
         spec = self.record.spec
         try:
-            argv, env = engine_command(self._settings, self.record)
+            argv, env = engine_command(self._settings, self.record, self._adapter)
             proc = await self._deps.launcher.spawn(argv, env, self.log_path)
         except (SpawnError, ValueError, OSError) as exc:
             self.record.last_error = f"cannot start engine: {exc}"
@@ -188,7 +196,8 @@ class EngineOwner:
                 self.spawned.set_result(self.record.last_error)
             return
         self._kv.new_process()
-        self._attach(proc)
+        # Ollama loads its model after the server starts; not when it is meant to sleep.
+        self._attach(proc, prepare=self.record.desired == "awake" or self.spec.engine != "ollama")
         self.record.pid, self.record.pid_start_time = proc.pid, proc.start_time
         self._converge = True
         await self._transition(Phase.BOOTING, reason, f"pid {proc.pid} on port {self.record.port}")
@@ -207,7 +216,7 @@ class EngineOwner:
         if self.view.phase is Phase.ACTIVATING:
             await self._transition(Phase.BOOTING, "readopted", f"pid {pid}")
 
-    def _attach(self, proc: EngineProcess) -> None:
+    def _attach(self, proc: EngineProcess, prepare: bool = False) -> None:
         self._gen += 1
         gen = self._gen
         self._proc = proc
@@ -219,7 +228,8 @@ class EngineOwner:
                 self._inbox.put_nowait(("exit", gen, fut.result()))
 
         proc.exited.add_done_callback(exited)
-        self._helper(self._probe_ready(gen))
+        self._helper(self._probe_ready(gen, prepare))
+        self._helper(self._watch_progress(gen))
         self._helper(self._kv.watch(lambda info: self._inbox.put_nowait(("kv", gen, info)),
                                     self._settings.kv_watch_s, self._settings.kv_hold_s))
 
@@ -230,6 +240,8 @@ class EngineOwner:
         self._proc, self._ready, self._figures = None, False, None
         await self._kv.remove_leftover()
         cause = why or (info.describe() if info else "exited")
+        if self._exit_cause is not None:
+            cause, self._exit_cause = f"{self._exit_cause} (then {cause})", None
         tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
         self.record.last_error = cause + ("\n" + "\n".join(tail) if tail else "")
         self.record.pid = self.record.pid_start_time = None
@@ -247,18 +259,43 @@ class EngineOwner:
             delay, self._inbox.put_nowait, ("restart_due", gen)
         )
 
-    async def _probe_ready(self, gen: int) -> None:
+    async def _probe_ready(self, gen: int, prepare: bool) -> None:
+        """Probe until the engine answers; a started engine is then prepared (Ollama loads
+        its model) unless it is meant to sleep; then its own word on sleep decides."""
         s = self._settings
         for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
             await asyncio.sleep(delay)
-            if await self._client.health(s.probe_timeout_s):
-                sleeping = await self._client.is_sleeping(s.probe_timeout_s)
-                self._inbox.put_nowait(("ready", gen, sleeping))
+            if await self._adapter.healthy(s.probe_timeout_s):
+                break
+        if prepare:
+            try:
+                await self._adapter.prepare(s.lifecycle_timeout_s)
+            except EngineCallError as exc:
+                self._inbox.put_nowait(("unusable", gen, f"start-up failed: {exc}"))
                 return
+        sleeping = await self._adapter.is_sleeping(s.probe_timeout_s)
+        self._inbox.put_nowait(("ready", gen, sleeping))
+
+    async def _watch_progress(self, gen: int) -> None:
+        """A booting engine that neither answers nor logs for ``start_stall_s`` is stuck."""
+        last_size, last_change = -1, time.monotonic()
+        while not self._ready:
+            try:
+                size = (await asyncio.to_thread(self.log_path.stat)).st_size
+            except OSError:
+                size = -1
+            now = time.monotonic()
+            if size != last_size:
+                last_size, last_change = size, now
+            elif now - last_change >= self._settings.start_stall_s:
+                self._inbox.put_nowait(("unusable", gen, "start-up made no progress (no port, "
+                                        f"no log output) for {self._settings.start_stall_s:g} s"))
+                return
+            await asyncio.sleep(min(1.0, self._settings.start_stall_s / 4))
 
     async def _scrape(self, gen: int) -> None:
         while True:
-            figures = await self._client.request_figures(self._settings.probe_timeout_s)
+            figures = await self._adapter.observe(self._settings.probe_timeout_s)
             if figures is not None:
                 self._inbox.put_nowait(("figures", gen, figures))
             await asyncio.sleep(self._settings.scrape_interval_s)
@@ -298,7 +335,12 @@ class EngineOwner:
                 409, f"model {self.name!r} is {phase.value}; it can {intent.action} once it is "
                 "active or sleeping", phase=phase.value))
             return
-        self._start_op(intent.action, intent.level, intent, future)
+        if want_sleep and (why := self._adapter.sleep_unsupported()) is not None:
+            _resolve(future, OpResult.error(409, f"model {self.name!r} cannot sleep: {why}",
+                                            phase=phase.value))
+            return
+        level = intent.level if want_sleep else (self.record.sleep_level or 1)
+        self._start_op(intent.action, level, intent, future)
 
     def _start_op(self, action: str, level: int, intent: Intent | None,
                   future: asyncio.Future[OpResult] | None) -> None:
@@ -309,12 +351,12 @@ class EngineOwner:
             error: str | None = None
             try:
                 if action == "sleep":
-                    await self._client.sleep(level, self._settings.lifecycle_timeout_s)
+                    await self._adapter.sleep(level, self._settings.lifecycle_timeout_s)
                 else:
-                    await self._client.wake(self._settings.lifecycle_timeout_s)
+                    await self._adapter.wake(level, self._settings.lifecycle_timeout_s)
             except EngineCallError as exc:
                 error = str(exc)
-            sleeping = await self._client.is_sleeping(self._settings.probe_timeout_s)
+            sleeping = await self._adapter.is_sleeping(self._settings.probe_timeout_s)
             self._inbox.put_nowait(("op_done", gen, action, level, error, sleeping, intent, future,
                                     time.monotonic() - started))
 
@@ -408,6 +450,7 @@ class EngineOwner:
         await self._kv.remove_leftover()
         await self._transition(Phase.STOPPED, "Stopped", detail, persist=False)
         await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
+        await self._adapter.close()
         _resolve(future, OpResult(200, {"status": "success", "model_name": self.name,
                                         "phase": Phase.STOPPED.value, "message": detail}))
         while not self._inbox.empty():  # intents that raced with the stop
@@ -455,6 +498,8 @@ class EngineOwner:
             last_error=r.last_error, last_transition=r.last_transition, created_at=r.created_at,
             requests_running=f.running if f else None, requests_waiting=f.waiting if f else None,
             request_success_total=f.success_total if f else None, figures_at=self._figures_at,
+            observed_footprint_bytes=f.footprint_bytes if f else None,
+            context_length=f.context_length if f else None,
             log_path=str(self.log_path), op_counts=dict(r.op_counts),
             budget_exhausted=r.budget_exhausted, kv=self._kv.state,
         )

@@ -14,9 +14,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from engines import vllm
 from registry.record import EngineRecord, EngineSpec
 from runtime_agent.api_models import ActivateRequest
+from runtime_agent.engine_kinds import spec_problem
 from runtime_agent.naming import ipc_name_for
 from runtime_agent.owner import EngineOwner, Intent, OwnerDeps
 from runtime_agent.phases import Phase
@@ -67,9 +67,7 @@ class EnginePool:
         return OpResult(200, self._activate_body(owner))
 
     def _spec_problem(self, spec: EngineSpec) -> str | None:
-        if spec.engine == "ollama":
-            return "engine 'ollama' is not supported by this agent build yet; use 'vllm'"
-        return vllm.artifact_problem(spec.artifact_url) or vllm.args_problem(spec.args)
+        return spec_problem(self._settings, spec)
 
     async def _same_or_conflict(self, owner: EngineOwner, spec: EngineSpec, port: int,
                                 kv_limit: int | None) -> OpResult:

@@ -45,6 +45,13 @@ class Settings:
     log_check_interval_s: float = 5.0
     # Engine commands: the argv prefix for each engine kind, before "MODEL --flags".
     vllm_command: tuple[str, ...] = VLLM_ENGINE_COMMAND
+    ollama_command: tuple[str, ...] = ("ollama", "serve")
+    # Real vLLM can sleep only on GPU platforms; on CPU it refuses --enable-sleep-mode.
+    vllm_sleep_mode: bool = True
+    # GPUs in this Pod (tensor x pipeline parallel sizes must fit).
+    device_count: int = 1
+    # A booting engine that neither opens its port nor writes to its log for this long failed.
+    start_stall_s: float = 600.0
     sim_command: tuple[str, ...] = SIM_ENGINE_COMMAND
     # Run simulated engines in place of vLLM (the embedded default on a machine without a GPU).
     simulate_engines: bool = False

@@ -44,6 +44,8 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "requests_waiting": view.requests_waiting,
         "request_success_total": view.request_success_total,
         "request_figures_at": _iso(view.figures_at) if view.figures_at else None,
+        "observed_footprint_bytes": view.observed_footprint_bytes,
+        "context_length": view.context_length,
         "kv_limit_requested_bytes": view.kv.requested,
         "kv_limit_applied_bytes": view.kv.applied,
         "kv_capacity_bytes": view.kv.capacity,

@@ -93,7 +93,8 @@ def test_a_crash_during_a_slow_sleep_answers_the_caller_at_once(agent: AgentProc
     os.kill(first["pid"], signal.SIGKILL)
     caller.join(10)
     assert not caller.is_alive() and time.monotonic() - started < 5
-    assert outcome["error"].status == 409 and "exited" in str(outcome["error"])
+    # Either the exit (409) or the dropped connection (502) reaches the caller first.
+    assert outcome["error"].status in (409, 502) and "result" not in outcome
     # A stop while a sleep is in flight is not held up by it either.
     agent.wait_for(lambda s: agent.model(s, "m1")["ready"]
                    and agent.model(s, "m1")["pid"] not in (None, first["pid"]), what="back")

@@ -125,10 +125,19 @@ def test_valid_engine_args_pass() -> None:
 
 
 @pytest.mark.parametrize(("url", "ok"), [
-    ("huggingface://Qwen/Qwen3-0.6B", True), ("hf://a/b", True), ("file:///models/x", True),
-    ("/models/x", True), ("s3://bucket/x", False), ("hf://", False), ("", False)])
-def test_artifact_schemes(url: str, ok: bool) -> None:
+    ("huggingface://Qwen/Qwen3-0.6B", True), ("hf://a/b", True), ("file:///tmp", True),
+    ("/tmp", True), ("file:///no/such/model", False), ("/no/such/model", False),
+    ("s3://bucket/x", False), ("hf://", False), ("", False)])
+def test_artifact_schemes_and_local_paths(url: str, ok: bool) -> None:
     assert (vllm.artifact_problem(url) is None) is ok
+
+
+def test_parallel_sizes_must_fit_the_pods_gpus() -> None:
+    args = {"--tensor-parallel-size": "2", "--pipeline-parallel-size": "2"}
+    assert vllm.args_problem(args, device_count=4) is None
+    problem = vllm.args_problem(args, device_count=2)
+    assert problem is not None and "is 4" in problem and "2 GPUs" in problem
+    assert vllm.gpus_needed(args) == 4 and vllm.gpus_needed({}) == 1
 
 
 def test_request_figures_sum_vllm_series_over_labels() -> None:

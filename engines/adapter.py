@@ -1,0 +1,86 @@
+"""What the supervisor needs from an engine kind, whatever the kind: the adapter interface.
+
+An owner holds one adapter for its engine. The adapter builds the command line and
+environment, says what is wrong with an activation, and speaks the engine's own HTTP API for
+readiness, sleep state, sleep, wake and observations. It keeps no lifecycle state of its own:
+the owner decides, the adapter carries it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from registry.record import EngineRecord
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What an engine says about itself; None where it does not say."""
+
+    running: float | None = None
+    waiting: float | None = None
+    success_total: float | None = None
+    footprint_bytes: int | None = None  # Ollama's size_vram of the loaded model
+    context_length: int | None = None  # Ollama's context_length of the loaded model
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """Everything outside the record that decides how an engine is started."""
+
+    command: tuple[str, ...]  # the executable prefix (e.g. ("vllm", "serve"))
+    simulated: bool  # the prefix runs the simulated engine
+    bind_host: str
+    base_env: Mapping[str, str]
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    device_count: int = 1  # GPUs this Pod has (parallel sizes must fit in them)
+    sleep_mode: bool = True  # the platform supports vLLM's sleep mode
+
+
+class EngineAdapter(Protocol):
+    kind: str
+
+    def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:
+        """argv and env for the engine process."""
+        ...
+
+    def sleep_unsupported(self) -> str | None:
+        """Why this engine cannot sleep (a 409 for sleep requests), or None when it can."""
+        ...
+
+    async def healthy(self, timeout_s: float) -> bool:
+        """The engine's port answers its health endpoint."""
+        ...
+
+    async def prepare(self, timeout_s: float) -> None:
+        """After the first health answer of a started engine and before it counts as ready
+        (Ollama loads its model here). Raises EngineCallError."""
+        ...
+
+    async def is_sleeping(self, timeout_s: float) -> bool | None:
+        """The engine's own word on sleep, or None when it does not say."""
+        ...
+
+    async def sleep(self, level: int, timeout_s: float) -> None:
+        """Raises EngineCallError."""
+        ...
+
+    async def wake(self, from_level: int, timeout_s: float) -> None:
+        """Wake from a sleep of ``from_level``. Raises EngineCallError."""
+        ...
+
+    async def observe(self, timeout_s: float) -> Observation | None:
+        ...
+
+    async def close(self) -> None:
+        ...
+
+
+def local_artifact_problem(path: str) -> str | None:
+    """A local model path must exist on this node."""
+    if not Path(path).exists():
+        return f"artifact_url names a local path that does not exist on this node: {path}"
+    return None

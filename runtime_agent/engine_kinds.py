@@ -1,0 +1,69 @@
+"""Engine kinds as the agent sees them: which adapter runs an engine, how it is started, and
+what makes an activation invalid for its kind.
+
+The agent-side identity (engine id, state directory, spec) and the kvcached settings go into
+every engine's environment here, whatever its kind, so re-adoption works for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import aiohttp
+
+from engines import ollama, vllm
+from engines.adapter import EngineAdapter, LaunchContext
+from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, ENV_STATE_DIR, EngineRecord, EngineSpec
+from runtime_agent.settings import Settings
+
+
+def simulated(settings: Settings, spec: EngineSpec) -> bool:
+    return spec.engine == "sim" or settings.simulate_engines
+
+
+def spec_problem(settings: Settings, spec: EngineSpec) -> str | None:
+    """Why this activation cannot run here (reason InvalidEngineConfig), or None."""
+    if spec.engine == "ollama":
+        return (ollama.artifact_problem(spec.artifact_url)
+                or ollama.args_problem(spec.args, simulated(settings, spec)))
+    return (vllm.artifact_problem(spec.artifact_url)
+            or vllm.args_problem(spec.args, settings.device_count))
+
+
+def make_adapter(settings: Settings, session: aiohttp.ClientSession,
+                 record: EngineRecord) -> EngineAdapter:
+    spec = record.spec
+    host = settings.engine_probe_host
+    if spec.engine == "ollama":
+        return ollama.OllamaAdapter(session, host, record.port, spec.artifact_url)
+    sleep_mode = settings.vllm_sleep_mode or simulated(settings, spec)
+    return vllm.VllmAdapter(session, host, record.port, sleep_mode=sleep_mode)
+
+
+def engine_command(settings: Settings, record: EngineRecord,
+                   adapter: EngineAdapter) -> tuple[list[str], dict[str, str]]:
+    spec = record.spec
+    sim = simulated(settings, spec)
+    if sim:
+        command = settings.sim_command
+    else:
+        command = settings.ollama_command if spec.engine == "ollama" else settings.vllm_command
+    identity = {
+        ENV_ENGINE_ID: record.engine_id,
+        ENV_STATE_DIR: str(settings.state_dir),
+        # The engine carries its own spec, so it can be re-adopted even if its record is lost.
+        ENV_ENGINE_SPEC: json.dumps({"spec": spec.model_dump(mode="json"), "port": record.port}),
+        # vLLM renames its processes with setproctitle, which can overwrite the environment
+        # block /proc/<pid>/environ shows; this keeps the engine id readable for re-adoption.
+        "SPT_NOENV": "1",
+        "ENABLE_KVCACHED": "true",
+        "KVCACHED_AUTOPATCH": "1",
+        "KVCACHED_IPC_NAME": spec.ipc_name,
+    }
+    if str(settings.kv_shm_dir) != "/dev/shm":
+        identity["KVCACHED_SHM_DIR"] = str(settings.kv_shm_dir)  # the simulated engine's knob
+    ctx = LaunchContext(command=command, simulated=sim, bind_host=settings.engine_bind_host,
+                        base_env=os.environ, extra_env={**settings.extra_engine_env, **identity},
+                        device_count=settings.device_count)
+    return adapter.command(record, ctx)
