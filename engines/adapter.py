@@ -36,8 +36,6 @@ class LaunchContext:
     bind_host: str
     base_env: Mapping[str, str]
     extra_env: Mapping[str, str] = field(default_factory=dict)
-    device_count: int = 1  # GPUs this Pod has (parallel sizes must fit in them)
-    sleep_mode: bool = True  # the platform supports vLLM's sleep mode
 
 
 class EngineAdapter(Protocol):

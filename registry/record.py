@@ -50,6 +50,19 @@ class EngineSpec(BaseModel):
     claim_ref: ClaimRef | None = None
 
 
+class PerGpu(BaseModel):
+    """What one instance needs on each of its GPUs (the seed's perGPU)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    maximum_footprint_bytes: int = Field(gt=0)
+    kv_floor_bytes: int = Field(gt=0)
+
+    @property
+    def need_bytes(self) -> int:
+        return self.maximum_footprint_bytes + self.kv_floor_bytes
+
+
 class EngineRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -67,6 +80,9 @@ class EngineRecord(BaseModel):
     last_transition: float = 0.0
     created_at: float = 0.0
     operations: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # GPU placement: the cards the engine runs on, and what it declared it needs on each.
+    devices: list[int] = Field(default_factory=list)
+    per_gpu: PerGpu | None = None
     # KV-cache limit: what was asked, and the segment it was applied to (capacity, inode).
     kv_limit_bytes: int | None = None
     kv_capacity_bytes: int | None = None

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,17 @@ from runtime_agent import __version__
 from runtime_agent.api import make_app
 from runtime_agent.artifacts import ArtifactMarkers
 from runtime_agent.events import EventLog
-from runtime_agent.metrics import AgentMetrics
+from runtime_agent.gpu.backend import GpuBackend, GpuUnavailable
+from runtime_agent.gpu.nvml import NvmlBackend
+from runtime_agent.gpu.simulated import SimulatedGpuBackend
+from runtime_agent.memory import EngineRef, MemoryBroker
+from runtime_agent.metrics import AgentMetrics, memory_families
 from runtime_agent.owner import OwnerDeps
 from runtime_agent.phases import Phase
 from runtime_agent.pool import EnginePool
 from runtime_agent.recovery import Step, recover
 from runtime_agent.settings import Settings
-from runtime_agent.snapshot import build_snapshot, short_entry
+from runtime_agent.snapshot import build_snapshot, memory_entry, short_entry
 from runtime_agent.views import EngineEvent, EngineView
 
 log = logging.getLogger(__name__)
@@ -43,26 +48,39 @@ class Agent:
         self.events = EventLog()
         self.markers = ArtifactMarkers(settings.weight_cache_dir)
         self.started_at = time.time()
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # the agent's own process: no *_created series, as vLLM
-        self.metrics = AgentMetrics(lambda: self.pool.views())
+        # The agent's own process: no *_created series, as vLLM does.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.metrics = AgentMetrics(lambda: self.pool.views(), lambda: memory_families(self))
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.pool: EnginePool
+        self.memory: MemoryBroker
 
     async def start(self) -> None:
         s = self.settings
         for path in (s.state_dir, s.engines_dir, s.logs_dir):
             path.mkdir(parents=True, exist_ok=True)
         store = RegistryStore(s.state_dir)
+        backend, sim_dir = await asyncio.to_thread(make_gpu_backend, s)
+        self.settings = s = replace(s, sim_gpu_dir=sim_dir)
+        self.memory = MemoryBroker(backend, self._engine_refs, s.gpu_reserve_bytes,
+                                   s.host_reserve_bytes, s.gpu_sample_interval_s)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=8)
         self._session = aiohttp.ClientSession(connector=connector)
         deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd()),
                          session=self._session, on_event=self._on_event,
-                         on_view=self._on_view)
+                         on_view=self._on_view, memory=self.memory)
         self.pool = EnginePool(deps)
+        await self.memory.start()
         await asyncio.to_thread(self.markers.load)
         loaded, steps = await recover(store, str(s.state_dir))
+        for step in steps:  # taken-over engines keep their place on their cards
+            rec = step.record
+            if step.mode in ("adopt", "restart") and rec.devices:
+                self.memory.adopt(rec.spec.model_name, tuple(rec.devices),
+                                  rec.per_gpu.need_bytes if rec.per_gpu else 0,
+                                  rec.phase == "sleeping")
         self.pool.adopt(steps)
         self.metrics.count_readoptions(_readoption_result(step) for step in steps)
         log.info("registry: %d records, %d quarantined; %d engines taken over",
@@ -83,6 +101,7 @@ class Agent:
         for task in self._tasks:
             task.cancel()
         await self.pool.close()
+        await self.memory.close()
         if self._session is not None:
             await self._session.close()
 
@@ -91,11 +110,12 @@ class Agent:
     def snapshot(self) -> dict[str, Any]:
         agent = {"version": __version__, "state_dir": str(self.settings.state_dir),
                  "started_at": self.started_at, "simulated_engines": self.settings.simulate_engines}
-        return build_snapshot(self.pool.views(), self.markers.listing(), agent)
+        return build_snapshot(self.pool.views(), self.markers.listing(), agent, self.memory)
 
     def model_list(self) -> dict[str, Any]:
         views = sorted(self.pool.views(), key=lambda v: v.spec.model_name)
-        return {"models": [short_entry(v) for v in views]}
+        return {"models": [{**short_entry(v), **memory_entry(self.memory.figures.get(
+            v.spec.model_name), v)} for v in views]}
 
     async def log_tail(self, model_name: str, lines: int) -> list[str] | None:
         owner = self.pool.owners.get(model_name)
@@ -108,6 +128,15 @@ class Agent:
     def _on_event(self, event: EngineEvent) -> None:
         self.events.append(event)
         self.metrics.on_event(event)
+        self.memory.poke()  # every change is worth a fresh GPU sample
+
+    def _engine_refs(self) -> dict[str, EngineRef]:
+        refs = {}
+        for v in self.pool.views():
+            asleep = v.phase is Phase.SLEEPING or v.operation == "sleep"
+            steady = v.phase in (Phase.ACTIVE, Phase.SLEEPING) and v.operation is None
+            refs[v.spec.model_name] = EngineRef(v.pid, v.devices, asleep, steady)
+        return refs
 
     def _on_view(self, view: EngineView) -> None:
         url = view.spec.artifact_url
@@ -122,6 +151,19 @@ class Agent:
             for owner in list(self.pool.owners.values()):
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(trim_log, owner.log_path, self.settings.log_max_bytes)
+
+
+def make_gpu_backend(settings: Settings) -> tuple[GpuBackend, Path | None]:
+    """NVML when it finds a GPU; the simulated GPU otherwise (or when asked for)."""
+    if settings.gpu_backend in ("auto", "nvml"):
+        try:
+            return NvmlBackend(), None
+        except GpuUnavailable as exc:
+            if settings.gpu_backend == "nvml":
+                raise
+            log.info("no GPU through NVML (%s); simulating %s", exc, settings.simulate_gpus)
+    channel = settings.state_dir / "sim-gpu"
+    return SimulatedGpuBackend(settings.simulate_gpus, channel), channel
 
 
 def _readoption_result(step: Step) -> str:

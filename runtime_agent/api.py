@@ -114,7 +114,7 @@ async def sleep(request: web.Request) -> web.Response:
 async def wake(request: web.Request) -> web.Response:
     req = await parse(request, WakeRequest)
     intent = Intent("wake", req.operation_id)
-    return reply(await _agent(request).pool.lifecycle(req.model_name, intent))
+    return reply(await _agent(request).pool.lifecycle(req.model_name, intent, req.wait_seconds))
 
 
 async def kv_limit(request: web.Request) -> web.Response:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from registry.record import ClaimRef
+from registry.record import ClaimRef, PerGpu
 from runtime_agent.naming import ipc_name_problem, model_name_problem
 
 
@@ -60,6 +60,9 @@ class ActivateRequest(_ModelRequest):
     engine_config: EngineConfig = Field(default_factory=EngineConfig)
     claim_ref: ClaimRef | None = None
     kv_limit_bytes: int | None = Field(default=None, gt=0, le=2**62)
+    per_gpu: PerGpu | None = None
+    # Wait this long for GPU memory to free up instead of refusing at once (woken by changes).
+    wait_seconds: float = Field(default=0, ge=0, le=3600)
 
     @field_validator("ipc_name")
     @classmethod
@@ -82,6 +85,7 @@ class SleepRequest(_ModelRequest):
 
 class WakeRequest(_ModelRequest):
     operation_id: str | None = Field(default=None, min_length=1, max_length=256)
+    wait_seconds: float = Field(default=0, ge=0, le=3600)
 
 
 class KvLimitRequest(_ModelRequest):

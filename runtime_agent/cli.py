@@ -40,6 +40,22 @@ def _delays(text: str) -> tuple[float, ...]:
     return values
 
 
+def _size(text: str) -> int:
+    units = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6, "kib": 2**10, "b": 1}
+    lowered = text.strip().lower()
+    for unit, factor in units.items():
+        if lowered.endswith(unit):
+            try:
+                return int(float(lowered[: -len(unit)]) * factor)
+            except ValueError:
+                break
+    try:
+        return int(lowered)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 1GiB or 512MiB, got {text!r}"
+                                         ) from None
+
+
 def gpu_present() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
@@ -56,6 +72,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
         scrape_interval_s=args.scrape_interval, kv_shm_dir=Path(args.kv_shm_dir),
         kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
+        gpu_backend=args.gpu, simulate_gpus=args.simulate_gpus, gpu_reserve_bytes=args.gpu_reserve,
+        gpu_sample_interval_s=args.gpu_sample_interval,
         vllm_sleep_mode=(args.vllm_sleep_mode == "on"
                          or (args.vllm_sleep_mode == "auto" and gpu_present())),
         simulate_engines=engines == "sim",
@@ -182,6 +200,13 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds a booting engine may go without opening its port or logging")
     s.add_argument("--vllm-sleep-mode", choices=("auto", "on", "off"), default="auto",
                    help="auto: on with a GPU (vLLM on CPU refuses --enable-sleep-mode)")
+    s.add_argument("--gpu", choices=("auto", "nvml", "sim"), default="auto",
+                   help="GPU memory source: auto = NVML when it finds a GPU, else simulated")
+    s.add_argument("--simulate-gpus", default="1x80GiB",
+                   help="simulated cards, COUNTxSIZE (e.g. 2x141GiB)")
+    s.add_argument("--gpu-reserve", type=_size, default=1 << 30,
+                   help="per card, kept out of every budget (CUDA context, fragmentation)")
+    s.add_argument("--gpu-sample-interval", type=float, default=1.0)
     s.add_argument("--kv-hold-interval", type=float, default=1.0,
                    help="seconds between checks that each KV limit still holds")
     s.add_argument("--kv-shm-dir", default="/dev/shm",

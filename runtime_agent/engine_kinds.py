@@ -22,13 +22,17 @@ def simulated(settings: Settings, spec: EngineSpec) -> bool:
     return spec.engine == "sim" or settings.simulate_engines
 
 
-def spec_problem(settings: Settings, spec: EngineSpec) -> str | None:
+def spec_problem(settings: Settings, spec: EngineSpec, device_count: int) -> str | None:
     """Why this activation cannot run here (reason InvalidEngineConfig), or None."""
     if spec.engine == "ollama":
         return (ollama.artifact_problem(spec.artifact_url)
                 or ollama.args_problem(spec.args, simulated(settings, spec)))
     return (vllm.artifact_problem(spec.artifact_url)
-            or vllm.args_problem(spec.args, settings.device_count))
+            or vllm.args_problem(spec.args, device_count))
+
+
+def gpus_needed(spec: EngineSpec) -> int:
+    return 1 if spec.engine == "ollama" else vllm.gpus_needed(spec.args)
 
 
 def make_adapter(settings: Settings, session: aiohttp.ClientSession,
@@ -61,9 +65,13 @@ def engine_command(settings: Settings, record: EngineRecord,
         "KVCACHED_AUTOPATCH": "1",
         "KVCACHED_IPC_NAME": spec.ipc_name,
     }
+    if record.devices:  # pinned to the cards admission chose, in NVML's (PCI bus) order
+        identity["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        identity["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in record.devices)
+    if settings.sim_gpu_dir is not None:  # simulated engines report their memory here
+        identity["AIBRIX_SIM_GPU_DIR"] = str(settings.sim_gpu_dir)
     if str(settings.kv_shm_dir) != "/dev/shm":
         identity["KVCACHED_SHM_DIR"] = str(settings.kv_shm_dir)  # the simulated engine's knob
     ctx = LaunchContext(command=command, simulated=sim, bind_host=settings.engine_bind_host,
-                        base_env=os.environ, extra_env={**settings.extra_engine_env, **identity},
-                        device_count=settings.device_count)
+                        base_env=os.environ, extra_env={**settings.extra_engine_env, **identity})
     return adapter.command(record, ctx)

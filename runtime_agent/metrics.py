@@ -130,3 +130,44 @@ def gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str]
     for values, value in rows:
         family.add_metric(values, value)
     return family
+
+
+def memory_families(agent: Any) -> Iterator[Metric]:
+    """GPU and host memory figures from the memory broker's last sample (no NVML call)."""
+    memory = agent.memory
+    views = agent.pool.views()
+    figures = {v.spec.model_name: memory.figures.get(v.spec.model_name) for v in views}
+    yield gauge("hbm_peak_bytes", "Peak GPU memory of each engine since its process started.",
+                ["model"], (([k], f.hbm_peak_bytes) for k, f in figures.items()
+                            if f is not None and f.hbm_peak_bytes is not None))
+    yield gauge("hbm_bytes", "GPU memory each engine holds now.", ["model"],
+                (([k], f.hbm_bytes) for k, f in figures.items()
+                 if f is not None and f.hbm_bytes is not None))
+    yield gauge("sleeping_footprint_bytes", "GPU memory a sleeping engine still holds.",
+                ["model"], (([k], f.sleeping_footprint_bytes) for k, f in figures.items()
+                            if f is not None and f.sleeping_footprint_bytes is not None))
+    yield gauge("host_rss_bytes", "Host memory of each engine's whole process tree.", ["model"],
+                (([k], f.host_rss_bytes) for k, f in figures.items()
+                 if f is not None and f.host_rss_bytes is not None))
+    accelerators = memory.accelerators()
+    for name, key, doc in (
+        ("device_hbm_total_bytes", "hbm_total_bytes", "GPU memory of each card."),
+        ("device_hbm_free_bytes", "hbm_free_bytes", "Free GPU memory of each card."),
+        ("device_hbm_reserved_bytes", "hbm_reserved_bytes",
+         "GPU memory claimed by starts and wakes not yet measured."),
+        ("device_hbm_used_by_engines_bytes", "hbm_used_by_engines_bytes",
+         "GPU memory attributed to engines."),
+    ):
+        yield gauge(name, doc, ["device", "uuid"],
+                    (([str(a["index"]), a["id"]], a[key]) for a in accelerators))
+    node = memory.node()
+    yield gauge("host_memory_total_bytes", "Host memory of the node.", [],
+                [([], node["host_memory_total_bytes"])])
+    yield gauge("host_memory_available_bytes", "Host memory available on the node.", [],
+                [([], node["host_memory_available_bytes"])])
+    samples = CounterMetricFamily(P + "gpu_samples", "GPU memory samples taken.")
+    samples.add_metric([], memory.samples_total)
+    yield samples
+    cost = CounterMetricFamily(P + "gpu_sample_seconds", "Time spent taking GPU samples.")
+    cost.add_metric([], memory.sample_seconds_total)
+    yield cost

@@ -33,6 +33,8 @@ from registry.store import RegistryStore
 from runtime_agent.backoff import probe_delays, restart_delay
 from runtime_agent.engine_kinds import engine_command, make_adapter
 from runtime_agent.kv_keeper import KvKeeper
+from runtime_agent.gpu.admission import Refuse
+from runtime_agent.memory import MemoryBroker
 from runtime_agent.phases import Phase, check_transition
 from runtime_agent.settings import Settings
 from runtime_agent.views import EngineEvent, EngineView, OpResult
@@ -48,6 +50,7 @@ class OwnerDeps:
     session: aiohttp.ClientSession
     on_event: Callable[[EngineEvent], None]
     on_view: Callable[[EngineView], None]
+    memory: MemoryBroker
     clock: Callable[[], float] = time.time
 
 
@@ -74,6 +77,8 @@ class EngineOwner:
         self._op: tuple[asyncio.Task[None], str, asyncio.Future[OpResult] | None] | None = None
         self._deferred: deque[tuple[Intent, asyncio.Future[OpResult]]] = deque()
         self._restart_timer: asyncio.TimerHandle | None = None
+        self._turn_task: asyncio.Task[None] | None = None
+        self._turn_token = 0
         self._ready = False
         self._adopted = False
         self._converge = True  # after a spawn, steer the engine to the desired sleep state
@@ -120,6 +125,7 @@ class EngineOwner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._cancel_helpers()
+        self._end_turn()
         if self._proc is not None:
             self._proc.close()
         await self._adapter.close()
@@ -140,7 +146,7 @@ class EngineOwner:
             elif mode == "spawn":
                 await self._persist()  # the record is durable before any process starts
                 await self._spawn("activated")
-            if not self.spawned.done():
+            if mode != "spawn" and not self.spawned.done():
                 self.spawned.set_result(None)
             while self.view.phase is not Phase.STOPPED:
                 message = await self._inbox.get()
@@ -158,6 +164,14 @@ class EngineOwner:
         kind = message[0]
         if kind == "intent":
             await self._on_intent(message[1], message[2])
+            return
+        if kind == "turn":
+            phase = self.view.phase
+            if (message[1] == self._turn_token and self._proc is None
+                    and phase in (Phase.ACTIVATING, Phase.RESTARTING)):
+                await self._spawn_now(message[2])
+            else:
+                self._end_turn()
             return
         if message[1] != self._gen:
             return  # from a process that is gone
@@ -185,12 +199,36 @@ class EngineOwner:
     # ---- process lifecycle ----------------------------------------------------------------
 
     async def _spawn(self, reason: str) -> None:
+        """Start the engine once it has its turn on its cards (one start or wake at a time)."""
+        devices = tuple(self.record.devices)
+        if not devices:
+            await self._spawn_now(reason)
+            return
+        self._end_turn()
+        self._turn_token += 1
+        token = self._turn_token
+
+        async def hold() -> None:
+            async with self._deps.memory.gate.turn(devices):
+                self._inbox.put_nowait(("turn", token, reason))
+                await asyncio.Event().wait()  # held until the start is over (cancelled)
+
+        self._turn_task = asyncio.create_task(hold(), name=f"turn:{self.name}")
+
+    def _end_turn(self) -> None:
+        if self._turn_task is not None:
+            self._turn_task.cancel()
+            self._turn_task = None
+
+    async def _spawn_now(self, reason: str) -> None:
         spec = self.record.spec
         try:
             argv, env = engine_command(self._settings, self.record, self._adapter)
             proc = await self._deps.launcher.spawn(argv, env, self.log_path)
         except (SpawnError, ValueError, OSError) as exc:
             self.record.last_error = f"cannot start engine: {exc}"
+            self._end_turn()
+            self._deps.memory.stopped(self.name)
             await self._transition(Phase.FAILED, "StartFailed", self.record.last_error)
             if not self.spawned.done():
                 self.spawned.set_result(self.record.last_error)
@@ -201,6 +239,8 @@ class EngineOwner:
         self.record.pid, self.record.pid_start_time = proc.pid, proc.start_time
         self._converge = True
         await self._transition(Phase.BOOTING, reason, f"pid {proc.pid} on port {self.record.port}")
+        if not self.spawned.done():
+            self.spawned.set_result(None)
         log.info("engine %s started: pid %d port %d (%s)", spec.model_name, proc.pid,
                  self.record.port, reason)
 
@@ -236,6 +276,8 @@ class EngineOwner:
     async def _after_exit(self, info: ExitInfo | None, why: str | None) -> None:
         """The engine's process is gone without being asked to stop: restart it or fail it."""
         self._cancel_helpers()
+        self._end_turn()
+        self._gen += 1  # results already queued by the dead process's helpers are void
         self._fail_op("the engine exited during the operation")
         self._proc, self._ready, self._figures = None, False, None
         await self._kv.remove_leftover()
@@ -248,9 +290,11 @@ class EngineOwner:
         delay = restart_delay(self.record.restart_count, self._settings.restart_delays)
         if delay is None:
             self.record.budget_exhausted += 1
+            self._deps.memory.stopped(self.name)
             msg = f"{cause}; restart budget of {len(self._settings.restart_delays)} spent"
             await self._transition(Phase.FAILED, "RestartBudgetExhausted", msg)
             return
+        self._deps.memory.exited(self.name)
         if why is not None:
             delay = 0.0  # the agent was down for longer than any backoff already
         await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s")
@@ -302,13 +346,19 @@ class EngineOwner:
 
     async def _on_ready(self, sleeping: bool | None) -> None:
         self._ready = True
+        self._end_turn()
         target = Phase.SLEEPING if sleeping else Phase.ACTIVE
         if self._adopted and not self._converge:
             self.record.desired = "asleep" if sleeping else "awake"
         await self._transition(target, "Ready", "answers /health")
         self._helper(self._scrape(self._gen))
         if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:
-            self._start_op("sleep", self.record.sleep_level or 1, None, None)
+            level = self.record.sleep_level or 1
+            refused = self._deps.memory.admit_sleep(self.name, level)
+            if refused is None:
+                self._start_op("sleep", level, None, None)
+            else:
+                self._emit(refused.reason, f"stays awake after its restart: {refused.message}")
 
     # ---- intents --------------------------------------------------------------------------
 
@@ -340,6 +390,18 @@ class EngineOwner:
                                             phase=phase.value))
             return
         level = intent.level if want_sleep else (self.record.sleep_level or 1)
+        memory = self._deps.memory
+        refused = memory.admit_sleep(self.name, level) if want_sleep else None
+        if not want_sleep:
+            claimed = memory.claim_wake(self.name)
+            refused = claimed if isinstance(claimed, Refuse) else None
+        if refused is not None:
+            _resolve(future, OpResult.error(
+                409, f"model {self.name!r} cannot {intent.action} now: {refused.message}",
+                reason=refused.reason, phase=phase.value, needed_bytes=refused.needed,
+                free_bytes=refused.free,
+                holders=[{"model_name": k, "bytes": b} for k, b in refused.holders]))
+            return
         self._start_op(intent.action, level, intent, future)
 
     def _start_op(self, action: str, level: int, intent: Intent | None,
@@ -347,13 +409,18 @@ class EngineOwner:
         gen = self._gen
         started = time.monotonic()
 
+        memory = self._deps.memory
+        if action == "sleep":
+            memory.set_sleeping(self.name, True)  # figures from here on are not its awake size
+
         async def run() -> None:
             error: str | None = None
             try:
                 if action == "sleep":
                     await self._adapter.sleep(level, self._settings.lifecycle_timeout_s)
                 else:
-                    await self._adapter.wake(level, self._settings.lifecycle_timeout_s)
+                    async with memory.gate.turn(self.record.devices):
+                        await self._adapter.wake(level, self._settings.lifecycle_timeout_s)
             except EngineCallError as exc:
                 error = str(exc)
             sleeping = await self._adapter.is_sleeping(self._settings.probe_timeout_s)
@@ -372,6 +439,10 @@ class EngineOwner:
         if sleeping is None:  # no confirmation: trust the call's own result
             sleeping = want_sleeping if error is None else not want_sleeping
         ok = error is None and sleeping == want_sleeping
+        if not sleeping:
+            self._deps.memory.set_sleeping(self.name, False)
+        if not ok and not want_sleeping:
+            self._deps.memory.release_claim(self.name)
         if ok:
             self.record.desired = "asleep" if want_sleeping else "awake"
             self.record.sleep_level = level if want_sleeping else None
@@ -447,6 +518,10 @@ class EngineOwner:
         else:
             detail = "no process was running"
         self.record.pid = self.record.pid_start_time = None
+        if not self.spawned.done():
+            self.spawned.set_result("deactivated before it started")
+        self._end_turn()
+        self._deps.memory.stopped(self.name)
         await self._kv.remove_leftover()
         await self._transition(Phase.STOPPED, "Stopped", detail, persist=False)
         await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
@@ -501,7 +576,7 @@ class EngineOwner:
             observed_footprint_bytes=f.footprint_bytes if f else None,
             context_length=f.context_length if f else None,
             log_path=str(self.log_path), op_counts=dict(r.op_counts),
-            budget_exhausted=r.budget_exhausted, kv=self._kv.state,
+            budget_exhausted=r.budget_exhausted, kv=self._kv.state, devices=tuple(r.devices),
         )
 
     def _helper(self, coro: Any) -> None:

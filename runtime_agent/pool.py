@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from registry.record import EngineRecord, EngineSpec
 from runtime_agent.api_models import ActivateRequest
-from runtime_agent.engine_kinds import spec_problem
+from runtime_agent.engine_kinds import gpus_needed, spec_problem
+from runtime_agent.gpu.admission import INSUFFICIENT_GPU, TOO_LARGE, Admit, Refuse
 from runtime_agent.naming import ipc_name_for
 from runtime_agent.owner import EngineOwner, Intent, OwnerDeps
 from runtime_agent.phases import Phase
@@ -33,6 +35,7 @@ class EnginePool:
         self._settings = deps.settings
         self._is_port_free = is_port_free
         self.owners: dict[str, EngineOwner] = {}
+        self._admitting: set[str] = set()  # names waiting for memory before they get an owner
 
     # ---- activation -----------------------------------------------------------------------
 
@@ -48,6 +51,9 @@ class EnginePool:
         existing = self.owners.get(spec.model_name)
         if existing is not None:
             return await self._same_or_conflict(existing, spec, req.port, req.kv_limit_bytes)
+        if spec.model_name in self._admitting:
+            return OpResult.error(409, f"model {spec.model_name!r} is already being activated "
+                                  "(waiting for GPU memory)", model_name=spec.model_name)
         clash = next((o for o in self.owners.values() if o.spec.ipc_name == spec.ipc_name), None)
         if clash is not None:
             return OpResult.error(409, f"ipc_name {spec.ipc_name!r} is already used by model "
@@ -55,19 +61,48 @@ class EnginePool:
         port_or_error = self._pick_port(req.port)
         if isinstance(port_or_error, OpResult):
             return port_or_error
+        admitted = await self._admit(spec, req)
+        if isinstance(admitted, OpResult):
+            return admitted
+        if spec.model_name in self.owners:  # activated by a concurrent call while we waited
+            self._deps.memory.release_claim(spec.model_name)
+            return await self._same_or_conflict(self.owners[spec.model_name], spec, req.port,
+                                                req.kv_limit_bytes)
         now = self._deps.clock()
         record = EngineRecord(engine_id=uuid.uuid4().hex, spec=spec, port=port_or_error,
                               phase=Phase.ACTIVATING.value, created_at=now, last_transition=now,
-                              kv_limit_bytes=req.kv_limit_bytes)
+                              kv_limit_bytes=req.kv_limit_bytes, per_gpu=req.per_gpu,
+                              devices=list(admitted.devices))
         owner = self._add(record, "spawn")
-        error = await owner.spawned
+        try:  # a start that waits for its turn on a busy card answers while it waits
+            error = await asyncio.wait_for(asyncio.shield(owner.spawned), 2.0)
+        except TimeoutError:
+            error = None
         if error is not None:
             return OpResult.error(500, error, model_name=spec.model_name, port=record.port,
                                   phase=owner.view.phase.value)
         return OpResult(200, self._activate_body(owner))
 
+    async def _admit(self, spec: EngineSpec, req: ActivateRequest) -> Admit | OpResult:
+        """Claim GPU memory for the new engine, waiting for it if the request says so."""
+        memory = self._deps.memory
+        need = req.per_gpu.need_bytes if req.per_gpu else 0
+        n = gpus_needed(spec)
+        self._admitting.add(spec.model_name)
+        try:
+            if req.wait_seconds > 0:
+                result = await memory.claim_start_waiting(spec.model_name, need, n,
+                                                          req.wait_seconds)
+            else:
+                result = memory.claim_start(spec.model_name, need, n)
+        finally:
+            self._admitting.discard(spec.model_name)
+        if isinstance(result, Refuse):
+            return refusal(result, spec.model_name)
+        return result
+
     def _spec_problem(self, spec: EngineSpec) -> str | None:
-        return spec_problem(self._settings, spec)
+        return spec_problem(self._settings, spec, len(self._deps.memory.ledger.devices) or 1)
 
     async def _same_or_conflict(self, owner: EngineOwner, spec: EngineSpec, port: int,
                                 kv_limit: int | None) -> OpResult:
@@ -127,12 +162,21 @@ class EnginePool:
                                   "phase": Phase.STOPPED.value})
         return result
 
-    async def lifecycle(self, model_name: str, intent: Intent) -> OpResult:
+    async def lifecycle(self, model_name: str, intent: Intent,
+                        wait_seconds: float = 0) -> OpResult:
+        """Send an intent; a wake refused for want of GPU memory is retried, when the caller
+        asked to wait, each time memory changes, until ``wait_seconds`` have passed."""
         owner = self.owners.get(model_name)
         if owner is None:
             return OpResult.error(404, f"model {model_name!r} is not running on this agent",
                                   model_name=model_name)
-        return await owner.request(intent)
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            result = await owner.request(intent)
+            left = deadline - time.monotonic()
+            if result.body.get("reason") != INSUFFICIENT_GPU or left <= 0:
+                return result
+            await self._deps.memory.changed(left)
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -149,3 +193,12 @@ class EnginePool:
         for step in steps:
             self._add(step.record, step.mode, step.pid)
 
+
+
+def refusal(refused: Refuse, model_name: str) -> OpResult:
+    """An admission refusal as the API returns it: what was needed, what is free, who holds it."""
+    status = 400 if refused.reason == TOO_LARGE else 409
+    return OpResult.error(status, f"{model_name!r} {refused.message}", reason=refused.reason,
+                          model_name=model_name, needed_bytes=refused.needed,
+                          free_bytes=refused.free,
+                          holders=[{"model_name": k, "bytes": b} for k, b in refused.holders])

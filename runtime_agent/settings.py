@@ -48,8 +48,15 @@ class Settings:
     ollama_command: tuple[str, ...] = ("ollama", "serve")
     # Real vLLM can sleep only on GPU platforms; on CPU it refuses --enable-sleep-mode.
     vllm_sleep_mode: bool = True
-    # GPUs in this Pod (tensor x pipeline parallel sizes must fit).
-    device_count: int = 1
+    # GPU memory: "auto" (NVML if it finds a GPU, else simulated), "nvml" or "sim".
+    gpu_backend: str = "auto"
+    simulate_gpus: str = "1x80GiB"
+    # Set by the agent when the GPU is simulated: where simulated engines report their memory.
+    sim_gpu_dir: Path | None = None
+    # Per card, kept out of every budget: CUDA context, fragmentation, the driver.
+    gpu_reserve_bytes: int = 1 << 30
+    host_reserve_bytes: int = 2 << 30
+    gpu_sample_interval_s: float = 1.0
     # A booting engine that neither opens its port nor writes to its log for this long failed.
     start_stall_s: float = 600.0
     sim_command: tuple[str, ...] = SIM_ENGINE_COMMAND

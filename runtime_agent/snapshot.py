@@ -12,6 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from runtime_agent.memory import EngineHbm, MemoryBroker
 from runtime_agent.views import EngineView
 
 
@@ -65,12 +66,22 @@ def short_entry(view: EngineView) -> dict[str, Any]:
             "restart_count": view.restart_count}
 
 
+def memory_entry(figures: EngineHbm | None, view: EngineView) -> dict[str, Any]:
+    f = figures or EngineHbm()
+    return {"hbm_bytes": f.hbm_bytes, "hbm_peak_bytes": f.hbm_peak_bytes,
+            "sleeping_footprint_bytes": f.sleeping_footprint_bytes,
+            "host_rss_bytes": f.host_rss_bytes, "devices": list(view.devices)}
+
+
 def build_snapshot(views: list[EngineView], cached_artifacts: list[str],
-                   agent: dict[str, Any]) -> dict[str, Any]:
+                   agent: dict[str, Any], memory: MemoryBroker) -> dict[str, Any]:
+    ordered = sorted(views, key=lambda v: v.spec.model_name)
     return {
         "observed_at": _iso(time.time()),
         "agent": {**agent, "pid": os.getpid()},
-        "accelerators": [],
-        "models": [model_entry(v) for v in sorted(views, key=lambda v: v.spec.model_name)],
+        "node": memory.node(),
+        "accelerators": memory.accelerators(),
+        "models": [{**model_entry(v), **memory_entry(memory.figures.get(v.spec.model_name), v)}
+                   for v in ordered],
         "cached_artifacts": cached_artifacts,
     }

@@ -37,6 +37,7 @@ class EngineView:
     op_counts: dict[str, int] = field(default_factory=dict)
     budget_exhausted: int = 0
     kv: KvState = field(default_factory=KvState)
+    devices: tuple[int, ...] = ()
     observed_footprint_bytes: int | None = None
     context_length: int | None = None
 
