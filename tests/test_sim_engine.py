@@ -196,8 +196,12 @@ def test_sim_flags_fall_back_to_env_and_the_flag_wins() -> None:
     options = parse_options(["serve", "m", "--sim-startup-seconds", "0"], env)
     assert options.startup_seconds == 0.0
     assert parse_options(["serve", "m"], {}).memory_bytes == GIB
+    assert parse_options(["serve", "m", "--sim-reload-seconds", "1.5"], {}).reload_seconds == 1.5
+    assert parse_options(["serve", "m"], {"SIM_RELOAD_SECONDS": "0.25"}).reload_seconds == 0.25
     with pytest.raises(OptionsError):
-        parse_options(["serve", "m", "--sim-mode", "ollama"], {})
+        parse_options(["serve", "m", "--sim-mode", "sglang"], {})
+    with pytest.raises(OptionsError):
+        parse_options(["serve"], {})  # vLLM mode needs a model
 
 
 # --- start-up and plain endpoints -----------------------------------------------------------------
@@ -298,11 +302,23 @@ async def test_wrong_model_gets_404_and_invalid_json_gets_400(shared_sim: Sim) -
 # --- sleep mode -----------------------------------------------------------------------------------
 
 
+async def is_sleeping(session: aiohttp.ClientSession, sim: Sim) -> bool:
+    async with session.get(f"{sim.url}/is_sleeping") as response:
+        assert response.status == 200
+        return bool((await response.json())["is_sleeping"])
+
+
+async def post_status(session: aiohttp.ClientSession, url: str, **kwargs: Any) -> int:
+    async with session.post(url, **kwargs) as response:
+        await response.read()
+        return response.status
+
+
 async def test_sleeping_engine_refuses_inference_stays_healthy_and_serves_after_waking(launch: Launcher) -> None:
     sim = launch()
     completion = f"{sim.url}/v1/completions"
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{sim.url}/sleep", params={"level": "2"}) as response:
+        async with session.post(f"{sim.url}/sleep", params={"level": "1"}) as response:
             assert response.status == 200
         async with session.get(f"{sim.url}/is_sleeping") as response:
             assert await response.json() == {"is_sleeping": True}
@@ -310,14 +326,101 @@ async def test_sleeping_engine_refuses_inference_stays_healthy_and_serves_after_
         assert status == 503 and error["error"]["code"] == 503
         async with session.get(f"{sim.url}/health") as response:
             assert response.status == 200
-        async with session.get(f"{sim.url}/sim/state") as response:
-            assert (await response.json())["level"] == 2
+        state = await sim_state(session, sim)
+        assert state["level"] == 1 and state["awake"] == {"weights": False, "kv_cache": False}
+        assert state["weights_valid"] and state["memory"]["host_bytes"] == GIB  # offloaded, not discarded
         async with session.post(f"{sim.url}/wake_up") as response:
             assert response.status == 200
         async with session.get(f"{sim.url}/is_sleeping") as response:
             assert await response.json() == {"is_sleeping": False}
         status, _ = await post_json(session, completion, {"prompt": "x"})
         assert status == 200
+
+
+async def test_level_one_sleep_woken_tag_by_tag_keeps_valid_weights(launch: Launcher) -> None:
+    sim = launch()
+    async with aiohttp.ClientSession() as session:
+        assert await post_status(session, f"{sim.url}/sleep", params={"level": "1"}) == 200
+        assert await post_status(session, f"{sim.url}/wake_up", params={"tags": "weights"}) == 200
+        assert await is_sleeping(session, sim)  # true until every tag is awake
+        status, _ = await post_json(session, f"{sim.url}/v1/completions", {"prompt": "x"})
+        assert status == 503
+        assert await post_status(session, f"{sim.url}/wake_up", params={"tags": "kv_cache"}) == 200
+        assert not await is_sleeping(session, sim)
+        status, _ = await post_json(session, f"{sim.url}/v1/completions", {"prompt": "x"})
+        assert status == 200
+
+
+async def test_level_two_sleep_woken_without_reload_fails_inference_with_500(launch: Launcher) -> None:
+    sim = launch()
+    async with aiohttp.ClientSession() as session:
+        assert await post_status(session, f"{sim.url}/sleep", params={"level": "2"}) == 200
+        state = await sim_state(session, sim)
+        assert (state["level"], state["weights_valid"], state["memory"]["host_bytes"]) == (2, False, 0)
+        assert await post_status(session, f"{sim.url}/wake_up") == 200  # a plain wake maps empty memory
+        assert not await is_sleeping(session, sim)
+        for path, body in [("/v1/completions", {"prompt": "x"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})]:
+            status, error = await post_json(session, f"{sim.url}{path}", body)
+            assert status == 500 and error["error"]["code"] == 500
+            assert "discarded by a level-2 sleep and never reloaded" in error["error"]["message"]
+        state = await sim_state(session, sim)
+        assert state["awake"] == {"weights": True, "kv_cache": True} and not state["weights_valid"]
+
+
+async def test_level_two_sleep_comes_back_with_weights_wake_reload_and_kv_wake(launch: Launcher) -> None:
+    sim = launch("--sim-reload-seconds", "0.3")
+    rpc = f"{sim.url}/collective_rpc"
+    async with aiohttp.ClientSession() as session:
+        assert await post_status(session, f"{sim.url}/sleep", params={"level": "2"}) == 200
+        status, error = await post_json(session, rpc, {"method": "reload_weights"})
+        assert status == 500 and "not allocated" in error["error"]["message"]  # nothing mapped to load into
+        assert await post_status(session, f"{sim.url}/wake_up", params={"tags": "weights"}) == 200
+        state = await sim_state(session, sim)
+        assert state["awake"] == {"weights": True, "kv_cache": False} and await is_sleeping(session, sim)
+        started = time.monotonic()
+        status, reply = await post_json(session, rpc, {"method": "reload_weights"})
+        assert (status, reply) == (200, {"results": [None]}) and time.monotonic() - started >= 0.3
+        assert (await sim_state(session, sim))["weights_valid"]
+        assert await is_sleeping(session, sim)
+        assert await post_status(session, f"{sim.url}/wake_up", params={"tags": "kv_cache"}) == 200
+        assert not await is_sleeping(session, sim)
+        status, _ = await post_json(session, f"{sim.url}/v1/completions", {"prompt": "x"})
+        assert status == 200
+        assert "wake up the engine with tags: ['weights']" in sim.log()
+
+
+async def test_sleep_while_asleep_and_wake_of_an_awake_tag_change_nothing(launch: Launcher) -> None:
+    sim = launch()
+    async with aiohttp.ClientSession() as session:
+        assert await post_status(session, f"{sim.url}/sleep", params={"level": "1"}) == 200
+        assert await post_status(session, f"{sim.url}/sleep", params={"level": "2"}) == 200  # vLLM: a no-op
+        state = await sim_state(session, sim)
+        assert state["level"] == 1 and state["weights_valid"]
+        assert await post_status(session, f"{sim.url}/wake_up", params={"tags": "weights"}) == 200
+        # naming a tag that is already awake makes the whole call a no-op, as in vLLM's executor
+        assert await post_status(session, f"{sim.url}/wake_up", params=[("tags", "weights"),
+                                                                         ("tags", "kv_cache")]) == 200
+        assert (await sim_state(session, sim))["awake"] == {"weights": True, "kv_cache": False}
+        assert "is not in sleeping tags" in sim.log()
+
+
+async def test_collective_rpc_needs_dev_mode_and_a_method(launch: Launcher) -> None:
+    sim = launch()
+    rpc = f"{sim.url}/collective_rpc"
+    async with aiohttp.ClientSession() as session:
+        status, reply = await post_json(session, rpc, {"args": []})
+        assert status == 400 and reply == {"detail": "Missing 'method' in request body"}
+        async with session.post(rpc, data=b"{nope") as response:
+            assert response.status == 400 and "JSON decode error" in (await response.json())["detail"]
+        status, reply = await post_json(session, rpc, {"method": "frobnicate"})
+        assert status == 500 and "frobnicate" in reply["error"]["message"]
+        status, reply = await post_json(session, rpc, {"method": "reload_weights"})  # awake: reload in place
+        assert (status, reply) == (200, {"results": [None]})
+    plain = launch(dev_mode=False)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{plain.url}/collective_rpc", json={"method": "reload_weights"}) as response:
+            assert response.status == 404
 
 
 @pytest.mark.parametrize(("dev_mode", "sleep_flag"), [(False, True), (True, False)])

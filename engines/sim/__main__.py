@@ -4,6 +4,9 @@ A supervisor must not be able to tell this process from ``vllm serve``: the port
 the "model loads", log lines look like vLLM's, SIGTERM/SIGINT shut it down cleanly with exit code 0,
 and an optional child process mimics vLLM's API-server -> EngineCore process tree. Fault injection
 (hang on start, crash after a delay) lives here too because it concerns the process, not HTTP.
+
+``python -m engines.sim serve --sim-mode ollama`` is one ``ollama serve`` instead: same lifecycle and
+fault injection, Ollama's log lines, its API (``engines.sim.ollama_api``) on ``OLLAMA_HOST``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from aiohttp import web
 from prometheus_client import disable_created_metrics
 
 from engines.sim import logs
+from engines.sim.ollama_api import build_ollama_app
+from engines.sim.ollama_state import OLLAMA_SIM_VERSION, OllamaState
 from engines.sim.options import OptionsError, SimOptions, parse_options
 from engines.sim.server import SIM_VERSION, build_app, dev_mode_enabled
 from engines.sim.state import EngineState
@@ -110,6 +115,56 @@ async def _serve(options: SimOptions, stop: asyncio.Event) -> int:
             kv.remove()
 
 
+async def _serve_ollama(options: SimOptions, stop: asyncio.Event) -> int:
+    """Bind ``OLLAMA_HOST``, serve Ollama's API until a stop signal, shut down; return the exit code."""
+    state = OllamaState(options)
+    runner = web.AppRunner(build_ollama_app(state), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port)
+    try:
+        try:
+            await site.start()
+        except OSError as exc:
+            logs.ollama_log("ERROR", f"listen tcp {options.host}:{options.port}: bind: {exc.strerror}",
+                            "routes.go:1236")
+            print(f"Error: listen tcp {options.host}:{options.port}: bind: {exc.strerror}", file=sys.stderr,
+                  flush=True)
+            return 1
+        logs.ollama_log("INFO", f"Listening on {options.host}:{options.port} (version {OLLAMA_SIM_VERSION})",
+                        "routes.go:1306")
+        await stop.wait()
+        return 0
+    finally:
+        state.shutdown()
+        await runner.cleanup()
+
+
+async def _run_ollama(options: SimOptions, stop: asyncio.Event) -> int:
+    settings = options.ollama
+    assert settings is not None
+    keep_alive = "forever" if settings.keep_alive_s == float("inf") else f"{settings.keep_alive_s:g}s"
+    logs.ollama_log("INFO", f"server config env=\"map[OLLAMA_HOST:http://{options.host}:{options.port} "
+                    f"OLLAMA_CONTEXT_LENGTH:{settings.context_length} OLLAMA_NUM_PARALLEL:{settings.num_parallel} "
+                    f"OLLAMA_KEEP_ALIVE:{keep_alive} OLLAMA_MODELS:{settings.models_dir}]\"", "routes.go:1230")
+    for warning in settings.warnings:
+        logs.ollama_log("WARN", warning, "config.go:1")
+    if options.ignored_args:
+        logs.ollama_log("DEBUG", f"simulator ignores: {' '.join(options.ignored_args)}", "sim_engine.go:1")
+    child = _spawn_child() if options.spawn_child else None
+    try:
+        logs.ollama_log("INFO", "looking for compatible GPUs (simulated)", "gpu.go:217")
+        if options.hang_on_start:
+            await stop.wait()
+            return 0
+        if await _wait_or_stop(stop, options.startup_seconds):
+            return 0
+        logs.ollama_log("INFO", f"inference compute id=GPU-sim library=cuda name=\"Simulated GPU\" "
+                        f"startup={options.startup_seconds:.3f}s", "types.go:130")
+        return await _serve_ollama(options, stop)
+    finally:
+        _stop_child(child)
+
+
 async def run(options: SimOptions) -> int:
     """The whole life of the engine process."""
     loop = asyncio.get_running_loop()
@@ -119,6 +174,8 @@ async def run(options: SimOptions) -> int:
     if options.crash_after is not None:
         delay = max(0.0, options.crash_after - (time.monotonic() - PROCESS_START))
         loop.call_later(delay, _crash, options.crash_exit_code)
+    if options.mode == "ollama":
+        return await _run_ollama(options, stop)
     logs.engine_log("INFO", f"vLLM API server version {SIM_VERSION}", "api_server.py")
     logs.engine_log("INFO", f"non-default args: model={options.model!r}, served_model_name="
                     f"{list(options.served_model_names)!r}, host={options.host!r}, port={options.port}, "

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.sim.state import EngineAsleep, EngineState
+from engines.sim.state import EngineAsleep, EngineState, WeightsDiscarded
 from engines.sim.textgen import chat_prompt, count_tokens, generate_tokens
 
 STATE_KEY: web.AppKey[EngineState] = web.AppKey("sim_state", EngineState)
@@ -209,6 +209,8 @@ async def _serve(request: web.Request, kind: str) -> web.StreamResponse:
             return response
     except EngineAsleep:
         return error_response(503, "The engine is sleeping; wake it up first.", "ServiceUnavailableError")
+    except WeightsDiscarded as exc:
+        return error_response(500, str(exc), "InternalServerError")
 
 
 def _handler(kind: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -5,20 +5,29 @@ The agent launches engines with the command line real vLLM expects (``vllm serve
 exact command line unchanged, so it parses the few flags it models, ignores every other flag (and its
 value), and adds its own ``--sim-*`` knobs for tuning and fault injection. Each ``--sim-*`` flag has an
 environment fallback (``SIM_STARTUP_SECONDS`` for ``--sim-startup-seconds`` and so on); the flag wins.
+
+``--sim-mode ollama`` turns the process into one ``ollama serve``: no model argument, configuration
+from the ``OLLAMA_*`` environment (``engines.sim.ollama_config``); ``--host``/``--port`` still override
+``OLLAMA_HOST`` for convenience. ``--sim-missing-model NAME`` (repeatable; ``SIM_MISSING_MODEL`` takes a
+comma-separated list) makes Ollama answer "model not found" for that name.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from engines.sim.kvcache import DEFAULT_SHM_DIR, ipc_name_from_env, round_up_to_pages
+from engines.sim.ollama_config import OllamaSettings, normalize_model_name, settings_from_env
 
+KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
-SUPPORTED_MODES = ("vllm",)  # "ollama" will join later; the structure is ready for it.
+SUPPORTED_MODES = ("vllm", "ollama")
+VLLM_DEFAULT_HOST = "0.0.0.0"
+VLLM_DEFAULT_PORT = 8000
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -55,6 +64,11 @@ class SimOptions:
     kv_bytes_per_request: int = 64 * MIB
     kv_page_bytes: int = 2 * MIB
     kv_layers: int = 1
+    reload_seconds: float = 0.0  # vLLM: collective_rpc reload_weights
+    load_seconds: float = 0.2  # Ollama: loading one model
+    kv_bytes_per_token: int = 64 * KIB  # Ollama: KV slab = this x context_length x num_parallel
+    missing_models: tuple[str, ...] = ()  # Ollama: normalised names that answer "not found"
+    ollama: OllamaSettings | None = None  # present in --sim-mode ollama
     ignored_args: tuple[str, ...] = ()
     # kvcached, from the environment like the real engine: ENABLE_KVCACHED=true and KVCACHED_IPC_NAME
     # (sanitised as kvcached does). KVCACHED_SHM_DIR is the simulator's own, for tests.
@@ -100,6 +114,9 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("kv_bytes_per_request", int, 64 * MIB, False),
     ("kv_page_bytes", int, 2 * MIB, False),
     ("kv_layers", int, 1, False),
+    ("reload_seconds", float, 0.0, False),
+    ("load_seconds", float, 0.2, False),
+    ("kv_bytes_per_token", int, 64 * KIB, False),
 )
 
 
@@ -107,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser for the flags the simulator models; unknown flags are left to the caller."""
     parser = argparse.ArgumentParser(
         prog="python -m engines.sim",
-        description="Simulated vLLM engine (OpenAI-compatible API, sleep mode, metrics).",
+        description="Simulated vLLM engine (OpenAI-compatible API, sleep mode, metrics) or, with "
+                    "--sim-mode ollama, a simulated 'ollama serve'.",
         allow_abbrev=False,  # never let an unknown vLLM flag match one of ours by prefix
     )
     parser.add_argument("command", choices=["serve"], help="only 'serve' is supported")
@@ -115,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", dest="model_flag", default=None)
     parser.add_argument("--served-model-name", nargs="+", default=None)
     parser.add_argument("--host", default=None)
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--disable-uvicorn-access-log", action="store_true")
@@ -125,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None)
         else:
             parser.add_argument(flag, dest=dest, type=convert, default=None)
+    parser.add_argument("--sim-missing-model", dest="missing_models", action="append", default=None,
+                        metavar="NAME", help="(ollama) a model name that is not installed; repeatable")
     return parser
 
 
@@ -158,14 +178,15 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
             raise
         raise OptionsError(f"bad command line (exit {exc.code})") from exc
     model = namespace.model_tag or namespace.model_flag  # the positional wins, as in `vllm serve`
-    if not model:
-        raise OptionsError("a model is required: 'serve MODEL' or 'serve --model MODEL'")
     sim = {dest: _sim_value(namespace, env, dest, conv, default) for dest, conv, default, _ in _SIM_FLAGS}
     if sim["mode"] not in SUPPORTED_MODES:
         raise OptionsError(f"--sim-mode {sim['mode']!r} is not supported (choose from {SUPPORTED_MODES})")
+    if not model and sim["mode"] == "vllm":
+        raise OptionsError("a model is required: 'serve MODEL' or 'serve --model MODEL'")
     if sim["max_running"] < 1:
         raise OptionsError("--sim-max-running must be at least 1")
-    for dest in ("startup_seconds", "sleep_seconds", "wake_seconds", "request_seconds", "token_seconds"):
+    for dest in ("startup_seconds", "sleep_seconds", "wake_seconds", "request_seconds", "token_seconds",
+                 "reload_seconds", "load_seconds"):
         if sim[dest] < 0:
             raise OptionsError(f"--sim-{dest.replace('_', '-')} must not be negative")
     if sim["crash_after"] is not None and sim["crash_after"] < 0:
@@ -173,19 +194,36 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
     for dest in ("kv_capacity_bytes", "kv_page_bytes", "kv_layers"):
         if sim[dest] < 1:
             raise OptionsError(f"--sim-{dest.replace('_', '-')} must be at least 1")
-    if sim["kv_bytes_per_request"] < 0:
-        raise OptionsError("--sim-kv-bytes-per-request must not be negative")
+    for dest in ("kv_bytes_per_request", "kv_bytes_per_token"):
+        if sim[dest] < 0:
+            raise OptionsError(f"--sim-{dest.replace('_', '-')} must not be negative")
+    missing = namespace.missing_models
+    if missing is None:
+        missing = [part for part in env.get("SIM_MISSING_MODEL", "").split(",") if part.strip()]
+    sim["missing_models"] = tuple(normalize_model_name(name) for name in missing)
+    host = namespace.host or VLLM_DEFAULT_HOST
+    port = VLLM_DEFAULT_PORT if namespace.port is None else namespace.port
+    kvcached_ipc_name = ipc_name_from_env(env)
+    ollama: OllamaSettings | None = None
+    if sim["mode"] == "ollama":
+        ollama = settings_from_env(env)
+        host = namespace.host or ollama.host
+        port = namespace.port if namespace.port is not None else ollama.port
+        ollama = replace(ollama, host=host, port=port)
+        kvcached_ipc_name = None  # Ollama's runners do not use kvcached
+        model = model or ""
     names = tuple(namespace.served_model_name or (model,))
     return SimOptions(
         model=model,
         served_model_names=names,
-        host=namespace.host or "0.0.0.0",
-        port=namespace.port,
+        host=host,
+        port=port,
         enable_sleep_mode=namespace.enable_sleep_mode,
         max_model_len=namespace.max_model_len,
         access_log=not namespace.disable_uvicorn_access_log,
         ignored_args=tuple(unknown),
-        kvcached_ipc_name=ipc_name_from_env(env),
+        kvcached_ipc_name=kvcached_ipc_name,
         kvcached_shm_dir=env.get("KVCACHED_SHM_DIR") or DEFAULT_SHM_DIR,
+        ollama=ollama,
         **sim,
     )

@@ -3,12 +3,16 @@
 The agent supervises engines only through HTTP: readiness via ``/health``, the served name via
 ``/v1/models``, idleness via ``/metrics`` and sleep mode via ``/sleep``, ``/wake_up`` and
 ``/is_sleeping`` (present only with ``VLLM_SERVER_DEV_MODE=1`` and ``--enable-sleep-mode``, as in
-vLLM). This module wires those endpoints, plus the inference endpoints from ``openai_api`` and a
-private ``/sim/state`` debugging document, onto one aiohttp application.
+vLLM). ``/wake_up`` takes vLLM's repeatable ``tags`` query parameter (``weights``, ``kv_cache``; none =
+all), and ``/collective_rpc`` (dev mode only) runs ``reload_weights``, the step that brings a level-2
+sleeper back: ``wake_up?tags=weights``, ``collective_rpc {"method": "reload_weights"}``,
+``wake_up?tags=kv_cache``. This module wires those endpoints, plus the inference endpoints from
+``openai_api`` and a private ``/sim/state`` debugging document, onto one aiohttp application.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from engines.sim import logs, openai_api
 from engines.sim.openai_api import STATE_KEY, error_response
-from engines.sim.state import EngineState, WakeFailed
+from engines.sim.state import EngineState, RpcFailed, WakeFailed
 
 SIM_VERSION = "0.0.0+sim"
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -108,9 +112,10 @@ async def _sleep(request: web.Request) -> web.Response:
 
 async def _wake_up(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    logs.engine_log("INFO", "Waking up the engine.", "api_server.py")
+    tags = request.query.getall("tags", [])  # vLLM: no tags means every tag
+    logs.engine_log("INFO", f"wake up the engine with tags: {tags or None}", "api_server.py")
     try:
-        await state.wake_up()
+        await state.wake_up(tags or None)
     except WakeFailed as exc:
         logs.engine_log("ERROR", f"Wake-up failed: {exc}", "api_server.py")
         return error_response(500, f"Wake-up failed: {exc}", "InternalServerError")
@@ -119,6 +124,24 @@ async def _wake_up(request: web.Request) -> web.Response:
 
 async def _is_sleeping(request: web.Request) -> web.Response:
     return web.json_response({"is_sleeping": request.app[STATE_KEY].sleeping})
+
+
+async def _collective_rpc(request: web.Request) -> web.Response:
+    """vLLM's dev-mode RPC: ``{"method": NAME, "args": [...], "kwargs": {...}, "timeout": s}``."""
+    try:
+        body = json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return web.json_response({"detail": f"JSON decode error: {exc}"}, status=400)
+    method = body.get("method") if isinstance(body, dict) else None
+    if method is None:
+        return web.json_response({"detail": "Missing 'method' in request body"}, status=400)
+    logs.engine_log("INFO", f"collective_rpc {method!r}", "api_server.py")
+    try:
+        results = await request.app[STATE_KEY].collective_rpc(str(method))
+    except RpcFailed as exc:
+        logs.engine_log("ERROR", f"collective_rpc {method!r} failed: {exc}", "api_server.py")
+        return error_response(500, str(exc), "InternalServerError")
+    return web.json_response({"results": results})
 
 
 def build_app(state: EngineState, dev_mode: bool) -> web.Application:
@@ -131,6 +154,8 @@ def build_app(state: EngineState, dev_mode: bool) -> web.Application:
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/sim/state", _sim_state)
     openai_api.add_routes(app)
+    if dev_mode:
+        app.router.add_post("/collective_rpc", _collective_rpc)
     if dev_mode and state.options.enable_sleep_mode:
         app.router.add_post("/sleep", _sleep)
         app.router.add_post("/wake_up", _wake_up)
