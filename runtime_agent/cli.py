@@ -73,7 +73,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         scrape_interval_s=args.scrape_interval, kv_shm_dir=Path(args.kv_shm_dir),
         kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
         gpu_backend=args.gpu, simulate_gpus=args.simulate_gpus, gpu_reserve_bytes=args.gpu_reserve,
-        gpu_sample_interval_s=args.gpu_sample_interval,
+        gpu_sample_interval_s=args.gpu_sample_interval, host_reserve_bytes=args.host_reserve,
         vllm_sleep_mode=(args.vllm_sleep_mode == "on"
                          or (args.vllm_sleep_mode == "auto" and gpu_present())),
         simulate_engines=engines == "sim",
@@ -207,6 +207,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-reserve", type=_size, default=1 << 30,
                    help="per card, kept out of every budget (CUDA context, fragmentation)")
     s.add_argument("--gpu-sample-interval", type=float, default=1.0)
+    s.add_argument("--host-reserve", type=_size, default=2 << 30,
+                   help="host memory kept out of the budget for sleeping engines' weights")
     s.add_argument("--kv-hold-interval", type=float, default=1.0,
                    help="seconds between checks that each KV limit still holds")
     s.add_argument("--kv-shm-dir", default="/dev/shm",
