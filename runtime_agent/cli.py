@@ -74,8 +74,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
         gpu_backend=args.gpu, simulate_gpus=args.simulate_gpus, gpu_reserve_bytes=args.gpu_reserve,
         gpu_sample_interval_s=args.gpu_sample_interval, host_reserve_bytes=args.host_reserve,
-        vllm_sleep_mode=(args.vllm_sleep_mode == "on"
-                         or (args.vllm_sleep_mode == "auto" and gpu_present())),
+        vllm_sleep_mode=(args.vllm_sleep_mode == "on" or (args.vllm_sleep_mode == "auto"
+                                                          and (gpu_present() or engines == "sim"))),
         simulate_engines=engines == "sim",
         weight_cache_dir=Path(cache) if cache else None,
     )
@@ -199,7 +199,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--start-stall-timeout", type=float, default=600.0,
                    help="seconds a booting engine may go without opening its port or logging")
     s.add_argument("--vllm-sleep-mode", choices=("auto", "on", "off"), default="auto",
-                   help="auto: on with a GPU (vLLM on CPU refuses --enable-sleep-mode)")
+                   help="auto: on with a GPU or simulated engines (vLLM on CPU refuses "
+                   "--enable-sleep-mode)")
     s.add_argument("--gpu", choices=("auto", "nvml", "sim"), default="auto",
                    help="GPU memory source: auto = NVML when it finds a GPU, else simulated")
     s.add_argument("--simulate-gpus", default="1x80GiB",

@@ -41,8 +41,7 @@ def make_adapter(settings: Settings, session: aiohttp.ClientSession,
     host = settings.engine_probe_host
     if spec.engine == "ollama":
         return ollama.OllamaAdapter(session, host, record.port, spec.artifact_url)
-    sleep_mode = settings.vllm_sleep_mode or simulated(settings, spec)
-    return vllm.VllmAdapter(session, host, record.port, sleep_mode=sleep_mode)
+    return vllm.VllmAdapter(session, host, record.port, sleep_mode=settings.vllm_sleep_mode)
 
 
 def engine_command(settings: Settings, record: EngineRecord,

@@ -1,0 +1,82 @@
+"""Engine adapters: command lines, environments and validation for vLLM and Ollama."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from engines import ollama, vllm
+from engines.adapter import LaunchContext
+from registry.record import EngineRecord, EngineSpec
+
+
+def record(engine: str, artifact: str, args: dict[str, str] | None = None) -> EngineRecord:
+    spec = EngineSpec(model_name="qwen3:0.6b", artifact_url=artifact, engine=engine,  # type: ignore[arg-type]
+                      ipc_name="qwen3-0-6b", args=args or {})
+    return EngineRecord(engine_id="ab" * 16, spec=spec, port=20005)
+
+
+def ctx(command: tuple[str, ...], simulated: bool = False) -> LaunchContext:
+    return LaunchContext(command=command, simulated=simulated, bind_host="0.0.0.0",
+                         base_env={"PATH": "/usr/bin", "HF_TOKEN": "t"},
+                         extra_env={"AIBRIX_ENGINE_ID": "x"})
+
+
+async def test_vllm_gets_agent_flags_dev_mode_and_inherits_hf_settings() -> None:
+    async with aiohttp.ClientSession() as session:
+        adapter = vllm.VllmAdapter(session, "127.0.0.1", 20005, sleep_mode=True)
+        argv, env = adapter.command(record("vllm", "hf://Qwen/Qwen3-0.6B",
+                                           {"--max-model-len": "2048"}), ctx(("vllm", "serve")))
+    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-0.6B"]
+    assert "--enable-sleep-mode" in argv and argv[-2:] == ["--max-model-len", "2048"]
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_TOKEN"] == "t"
+    assert env["AIBRIX_ENGINE_ID"] == "x"
+
+
+async def test_vllm_without_sleep_support_starts_without_the_flag_and_says_why() -> None:
+    async with aiohttp.ClientSession() as session:
+        adapter = vllm.VllmAdapter(session, "127.0.0.1", 20005, sleep_mode=False)
+        argv, _ = adapter.command(record("vllm", "hf://a/b"), ctx(("vllm", "serve")))
+        assert "--enable-sleep-mode" not in argv
+        assert "not supported on current platform" in (adapter.sleep_unsupported() or "")
+        assert await adapter.is_sleeping(1.0) is False
+
+
+async def test_ollama_runs_one_server_per_model_on_its_port_with_its_settings() -> None:
+    async with aiohttp.ClientSession() as session:
+        adapter = ollama.OllamaAdapter(session, "127.0.0.1", 20005, "ollama://qwen3:0.6b")
+        argv, env = adapter.command(
+            record("ollama", "ollama://qwen3:0.6b",
+                   {"--context-length": "8192", "--num-parallel": "2", "--models": "/m"}),
+            ctx(("ollama", "serve")))
+        await adapter.close()
+    assert argv == ["ollama", "serve"]
+    assert env["OLLAMA_HOST"] == "0.0.0.0:20005" and env["OLLAMA_KEEP_ALIVE"] == "-1"
+    assert env["OLLAMA_CONTEXT_LENGTH"] == "8192" and env["OLLAMA_NUM_PARALLEL"] == "2"
+    assert env["OLLAMA_MODELS"] == "/m"
+
+
+async def test_a_simulated_ollama_gets_the_simulator_in_ollama_mode() -> None:
+    async with aiohttp.ClientSession() as session:
+        adapter = ollama.OllamaAdapter(session, "127.0.0.1", 20005, "qwen3:0.6b")
+        argv, _ = adapter.command(record("ollama", "qwen3:0.6b", {"--sim-load-seconds": "0"}),
+                                  ctx(("python", "-m", "engines.sim", "serve"), simulated=True))
+        await adapter.close()
+    assert argv == ["python", "-m", "engines.sim", "serve", "qwen3:0.6b", "--sim-mode", "ollama",
+                    "--sim-load-seconds", "0"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ({"--max-model-len": "1"}, "not an Ollama setting"),
+    ({"--context-length": "0"}, "positive whole"),
+    ({"--num-parallel": "x"}, "positive whole"),
+])
+def test_invalid_ollama_settings_are_named(args: dict[str, str], words: str) -> None:
+    problem = ollama.args_problem(args)
+    assert problem is not None and words in problem
+
+
+@pytest.mark.parametrize(("url", "ok"), [("ollama://qwen3:0.6b", True), ("qwen3", True),
+                                         ("hf://Qwen/Qwen3", False), ("ollama://", False)])
+def test_ollama_artifacts(url: str, ok: bool) -> None:
+    assert (ollama.artifact_problem(url) is None) is ok
