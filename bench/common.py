@@ -12,9 +12,7 @@ import http.client
 import json
 import math
 import os
-import random
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -98,10 +96,7 @@ class Session:
         agent = AgentProcess(state_dir or self.tmp / f"state{len(self.agents)}", **kwargs)
         if same_ports_as is not None:
             agent.port_low, agent.port_high = same_ports_as.port_low, same_ports_as.port_high
-        else:  # see safe_port_block: the harness's block may overlap the ephemeral range
-            size = agent.port_high - agent.port_low + 1
-            agent.port_low = safe_port_block(size)
-            agent.port_high = agent.port_low + size - 1
+        # else: the harness already picks a block below the kernel's ephemeral range
         self.agents.append(agent)
         if start:
             agent.start()
@@ -138,41 +133,6 @@ def session(name: str) -> Iterator[Session]:
         yield s
     finally:
         s.close()
-
-
-def ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def safe_port_block(size: int) -> int:
-    """First port of ``size`` free consecutive ports *below the kernel's ephemeral range*.
-
-    tests.harness.free_port_block picks blocks in 30000-60000, which overlaps the ephemeral range
-    (32768-60999 here). Then a client connect() to a booting engine's not-yet-open port can be
-    given that same port as its source port: TCP self-connect. The socket (and, after close, its
-    TIME_WAIT, 60 s) holds the port without SO_REUSEADDR, so the engine's bind fails with
-    EADDRINUSE on every restart and it ends "failed". The bench's own 1 ms /health polling makes
-    this likely; the agent's readiness probes trigger it too (seen in 64-engine runs)."""
-    eph_low, _ = ephemeral_range()
-    low_bound, high_bound = 10000, max(10000 + size, eph_low - size)
-    for _ in range(200):
-        low = random.randrange(low_bound, high_bound)
-        if all(_port_free(p) for p in range(low, low + size)):
-            return low
-    raise RuntimeError("no free port block below the ephemeral range")
 
 
 # ---- a keep-alive client for latency sampling -------------------------------------------------

@@ -34,6 +34,7 @@ from runtime_agent.metrics import AgentMetrics, memory_families
 from runtime_agent.owner import OwnerDeps
 from runtime_agent.phases import Phase
 from runtime_agent.pool import EnginePool
+from runtime_agent.ports import ephemeral_range, overlaps_ephemeral
 from runtime_agent.recovery import Step, recover
 from runtime_agent.settings import Settings
 from runtime_agent.snapshot import build_snapshot, memory_entry, short_entry
@@ -61,6 +62,10 @@ class Agent:
         s = self.settings
         for path in (s.state_dir, s.engines_dir, s.logs_dir):
             path.mkdir(parents=True, exist_ok=True)
+        if overlaps_ephemeral(s.port_low, s.port_high, ephemeral_range()):
+            log.warning("engine ports %d-%d overlap the kernel's ephemeral port range %s: an "
+                        "outgoing connection can take an engine's port; pick a range below it",
+                        s.port_low, s.port_high, "-".join(map(str, ephemeral_range())))
         store = RegistryStore(s.state_dir)
         backend, sim_dir = await asyncio.to_thread(make_gpu_backend, s)
         self.settings = s = replace(s, sim_gpu_dir=sim_dir)

@@ -12,7 +12,7 @@ import os
 
 import aiohttp
 
-from engines import ollama, vllm
+from engines import vllm
 from engines.adapter import EngineAdapter, LaunchContext
 from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, ENV_STATE_DIR, EngineRecord, EngineSpec
 from runtime_agent.settings import Settings
@@ -25,6 +25,8 @@ def simulated(settings: Settings, spec: EngineSpec) -> bool:
 def spec_problem(settings: Settings, spec: EngineSpec, device_count: int) -> str | None:
     """Why this activation cannot run here (reason InvalidEngineConfig), or None."""
     if spec.engine == "ollama":
+        from engines import ollama  # imported on first use: the client library costs start-up
+
         return (ollama.artifact_problem(spec.artifact_url)
                 or ollama.args_problem(spec.args, simulated(settings, spec)))
     return (vllm.artifact_problem(spec.artifact_url)
@@ -40,6 +42,8 @@ def make_adapter(settings: Settings, session: aiohttp.ClientSession,
     spec = record.spec
     host = settings.engine_probe_host
     if spec.engine == "ollama":
+        from engines import ollama
+
         return ollama.OllamaAdapter(session, host, record.port, spec.artifact_url)
     return vllm.VllmAdapter(session, host, record.port, sleep_mode=settings.vllm_sleep_mode)
 

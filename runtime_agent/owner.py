@@ -274,34 +274,46 @@ class EngineOwner:
                                     self._settings.kv_watch_s, self._settings.kv_hold_s))
 
     async def _after_exit(self, info: ExitInfo | None, why: str | None) -> None:
-        """The engine's process is gone without being asked to stop: restart it or fail it."""
+        """The engine's process is gone without being asked to stop: restart it or fail it.
+
+        The decision and its transition come first (they need no I/O); the leftover segment,
+        the log tail and the durable record follow. A restart that falls due meanwhile waits
+        in the inbox until this returns."""
         self._cancel_helpers()
         self._end_turn()
         self._gen += 1  # results already queued by the dead process's helpers are void
         self._fail_op("the engine exited during the operation")
         self._proc, self._ready, self._figures = None, False, None
-        await self._kv.remove_leftover()
         cause = why or (info.describe() if info else "exited")
         if self._exit_cause is not None:
             cause, self._exit_cause = f"{self._exit_cause} (then {cause})", None
-        tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
-        self.record.last_error = cause + ("\n" + "\n".join(tail) if tail else "")
+        self.record.last_error = cause
         self.record.pid = self.record.pid_start_time = None
         delay = restart_delay(self.record.restart_count, self._settings.restart_delays)
-        if delay is None:
+        if delay is None:  # terminal: no hurry, and the log tail belongs in last_error at once
+            await self._add_log_tail(cause)
             self.record.budget_exhausted += 1
             self._deps.memory.stopped(self.name)
             msg = f"{cause}; restart budget of {len(self._settings.restart_delays)} spent"
-            await self._transition(Phase.FAILED, "RestartBudgetExhausted", msg)
-            return
-        self._deps.memory.exited(self.name)
-        if why is not None:
-            delay = 0.0  # the agent was down for longer than any backoff already
-        await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s")
-        gen = self._gen
-        self._restart_timer = asyncio.get_running_loop().call_later(
-            delay, self._inbox.put_nowait, ("restart_due", gen)
-        )
+            await self._transition(Phase.FAILED, "RestartBudgetExhausted", msg, persist=False)
+        else:
+            self._deps.memory.exited(self.name)
+            if why is not None:
+                delay = 0.0  # the agent was down for longer than any backoff already
+            await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s",
+                                   persist=False)
+            gen = self._gen
+            self._restart_timer = asyncio.get_running_loop().call_later(
+                delay, self._inbox.put_nowait, ("restart_due", gen))
+            await self._add_log_tail(cause)
+        await self._kv.remove_leftover()
+        await self._persist()
+
+    async def _add_log_tail(self, cause: str) -> None:
+        tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
+        if tail:
+            self.record.last_error = cause + "\n" + "\n".join(tail)
+            self._publish()
 
     async def _probe_ready(self, gen: int, prepare: bool) -> None:
         """Probe until the engine answers; a started engine is then prepared (Ollama loads
@@ -350,6 +362,8 @@ class EngineOwner:
         target = Phase.SLEEPING if sleeping else Phase.ACTIVE
         if self._adopted and not self._converge:
             self.record.desired = "asleep" if sleeping else "awake"
+        if target is self.view.phase:  # a re-adopted engine: no move, but followers learn it
+            self._emit("Ready", "re-adopted engine answers /health", to=target)
         await self._transition(target, "Ready", "answers /health")
         self._helper(self._scrape(self._gen))
         if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 
 def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
@@ -28,3 +29,19 @@ def choose_port(
         if port not in held and is_free(port):
             return port
     return None
+
+
+def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections."""
+    try:
+        low, high = path.read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def overlaps_ephemeral(low: int, high: int, ephemeral: tuple[int, int]) -> bool:
+    """Engine ports inside the ephemeral range can be taken by any outgoing connection (even
+    the agent's own probe of a booting engine: TCP self-connect), and the engine then cannot
+    bind its port until the TIME_WAIT ends."""
+    return low <= ephemeral[1] and ephemeral[0] <= high

@@ -21,6 +21,7 @@ from typing import Any
 
 from registry.identity import scan_engines
 from runtime_agent.client import AgentClient, AgentError
+from runtime_agent.ports import ephemeral_range
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,9 +33,11 @@ def free_port() -> int:
 
 
 def free_port_block(size: int) -> int:
-    """The first port of ``size`` consecutive free ports (picked at random to avoid clashes)."""
+    """The first port of ``size`` consecutive free ports, at random below the kernel's
+    ephemeral range (inside it, a probe's own source port can take an engine's port)."""
+    top = max(10000 + size, ephemeral_range()[0] - size)
     for _ in range(200):
-        low = random.randrange(30000, 60000 - size)
+        low = random.randrange(10000, top)
         if all(_free(p) for p in range(low, low + size)):
             return low
     raise RuntimeError("no free port block found")

@@ -47,7 +47,10 @@ class Refuse:
 
 
 def gib(nbytes: int) -> str:
-    return f"{nbytes / GIB:.1f} GiB"
+    """A size people read: GiB with one decimal, MiB below a GiB (never "0.0 GiB")."""
+    if abs(nbytes) >= GIB:
+        return f"{nbytes / GIB:.1f} GiB"
+    return f"{nbytes / 2**20:.0f} MiB"
 
 
 def _holders_text(holders: list[tuple[str, int]], other: int) -> str:

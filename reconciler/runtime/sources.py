@@ -1,0 +1,333 @@
+"""Sources: the tasks that put keys on a controller's queue.
+
+A source turns "something may have changed" into keys and never says what changed: the
+reconciler reads the current state itself. Three kinds:
+
+- ``TimerSource``: every ``interval`` seconds, all keys (the periodic resync that repairs
+  anything a missed notification left behind);
+- ``DirectorySource``: a directory of YAML manifests, polled; each created, modified or deleted
+  file is mapped to keys by ``to_keys(path, old_text, new_text)`` (a deleted file passes its old
+  text, so the objects it described are reconciled into their absence);
+- ``EventFeedSource``: an agent's ``/v1/runtime/events`` long-poll feed, each event mapped to
+  keys by ``to_keys(event)``.
+
+Each is one asyncio task: ``start(queue)`` creates it, ``stop()`` cancels it and waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import aiohttp
+
+from reconciler.runtime.clock import Clock, RealClock
+from reconciler.runtime.queue import Enqueuer
+from reconciler.runtime.ratelimit import backoff_delay
+
+log = logging.getLogger("reconciler.runtime.sources")
+
+K = TypeVar("K", bound=Hashable)
+K_co = TypeVar("K_co", bound=Hashable, covariant=True)
+
+KeysFn = Callable[[], "Iterable[K] | Awaitable[Iterable[K]]"]
+OnConnect = Callable[[], "None | Awaitable[None]"]
+
+
+class Source(Protocol[K_co]):
+    def start(self, queue: Enqueuer[K_co]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class _TaskSource(Generic[K]):
+    """One task per source: ``start`` creates it, ``stop`` cancels it and waits for it."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, queue: Enqueuer[K]) -> None:
+        if self._task is not None:
+            raise RuntimeError(f"{type(self).__name__} is already started")
+        self._task = asyncio.get_running_loop().create_task(self._run(queue),
+                                                            name=type(self).__name__)
+        self._task.add_done_callback(_log_crash)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait([task])  # not ``await task``: our own cancellation must propagate
+
+    async def _run(self, queue: Enqueuer[K]) -> None:
+        raise NotImplementedError
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("source %s died", task.get_name(), exc_info=task.exception())
+
+
+def _enqueue(queue: Enqueuer[K], keys: Iterable[K]) -> int:
+    count = 0
+    for key in keys:
+        queue.add(key)
+        count += 1
+    return count
+
+
+class TimerSource(_TaskSource[K]):
+    """All keys at start and then every ``interval`` seconds."""
+
+    def __init__(self, clock: Clock, interval: float, keys_fn: KeysFn[K]) -> None:
+        super().__init__()
+        if interval <= 0:
+            raise ValueError("interval must be positive")
+        self._clock = clock
+        self._interval = interval
+        self._keys_fn = keys_fn
+
+    async def _run(self, queue: Enqueuer[K]) -> None:
+        while True:
+            try:
+                produced = self._keys_fn()
+                keys = await produced if isinstance(produced, Awaitable) else produced
+                _enqueue(queue, keys)
+            except Exception:
+                log.exception("resync: listing the keys failed; trying again in %.1fs",
+                              self._interval)
+            await self._clock.sleep(self._interval)
+
+
+# -- a directory of manifests -------------------------------------------------------------------
+
+Signature = tuple[int, int, int]  # (mtime_ns, size, inode)
+DirToKeys = Callable[[Path, "str | None", "str | None"], Iterable[K]]
+# A file changed this recently may change again within the file system's timestamp granularity
+# without its signature changing (git's "racy clean" problem): such files are re-read each poll.
+RACY_NS = 2_000_000_000
+
+
+def scan_directory(directory: Path, suffixes: tuple[str, ...],
+                   known: Mapping[Path, Signature]) -> dict[Path, tuple[Signature, str | None]]:
+    """Blocking (run it in a thread): the manifests in ``directory`` and their signatures.
+
+    A file's text is read when it is new, its signature changed or it is racy; otherwise it is
+    None (unchanged). A file that cannot be read keeps its known signature (so it is neither
+    seen as changed nor as deleted); a missing directory is an empty one.
+    """
+    found: dict[Path, tuple[Signature, str | None]] = {}
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return found
+    now_ns = time.time_ns()
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.name.endswith(suffixes):
+            continue
+        path = Path(entry.path)
+        try:
+            if not entry.is_file():
+                continue
+            st = entry.stat()
+            sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+            racy = now_ns - st.st_mtime_ns < RACY_NS
+            text = path.read_text("utf-8", errors="replace") if racy or known.get(path) != sig \
+                else None
+        except FileNotFoundError:
+            continue  # removed since the listing: it shows up as deleted
+        except OSError as err:
+            log.warning("manifests: cannot read %s: %s", path, err)
+            if path in known:
+                found[path] = (known[path], None)
+            continue
+        found[path] = (sig, text)
+    return found
+
+
+class DirectorySource(_TaskSource[K]):
+    """Polls ``path`` every ``interval`` seconds for created, modified and deleted manifests.
+
+    Files present at start count as created. Only ``*.yaml``/``*.yml`` (``suffixes``) that are
+    not hidden are watched, without subdirectories. A file whose stat changed but whose text did
+    not (a touch) is not reported.
+    """
+
+    def __init__(self, path: Path | str, to_keys: DirToKeys[K], interval: float = 1.0, *,
+                 clock: Clock | None = None,
+                 suffixes: tuple[str, ...] = (".yaml", ".yml")) -> None:
+        super().__init__()
+        if interval <= 0:
+            raise ValueError("interval must be positive")
+        self._path = Path(path)
+        self._to_keys = to_keys
+        self._interval = interval
+        self._clock: Clock = clock or RealClock()
+        self._suffixes = suffixes
+        self._known: dict[Path, tuple[Signature, str]] = {}
+
+    async def _run(self, queue: Enqueuer[K]) -> None:
+        while True:
+            try:
+                await self.poll(queue)
+            except Exception:
+                log.exception("manifests: polling %s failed", self._path)
+            await self._clock.sleep(self._interval)
+
+    async def poll(self, queue: Enqueuer[K]) -> None:
+        """One look at the directory: report every change since the last look."""
+        signatures = {path: sig for path, (sig, _) in self._known.items()}
+        current = await asyncio.to_thread(scan_directory, self._path, self._suffixes, signatures)
+        for path in sorted(self._known.keys() - current.keys()):
+            _, gone = self._known.pop(path)
+            self._report(queue, path, gone, None)
+        for path, (sig, text) in sorted(current.items()):
+            if text is None:
+                continue
+            before = self._known.get(path)
+            self._known[path] = (sig, text)
+            old = before[1] if before is not None else None
+            if old != text:
+                self._report(queue, path, old, text)
+
+    def _report(self, queue: Enqueuer[K], path: Path, old: str | None, new: str | None) -> None:
+        change = "created" if old is None else "deleted" if new is None else "modified"
+        try:
+            count = _enqueue(queue, self._to_keys(path, old, new))
+        except Exception:
+            log.exception("manifests: mapping %s (%s) to keys failed", path, change)
+            return
+        log.debug("manifests: %s %s, %d keys", path, change, count)
+
+
+# -- an agent's events feed ---------------------------------------------------------------------
+
+Event = Mapping[str, Any]
+EventToKeys = Callable[[Event], Iterable[K]]
+
+
+class FeedError(Exception):
+    """The feed answered something that is not an events page."""
+
+
+class EventFeedSource(_TaskSource[K]):
+    """Follows ``GET {url}/v1/runtime/events?since=N&wait=S`` and enqueues each event's keys.
+
+    On every (re)connect it learns the agent's current cursor (paging with ``wait=0`` until a
+    page is empty) and calls ``on_connect`` (enqueue a resync of everything: events may have
+    been missed while disconnected). The first connect starts at the agent's cursor, so only
+    new events are delivered; a reconnect resumes from the last cursor seen, unless the agent's
+    cursor is now behind it (the agent restarted and counts from zero again), in which case it
+    starts at the agent's cursor. A gap in sequence numbers (events that fell out of the agent's
+    ring) also triggers ``on_connect``. Errors reconnect after ``retry_base`` doubling up to
+    ``retry_cap`` seconds; a successful poll resets the backoff.
+    """
+
+    def __init__(self, url: str, to_keys: EventToKeys[K], *, on_connect: OnConnect | None = None,
+                 wait: int = 30, clock: Clock | None = None,
+                 session: aiohttp.ClientSession | None = None,
+                 retry_base: float = 0.5, retry_cap: float = 30.0) -> None:
+        super().__init__()
+        if not 0 < wait <= 60:
+            raise ValueError("wait must be 1 to 60 seconds (the agent's limit)")
+        self._url = url.rstrip("/") + "/v1/runtime/events"
+        self._to_keys = to_keys
+        self._on_connect = on_connect
+        self._wait = wait
+        self._clock: Clock = clock or RealClock()
+        self._session = session
+        self._retry = (retry_base, retry_cap)
+        self.cursor: int | None = None
+        self.connects = 0
+
+    async def _run(self, queue: Enqueuer[K]) -> None:
+        session = self._session or aiohttp.ClientSession()
+        failures = 0
+        try:
+            while True:
+                try:
+                    await self._connect(session)
+                    while True:
+                        await self._poll(session, queue)
+                        failures = 0
+                except Exception as err:
+                    delay = backoff_delay(failures, *self._retry)
+                    failures += 1
+                    expected = isinstance(err, aiohttp.ClientError | TimeoutError | FeedError)
+                    log.warning("events feed %s: %s; reconnecting in %.2fs", self._url,
+                                str(err) or type(err).__name__, delay,
+                                exc_info=None if expected else err)
+                    await self._clock.sleep(delay)
+        finally:
+            if self._session is None:
+                await session.close()
+
+    async def _connect(self, session: aiohttp.ClientSession) -> None:
+        head = 0
+        while True:  # pages of at most the agent's limit; stop when the cursor stops moving
+            _, after = await self._fetch(session, head, 0)
+            if after <= head:
+                break
+            head = after
+        if self.cursor is None or head < self.cursor:
+            if self.cursor is not None:
+                log.warning("events feed %s: cursor went back from %d to %d (agent restarted)",
+                            self._url, self.cursor, head)
+            self.cursor = head
+        self.connects += 1
+        log.info("events feed %s: connected at cursor %d (agent at %d)", self._url,
+                 self.cursor, head)
+        await self._resync()
+
+    async def _poll(self, session: aiohttp.ClientSession, queue: Enqueuer[K]) -> None:
+        assert self.cursor is not None
+        events, _ = await self._fetch(session, self.cursor, self._wait)
+        for event in events:
+            seq = int(event["seq"])
+            if seq <= self.cursor:
+                continue
+            if seq > self.cursor + 1:
+                log.warning("events feed %s: events %d to %d were missed; resyncing", self._url,
+                            self.cursor + 1, seq - 1)
+                await self._resync()
+            self.cursor = seq
+            try:
+                _enqueue(queue, self._to_keys(event))
+            except Exception:
+                log.exception("events feed %s: mapping event %d to keys failed", self._url, seq)
+
+    async def _resync(self) -> None:
+        if self._on_connect is None:
+            return
+        try:
+            outcome = self._on_connect()
+            if outcome is not None:
+                await outcome
+        except Exception:
+            log.exception("events feed %s: on_connect failed", self._url)
+
+    async def _fetch(self, session: aiohttp.ClientSession, since: int,
+                     wait: int) -> tuple[list[Event], int]:
+        """One page: the events after ``since`` (sorted by seq) and the page's cursor."""
+        timeout = aiohttp.ClientTimeout(total=wait + 15)
+        async with session.get(self._url, params={"since": str(since), "wait": str(wait)},
+                               timeout=timeout) as resp:
+            resp.raise_for_status()
+            try:
+                body = await resp.json()
+            except (ValueError, aiohttp.ContentTypeError) as err:
+                raise FeedError(f"not JSON: {err}") from None
+        try:
+            events = sorted(body["events"], key=lambda e: int(e["seq"]))
+            cursor = int(body["cursor"])
+        except (TypeError, KeyError, ValueError) as err:
+            raise FeedError(f"not an events page: {err!r}") from None
+        if events:
+            cursor = max(cursor, int(events[-1]["seq"]))
+        return events, cursor
