@@ -32,6 +32,7 @@ from runtime_agent.kv_segment import (
     SegmentReplaced,
     clamp,
     read_segment,
+    read_segment_nowait,
     remove_segment,
     write_limit,
 )
@@ -64,7 +65,10 @@ class KvKeeper:
                 await asyncio.sleep(first_s)
                 continue
             try:
-                info = await asyncio.to_thread(read_segment, self._ipc, self._shm_dir)
+                try:
+                    info = read_segment_nowait(self._ipc, self._shm_dir)
+                except BlockingIOError:  # a writer holds the lock: wait for it off the loop
+                    info = await asyncio.to_thread(read_segment, self._ipc, self._shm_dir)
             except SegmentError as exc:
                 log.warning("kv segment of %s unreadable: %s", self._record.spec.model_name, exc)
                 info = None

@@ -320,6 +320,29 @@ def read_segment(ipc_name: str, shm_dir: str | os.PathLike[str] = DEFAULT_SHM_DI
     raise SegmentError(f"KV segment {path} kept being replaced while it was read", path)
 
 
+def read_segment_nowait(ipc_name: str, shm_dir: str | os.PathLike[str] = DEFAULT_SHM_DIR
+                        ) -> SegmentInfo | None:
+    """``read_segment`` that never blocks: BlockingIOError while a writer holds the lock.
+
+    The segment lives on tmpfs, so open, flock and pread take microseconds; only a held lock
+    could block. The agent tries this on its event loop and falls back to ``read_segment`` in
+    a worker thread when it raises, which saves a thread hop per engine per hold interval.
+    """
+    path = segment_path(ipc_name, shm_dir)
+    fd = _open_existing(path, os.O_RDONLY)
+    if fd is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        try:
+            st = _check_size(fd, path)
+            return SegmentInfo(*_pread_fields(fd, path), inode=st.st_ino)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def write_limit(
     ipc_name: str,
     limit_bytes: int,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -69,25 +70,29 @@ class EngineHbm:
 class _Taken:
     sample: GpuSample
     trees: dict[int, frozenset[int]]
-    rss: dict[int, int | None]
+    rss: dict[int, int]
     host_total: int
     host_available: int
     seconds: float
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of one process from ``/proc/<pid>/statm`` (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _take(backend: GpuBackend, roots: list[int]) -> _Taken:
     started = time.perf_counter()
     sample = backend.sample()
     trees = process_trees(roots)
-    rss: dict[int, int | None] = {}
-    for root, pids in trees.items():
-        total: int | None = 0
-        for pid in pids:
-            try:
-                total = (total or 0) + psutil.Process(pid).memory_info().rss
-            except psutil.Error:
-                continue
-        rss[root] = total
+    rss = {root: sum(_rss(pid) for pid in pids) for root, pids in trees.items()}
     vm = psutil.virtual_memory()
     return _Taken(sample, trees, rss, vm.total, vm.available, time.perf_counter() - started)
 

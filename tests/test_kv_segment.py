@@ -471,3 +471,23 @@ def test_a_segment_replaced_during_the_kvcached_call_is_reported(
     with pytest.raises(SegmentReplaced) as caught:
         write_limit("e", 1, shm_dir, expected_inode=old.inode)
     assert caught.value.expected_inode == old.inode
+
+
+def test_the_non_blocking_read_matches_the_locked_read_and_never_waits(tmp_path) -> None:
+    import fcntl
+    import os
+
+    import pytest
+
+    from runtime_agent.kv_segment import create_segment, read_segment, read_segment_nowait
+
+    create_segment("nb", 4096, tmp_path)
+    assert read_segment_nowait("nb", tmp_path) == read_segment("nb", tmp_path)
+    assert read_segment_nowait("missing", tmp_path) is None
+    fd = os.open(tmp_path / "nb", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a writer mid-update
+        with pytest.raises(BlockingIOError):
+            read_segment_nowait("nb", tmp_path)
+    finally:
+        os.close(fd)

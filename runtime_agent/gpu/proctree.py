@@ -16,18 +16,37 @@ from collections.abc import Iterable
 import psutil
 
 
+def _stat_fields(pid: int) -> tuple[int, int] | None:
+    """(ppid, session) from ``/proc/<pid>/stat``; comm may hold spaces and ')'."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            line = fh.read()
+    except OSError:
+        return None
+    fields = line[line.rfind(b")") + 2:].split()
+    try:
+        return int(fields[1]), int(fields[3])  # fields 4 and 6 of proc(5): ppid, session
+    except (IndexError, ValueError):
+        return None
+
+
 def _links() -> tuple[dict[int, list[int]], dict[int, int]]:
-    """Children by parent PID, and the session of every process we could read."""
+    """Children by parent PID, and the session of every process we could read.
+
+    One read of ``/proc/<pid>/stat`` per process gives both; this runs every GPU sample, so
+    it avoids psutil's per-process objects."""
     children: dict[int, list[int]] = {}
     sessions: dict[int, int] = {}
-    for proc in psutil.process_iter(["ppid"]):
-        ppid = proc.info.get("ppid")
-        if isinstance(ppid, int):
-            children.setdefault(ppid, []).append(proc.pid)
-        try:
-            sessions[proc.pid] = os.getsid(proc.pid)
-        except OSError:
-            pass  # gone, or not ours to ask
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        found = _stat_fields(pid)
+        if found is None:
+            continue  # gone
+        ppid, session = found
+        children.setdefault(ppid, []).append(pid)
+        sessions[pid] = session
     return children, sessions
 
 
