@@ -136,3 +136,15 @@ def test_engine_logs_are_served_by_model_name(agent: AgentProcess) -> None:
     lines = agent.client.logs("Qwen/Qwen3-0.6B", 50)["lines"]
     assert any("engine start" in line for line in lines)
     assert any("startup complete" in line.lower() for line in lines)
+
+
+def test_the_agent_logs_json_lines_with_the_model_on_engine_lines(agent_factory) -> None:
+    agent: AgentProcess = agent_factory(extra_args=["--log-format", "json"])
+    agent.activate_sim("m1")
+    agent.wait_phase("m1", "active")
+    lines = [json.loads(line) for line in agent.log_path.read_text().splitlines()
+             if line.startswith("{")]
+    assert lines and all({"ts", "level", "logger", "msg"} <= line.keys() for line in lines)
+    transitions = [line for line in lines if "event" in line]
+    assert [t["event"]["to"] for t in transitions] == ["booting", "active"]
+    assert all(t["model"] == "m1" for t in transitions)

@@ -131,3 +131,17 @@ def test_a_stale_record_with_a_recycled_start_time_is_not_adopted(agent_factory)
     model = new.model(new.wait_for(lambda s: new.model(s, "m1")["ready"], what="m1"), "m1")
     assert model["pid"] == first["pid"] and model["restart_count"] == 0
     assert psutil.Process(first["pid"]).is_running()
+
+
+def test_an_operation_id_answers_its_first_result_after_an_agent_restart(agent_factory) -> None:
+    agent: AgentProcess = agent_factory()
+    agent.activate_sim("m1")
+    agent.wait_phase("m1", "active")
+    first = agent.client.sleep("m1", 1, operation_id="sleep-42")
+    agent.client.wake("m1")
+    new = restart_agent(agent_factory, agent)
+    new.wait_for(lambda s: new.model(s, "m1")["ready"], what="re-adopted and awake")
+    cursor = new.client.events(0)["cursor"]
+    assert new.client.sleep("m1", 1, operation_id="sleep-42") == first  # not slept again
+    assert new.model(new.client.snapshot(), "m1")["phase"] == "active"
+    assert new.client.events(0)["cursor"] == cursor

@@ -12,6 +12,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_packages_pass_a_strict_type_check() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "runtime_agent",
-         "engines", "registry"],
+         "engines", "registry", "reconciler"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

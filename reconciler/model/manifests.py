@@ -1,0 +1,721 @@
+"""ModelClaims and warm pools from YAML text (one or many documents), reported per object.
+
+Parsing never raises for bad content. ``parse_manifests`` returns a ``ParseResult``:
+
+* ``claims``: every ModelClaim that parsed. A claim whose ``perGPU`` is unusable
+  (``InvalidPerGPU``: it stays Pending) or whose engine arguments are invalid
+  (``InvalidEngineConfig``: it reads Failed) is still a claim, since it has a status and its
+  model a gateway answer; it carries those problems in ``claim.problems`` and
+  ``claim.hold_reason`` says what holds it back. ``ParseResult.placeable_claims`` leaves them out.
+* ``pools``: every pool, from our own ``kind: WarmPool`` or from the guide's warm-pool
+  Deployment (a Deployment labelled ``claim.model.aibrix.ai/pool``) when its agents' URLs are
+  given separately. An invalid pool policy turns the policy off (``InvalidPoolPolicy``) and
+  keeps the pool.
+* ``problems``: one ``Problem(kind, name, reason, message)`` per invalid object (also the held
+  claims' and invalid policies'). An object with a structural problem (bad YAML, a missing
+  required field, ``replicas`` other than 1, a name over 63 characters, a duplicate) is left out.
+* ``ignored``: other kinds (the pool's metrics Service, say), as ``Kind/name``.
+
+Our pool format (``apiVersion`` is optional)::
+
+    kind: WarmPool
+    metadata:
+      name: pool-a
+      namespace: default            # the default
+      labels:                       # every agent of the pool carries these labels
+        claim.model.aibrix.ai/pool: pool-a
+        claim.model.aibrix.ai/enabled: "true"
+    spec:
+      policy: {"lifecycle": {"sleepAfterSeconds": 300}}   # an object, or its JSON text
+      agents:
+        - name: agent-a
+          url: http://10.0.0.5:8080
+          labels: {zone: a}         # added to the pool's labels
+
+The policy may instead be the ``claim.model.aibrix.ai/pool-policy`` annotation, as on a
+Deployment (not both).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, cast
+
+import yaml  # type: ignore[import-untyped]
+
+from reconciler.model.policy import (
+    INVALID_POOL_POLICY,
+    POLICY_ANNOTATION,
+    POLICY_OFF,
+    PoolPolicy,
+    parse_pool_policy,
+)
+from reconciler.model.quantity import QuantityError, parse_quantity
+from reconciler.model.selector import LabelSelector, SelectorError, parse_selector, string_map
+
+API_VERSION = "model.aibrix.ai/v1alpha1"
+CLAIM_KIND = "ModelClaim"
+POOL_KIND = "WarmPool"
+POOL_LABEL = "claim.model.aibrix.ai/pool"
+ENABLED_LABEL = "claim.model.aibrix.ai/enabled"
+GPU_RESOURCE = "nvidia.com/gpu"
+MAX_CLAIM_NAME = 63
+MAX_MODEL_NAME = 128
+
+Engine = Literal["vllm", "sglang", "ollama"]
+ENGINES: tuple[Engine, ...] = ("vllm", "sglang", "ollama")
+
+# Reasons. The first two are the guide's; the rest name what is wrong with a manifest.
+INVALID_PER_GPU = "InvalidPerGPU"
+INVALID_ENGINE_CONFIG = "InvalidEngineConfig"
+INVALID_YAML = "InvalidYAML"
+INVALID_MANIFEST = "InvalidManifest"
+INVALID_SPEC = "InvalidSpec"
+INVALID_NAME = "InvalidName"
+INVALID_REPLICAS = "InvalidReplicas"
+DUPLICATE = "Duplicate"
+NO_AGENTS = "NoAgents"
+
+# Engine flags the runtime agent sets itself (the guide's list; --model-path is SGLang's --model).
+AGENT_OWNED_FLAGS = frozenset(
+    {"--model", "--served-model-name", "--host", "--port", "--enable-sleep-mode"})
+_OWNED = {"vllm": AGENT_OWNED_FLAGS, "sglang": AGENT_OWNED_FLAGS | {"--model-path"}}
+# kvcached manages the KV cache, so the engine must not size it from a fraction of the GPU.
+_FORBIDDEN = {"vllm": frozenset({"--gpu-memory-utilization"}),
+              "sglang": frozenset({"--gpu-memory-utilization", "--mem-fraction-static"})}
+TENSOR = "--tensor-parallel-size"
+PIPELINE = "--pipeline-parallel-size"
+DATA = "--data-parallel-size"
+_ALIASES = {
+    "vllm": {"-tp": TENSOR, "-pp": PIPELINE, "-dp": DATA},
+    "sglang": {"--tp-size": TENSOR, "--tp": TENSOR, "--pp-size": PIPELINE, "--dp-size": DATA,
+               "--dp": DATA},
+}
+# What an Ollama claim may set (the agent maps each to a server setting); --sim-* are for the
+# simulated engine.
+OLLAMA_ARGS = frozenset(
+    {"--context-length", "--num-parallel", "--models", "--flash-attention", "--kv-cache-type"})
+_OLLAMA_POSITIVE = ("--context-length", "--num-parallel")
+
+_CLAIM_SPEC_FIELDS = frozenset(
+    {"modelName", "podSelector", "artifactURL", "engine", "replicas", "perGPU", "engineConfig"})
+_POOL_SPEC_FIELDS = frozenset({"agents", "policy"})
+_AGENT_FIELDS = frozenset({"name", "url", "labels"})
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+_URL = re.compile(r"^https?://[^/\s:]+(:\d{1,5})?/?$")
+_SEPARATOR = re.compile(r"^(---|\.\.\.)(\s.*)?$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why one object is invalid. ``source``: where it came from, ``file#document``."""
+
+    kind: str
+    name: str
+    reason: str
+    message: str
+    namespace: str = ""
+    source: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        at = f" ({self.source})" if self.source else ""
+        return f"{self.kind} {where}{at}: {self.reason}: {self.message}"
+
+
+@dataclass(frozen=True)
+class PerGPU:
+    """What one instance needs on each of its GPUs, in bytes."""
+
+    maximum_footprint: int
+    kv_floor: int
+
+    @property
+    def room(self) -> int:
+        """What placement looks for on a GPU: the footprint plus the KV floor."""
+        return self.maximum_footprint + self.kv_floor
+
+
+def _frozen(m: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(m))
+
+
+@dataclass(frozen=True)
+class ModelClaim:
+    name: str
+    namespace: str
+    model_name: str
+    pod_selector: LabelSelector
+    artifact_url: str
+    engine: Engine = "vllm"
+    replicas: int = 1
+    per_gpu: PerGPU | None = None
+    engine_args: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # InvalidPerGPU and InvalidEngineConfig problems: they hold the claim back.
+    problems: tuple[Problem, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engine_args", _frozen(self.engine_args))
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def hold_reason(self) -> str | None:
+        """InvalidEngineConfig (Failed, recreate the claim), InvalidPerGPU (Pending), or None."""
+        reasons = {p.reason for p in self.problems}
+        for reason in (INVALID_ENGINE_CONFIG, INVALID_PER_GPU):
+            if reason in reasons:
+                return reason
+        return None
+
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs one engine uses: tensor x pipeline parallel size (1 for Ollama)."""
+        return gpus_needed(self.engine, self.engine_args)
+
+
+@dataclass(frozen=True)
+class AgentRef:
+    """A runtime agent: one warm-pool Pod. ``labels`` are the Pod's (the pool's and its own)."""
+
+    name: str
+    url: str
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _frozen(self.labels))
+
+
+@dataclass(frozen=True)
+class WarmPool:
+    name: str
+    namespace: str
+    agents: tuple[AgentRef, ...]
+    policy: PoolPolicy = POLICY_OFF
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # Why the written policy was turned off (InvalidPoolPolicy), or None when it is valid.
+    policy_problem: str | None = None
+    gpus_per_agent: int | None = None  # from a Deployment's nvidia.com/gpu
+    source_kind: str = POOL_KIND  # WarmPool or Deployment
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _frozen(self.labels))
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def policy_valid(self) -> bool:
+        return self.policy_problem is None
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    claims: tuple[ModelClaim, ...] = ()
+    pools: tuple[WarmPool, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def placeable_claims(self) -> tuple[ModelClaim, ...]:
+        return tuple(c for c in self.claims if not c.problems)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class ManifestError(Exception):
+    """An object that cannot be taken at all: ``reason`` and ``message`` become its Problem."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+# ---- documents ------------------------------------------------------------------------------
+
+
+def split_documents(text: str) -> list[tuple[int, str]]:
+    """The documents of a YAML stream with the line each starts on (0-based), split on ``---``
+    and ``...`` lines, so one broken document does not hide the others."""
+    docs: list[tuple[int, str]] = []
+    start, lines = 0, list[str]()
+    for number, line in enumerate(text.splitlines()):
+        if _SEPARATOR.match(line):
+            docs.append((start, "\n".join(lines)))
+            start, lines = number + 1, list[str]()
+            rest = line[3:].strip()
+            if line.startswith("---") and rest and not rest.startswith("#"):
+                lines.append(rest)  # "--- {a: 1}": content on the separator line
+        else:
+            lines.append(line)
+    docs.append((start, "\n".join(lines)))
+    return docs
+
+
+def parse_manifests(text: str, source: str = "<manifest>", *,
+                    deployment_agents: Mapping[str, Sequence[AgentRef]] | None = None
+                    ) -> ParseResult:
+    """Every ModelClaim and pool in ``text``, and a problem for each invalid object.
+
+    ``deployment_agents``: the agents of each warm-pool Deployment, by ``namespace/name`` or
+    ``name``; a Deployment's Pods carry its template labels, which are merged into each
+    agent's labels."""
+    return parse_sources([(source, text)], deployment_agents=deployment_agents)
+
+
+def parse_sources(sources: Iterable[tuple[str, str]], *,
+                  deployment_agents: Mapping[str, Sequence[AgentRef]] | None = None
+                  ) -> ParseResult:
+    """``parse_manifests`` over several texts (``(source, text)``), duplicates checked across
+    all of them."""
+    builder = _Builder(deployment_agents or {})
+    for source, text in sources:
+        for start, chunk in split_documents(text):
+            builder.document(source, start, chunk)
+    return builder.result()
+
+
+class _Builder:
+    def __init__(self, deployment_agents: Mapping[str, Sequence[AgentRef]]) -> None:
+        self.deployment_agents = deployment_agents
+        self.claims: list[ModelClaim] = []
+        self.pools: list[WarmPool] = []
+        self.problems: list[Problem] = []
+        self.ignored: list[str] = []
+        self.claim_keys: set[str] = set()
+        self.model_names: dict[str, str] = {}
+        self.pool_keys: set[str] = set()
+        self.agent_names: dict[str, str] = {}
+
+    def result(self) -> ParseResult:
+        return ParseResult(tuple(self.claims), tuple(self.pools), tuple(self.problems),
+                           tuple(self.ignored))
+
+    def document(self, source: str, start: int, chunk: str) -> None:
+        where = f"{source}#line{start + 1}"
+        try:
+            obj = yaml.safe_load(chunk)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f"line {start + mark.line + 1}: " if mark is not None else ""
+            detail = getattr(exc, "problem", None) or str(exc)
+            self.problems.append(Problem("Document", where, INVALID_YAML, f"{line}{detail}",
+                                         source=where))
+            return
+        if obj is None:
+            return
+        if not isinstance(obj, Mapping):
+            self.problems.append(Problem("Document", where, INVALID_MANIFEST,
+                                         "a manifest must be a mapping with kind and metadata",
+                                         source=where))
+            return
+        kind = obj.get("kind")
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        label = name if isinstance(name, str) and name else where
+        namespace = meta.get("namespace", "default") if isinstance(meta, Mapping) else "default"
+        namespace = namespace if isinstance(namespace, str) and namespace else "default"
+        if kind == CLAIM_KIND:
+            self._claim(obj, label, namespace, where)
+        elif kind == POOL_KIND:
+            self._pool(obj, label, namespace, where)
+        elif kind == "Deployment" and isinstance(meta, Mapping) and isinstance(
+                meta.get("labels"), Mapping) and POOL_LABEL in meta["labels"]:
+            self._deployment(obj, label, namespace, where)
+        elif isinstance(kind, str) and kind:
+            self.ignored.append(f"{kind}/{label}")
+        else:
+            self.problems.append(Problem("Document", label, INVALID_MANIFEST,
+                                         "the manifest has no kind", namespace, where))
+
+    def _claim(self, obj: Mapping[str, Any], label: str, namespace: str, where: str) -> None:
+        try:
+            claim = claim_from_object(obj)
+        except ManifestError as bad:
+            self.problems.append(Problem(CLAIM_KIND, label, bad.reason, bad.message, namespace,
+                                         where))
+            return
+        if claim.key in self.claim_keys:
+            self.problems.append(Problem(CLAIM_KIND, claim.name, DUPLICATE,
+                                         f"claim {claim.key} is defined more than once",
+                                         namespace, where))
+            return
+        other = self.model_names.get(claim.model_name)
+        if other is not None:
+            self.problems.append(Problem(
+                CLAIM_KIND, claim.name, DUPLICATE,
+                f"modelName {claim.model_name!r} is already claimed by {other}; give each claim "
+                "its own model name", namespace, where))
+            return
+        self.claim_keys.add(claim.key)
+        self.model_names[claim.model_name] = claim.key
+        claim = _with_source(claim, where)
+        self.claims.append(claim)
+        self.problems.extend(claim.problems)
+
+    def _pool(self, obj: Mapping[str, Any], label: str, namespace: str, where: str) -> None:
+        try:
+            pool = pool_from_object(obj)
+        except ManifestError as bad:
+            self.problems.append(Problem(POOL_KIND, label, bad.reason, bad.message, namespace,
+                                         where))
+            return
+        self._add_pool(pool, where)
+
+    def _deployment(self, obj: Mapping[str, Any], label: str, namespace: str,
+                    where: str) -> None:
+        agents = self.deployment_agents.get(f"{namespace}/{label}")
+        if agents is None:
+            agents = self.deployment_agents.get(label)
+        try:
+            pool = pool_from_deployment(obj, agents or ())
+        except ManifestError as bad:
+            self.problems.append(Problem("Deployment", label, bad.reason, bad.message,
+                                         namespace, where))
+            return
+        if not agents:
+            self.problems.append(Problem(
+                "Deployment", label, NO_AGENTS,
+                "no agent URLs were given for this warm pool, so no claim can be placed on it",
+                namespace, where))
+        self._add_pool(pool, where)
+
+    def _add_pool(self, pool: WarmPool, where: str) -> None:
+        kind = pool.source_kind
+        if pool.key in self.pool_keys:
+            self.problems.append(Problem(kind, pool.name, DUPLICATE,
+                                         f"pool {pool.key} is defined more than once",
+                                         pool.namespace, where))
+            return
+        for agent in pool.agents:
+            owner = self.agent_names.get(agent.name)
+            if owner is not None:
+                self.problems.append(Problem(
+                    kind, pool.name, DUPLICATE,
+                    f"agent {agent.name!r} is already in pool {owner}", pool.namespace, where))
+                return
+        self.pool_keys.add(pool.key)
+        self.agent_names.update({a.name: pool.key for a in pool.agents})
+        self.pools.append(pool)
+        if pool.policy_problem is not None:
+            self.problems.append(Problem(kind, pool.name, INVALID_POOL_POLICY,
+                                         f"policy turned off: {pool.policy_problem}",
+                                         pool.namespace, where))
+
+
+def _with_source(claim: ModelClaim, where: str) -> ModelClaim:
+    if not claim.problems:
+        return claim
+    problems = tuple(Problem(p.kind, p.name, p.reason, p.message, p.namespace, where)
+                     for p in claim.problems)
+    return ModelClaim(claim.name, claim.namespace, claim.model_name, claim.pod_selector,
+                      claim.artifact_url, claim.engine, claim.replicas, claim.per_gpu,
+                      claim.engine_args, problems)
+
+
+# ---- claims ---------------------------------------------------------------------------------
+
+
+def _metadata(obj: Mapping[str, Any], max_name: int | None) -> tuple[str, str]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise ManifestError(INVALID_MANIFEST, "metadata with a name is required")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise ManifestError(INVALID_MANIFEST, "metadata.name is required")
+    namespace = meta.get("namespace", "default")
+    if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
+        raise ManifestError(INVALID_MANIFEST, f"metadata.namespace {namespace!r} is not a valid "
+                            "namespace name")
+    if max_name is not None and len(name) > max_name:
+        raise ManifestError(INVALID_NAME, f"the name is {len(name)} characters long; a claim's "
+                            f"name can be at most {max_name}, because it is part of "
+                            "annotation keys on the Pod")
+    if not _DNS_LABEL.match(name):
+        raise ManifestError(INVALID_NAME, f"{name!r} is not a valid name: use lower-case letters, "
+                            "digits, '-' and '.', starting and ending with a letter or digit")
+    return name, namespace
+
+
+def _spec(obj: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise ManifestError(INVALID_SPEC, "spec is required and must be a mapping")
+    unknown = sorted(str(k) for k in spec if k not in known)
+    if unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        raise ManifestError(INVALID_SPEC, f"unknown field{plural} in spec: {', '.join(unknown)} "
+                            f"(known: {', '.join(sorted(known))})")
+    return spec
+
+
+def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
+    """A ModelClaim from its decoded manifest; raises ``ManifestError`` for structural problems and
+    records InvalidPerGPU / InvalidEngineConfig in ``problems``."""
+    if obj.get("apiVersion") != API_VERSION:
+        raise ManifestError(INVALID_MANIFEST, f"apiVersion must be {API_VERSION}, "
+                            f"got {obj.get('apiVersion')!r}")
+    name, namespace = _metadata(obj, MAX_CLAIM_NAME)
+    spec = _spec(obj, _CLAIM_SPEC_FIELDS)
+    if "podSelector" not in spec:
+        raise ManifestError(INVALID_SPEC, "spec.podSelector is required: select the pool, usually "
+                            f"by matchLabels {{{POOL_LABEL}: <pool>}}")
+    try:
+        selector = parse_selector(spec["podSelector"], "spec.podSelector")
+    except SelectorError as exc:
+        raise ManifestError(INVALID_SPEC, str(exc)) from None
+    artifact = spec.get("artifactURL")
+    if not isinstance(artifact, str) or not artifact.strip():
+        raise ManifestError(INVALID_SPEC, "spec.artifactURL is required, such as "
+                            "huggingface://Qwen/Qwen3-0.6B")
+    if artifact != artifact.strip() or any(c.isspace() for c in artifact):
+        raise ManifestError(INVALID_SPEC, f"spec.artifactURL {artifact!r} must not contain spaces")
+    model_name = spec.get("modelName", name)
+    problem = model_name_problem(model_name)
+    if problem is not None:
+        raise ManifestError(INVALID_SPEC, problem)
+    engine = spec.get("engine", "vllm")
+    if engine not in ENGINES:
+        raise ManifestError(INVALID_SPEC, f"spec.engine must be one of {', '.join(ENGINES)}, "
+                            f"got {engine!r}")
+    replicas = spec.get("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas != 1:
+        raise ManifestError(INVALID_REPLICAS, f"spec.replicas must be 1 (one engine per claim), "
+                            f"got {replicas!r}")
+    problems: list[Problem] = []
+    args, args_problem = _engine_args(spec.get("engineConfig"))
+    if args_problem is None:
+        args_problem = engine_args_problem(cast(Engine, engine), args)
+    if args_problem is not None:
+        problems.append(Problem(CLAIM_KIND, name, INVALID_ENGINE_CONFIG, args_problem,
+                                namespace))
+    per_gpu, per_gpu_problem = per_gpu_from(spec.get("perGPU"))
+    if per_gpu_problem is not None:
+        problems.append(Problem(CLAIM_KIND, name, INVALID_PER_GPU, per_gpu_problem, namespace))
+    return ModelClaim(name, namespace, model_name, selector, artifact, cast(Engine, engine),
+                      replicas, per_gpu, args, tuple(problems))
+
+
+def model_name_problem(name: object) -> str | None:
+    """The runtime agent's rule for model names, so a claim it would refuse is caught here."""
+    if not isinstance(name, str) or not name:
+        return "spec.modelName must be a non-empty string"
+    if len(name) > MAX_MODEL_NAME:
+        return f"spec.modelName is {len(name)} characters long; the limit is {MAX_MODEL_NAME}"
+    if not _MODEL_NAME.match(name) or ".." in name or "//" in name or name.endswith("/"):
+        return (f"spec.modelName {name!r} may contain only letters, digits and . _ : / @ + -, "
+                "must start with a letter or digit, and must not contain '..' or '//' or end "
+                "with '/'")
+    return None
+
+
+def per_gpu_from(raw: object) -> tuple[PerGPU | None, str | None]:
+    """(PerGPU, None), or (None, why) for InvalidPerGPU."""
+    if raw is None:
+        return None, ("spec.perGPU is missing: declare maximumFootprint and kvFloor, "
+                      "the GPU memory one instance needs")
+    if not isinstance(raw, Mapping):
+        return None, "spec.perGPU must be a mapping with maximumFootprint and kvFloor"
+    unknown = sorted(str(k) for k in raw if k not in ("maximumFootprint", "kvFloor"))
+    if unknown:
+        return None, f"spec.perGPU has unknown fields: {', '.join(unknown)}"
+    figures: list[int] = []
+    for key in ("maximumFootprint", "kvFloor"):
+        if key not in raw or raw[key] is None:
+            return None, f"spec.perGPU.{key} is missing"
+        try:
+            value = parse_quantity(raw[key])
+        except QuantityError as exc:
+            return None, f"spec.perGPU.{key}: {exc}"
+        if value <= 0:
+            return None, f"spec.perGPU.{key} must be positive, got {raw[key]!r}"
+        figures.append(value)
+    return PerGPU(figures[0], figures[1]), None
+
+
+def _engine_args(raw: object) -> tuple[dict[str, str], str | None]:
+    if raw is None:
+        return {}, None
+    if not isinstance(raw, Mapping):
+        return {}, "spec.engineConfig must be a mapping with args"
+    unknown = sorted(str(k) for k in raw if k != "args")
+    if unknown:
+        return {}, f"spec.engineConfig has unknown fields: {', '.join(unknown)}"
+    args_raw = raw.get("args")
+    if args_raw is None:
+        return {}, None
+    if not isinstance(args_raw, Mapping):
+        return {}, "spec.engineConfig.args must be a mapping of flags to string values"
+    args: dict[str, str] = {}
+    for flag, value in args_raw.items():
+        if not isinstance(flag, str):
+            return {}, f"engine flag {flag!r} must be a string such as --max-model-len"
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            return {}, (f"{flag}: the value must be a string (\"\" for a flag without a value), "
+                        f"got {value!r}")
+        args[flag] = value if isinstance(value, str) else str(value)
+    return args, None
+
+
+def normalise_flag(flag: str, engine: Engine = "vllm") -> str:
+    """One spelling per flag: ``--foo_bar`` is ``--foo-bar``; short forms become long ones."""
+    norm = flag.replace("_", "-") if flag.startswith("--") else flag
+    return _ALIASES.get(engine, {}).get(norm, norm)
+
+
+def engine_args_problem(engine: Engine, args: Mapping[str, str]) -> str | None:
+    """Why these engine arguments are invalid (InvalidEngineConfig), or None."""
+    for flag, value in args.items():
+        if not flag.startswith("-") or len(flag) < 2:
+            return f"engine argument {flag!r} is not a flag: write it as '--{flag}'"
+        if "=" in flag or any(c.isspace() for c in flag):
+            return (f"engine argument {flag!r} must be the flag alone; put its value in the "
+                    "map's value")
+        if engine == "ollama":
+            if flag.startswith("--sim-"):
+                continue
+            if flag not in OLLAMA_ARGS:
+                return (f"{flag} is not an Ollama setting; use one of "
+                        f"{', '.join(sorted(OLLAMA_ARGS))}")
+            if flag in _OLLAMA_POSITIVE and not _positive_int(value):
+                return f"{flag} must be a positive whole number, got {value!r}"
+            continue
+        norm = normalise_flag(flag, engine)
+        if norm in _OWNED[engine]:
+            return f"{flag} is set by the runtime agent; leave it out of engineConfig.args"
+        if norm in _FORBIDDEN[engine]:
+            return f"{flag} is not allowed: kvcached manages the KV cache"
+        if norm in (TENSOR, PIPELINE, DATA):
+            if not _positive_int(value):
+                return f"{flag} must be a positive whole number, got {value!r}"
+            if norm == DATA and int(value) != 1:
+                return f"{flag} must be 1: data parallelism is not supported"
+    if engine != "ollama":
+        seen: dict[str, str] = {}
+        for flag in args:
+            norm = normalise_flag(flag, engine)
+            if norm in seen:
+                return f"{seen[norm]} and {flag} are the same flag; give it once"
+            seen[norm] = flag
+    return None
+
+
+def _positive_int(value: str) -> bool:
+    return value.isascii() and value.isdigit() and int(value) >= 1
+
+
+def gpus_needed(engine: Engine, args: Mapping[str, str]) -> int:
+    """Tensor x pipeline parallel size (invalid or absent sizes count as 1); 1 for Ollama."""
+    if engine == "ollama":
+        return 1
+    sizes = {TENSOR: 1, PIPELINE: 1}
+    for flag, value in args.items():
+        norm = normalise_flag(flag, engine)
+        if norm in sizes and _positive_int(value):
+            sizes[norm] = int(value)
+    return sizes[TENSOR] * sizes[PIPELINE]
+
+
+# ---- pools ----------------------------------------------------------------------------------
+
+
+def _policy(spec_policy: object, annotations: object) -> tuple[PoolPolicy, str | None]:
+    annotated = annotations.get(POLICY_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if spec_policy is not None and annotated is not None:
+        return POLICY_OFF, f"give the policy once: spec.policy or the {POLICY_ANNOTATION} " \
+            "annotation, not both"
+    return parse_pool_policy(spec_policy if spec_policy is not None else annotated)
+
+
+def _labels(raw: object, what: str) -> dict[str, str]:
+    try:
+        return string_map(raw, what)
+    except SelectorError as exc:
+        raise ManifestError(INVALID_SPEC, str(exc)) from None
+
+
+def pool_from_object(obj: Mapping[str, Any]) -> WarmPool:
+    """A pool from our ``kind: WarmPool`` manifest; raises ``ManifestError`` when malformed."""
+    name, namespace = _metadata(obj, None)
+    meta = obj["metadata"]
+    labels = _labels(meta.get("labels"), "metadata.labels")
+    spec = _spec(obj, _POOL_SPEC_FIELDS)
+    agents_raw = spec.get("agents") or []
+    if not isinstance(agents_raw, list):
+        raise ManifestError(INVALID_SPEC, "spec.agents must be a list of {name, url, labels}")
+    agents: list[AgentRef] = []
+    for i, raw in enumerate(agents_raw):
+        agents.append(_agent(raw, f"spec.agents[{i}]", labels))
+    names = [a.name for a in agents]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ManifestError(INVALID_SPEC, f"agent {dup!r} appears more than once in spec.agents")
+    policy, problem = _policy(spec.get("policy"), meta.get("annotations"))
+    return WarmPool(name, namespace, tuple(agents), policy, labels, problem)
+
+
+def _agent(raw: object, what: str, pool_labels: Mapping[str, str]) -> AgentRef:
+    if not isinstance(raw, Mapping):
+        raise ManifestError(INVALID_SPEC, f"{what} must be a mapping with name and url")
+    unknown = sorted(str(k) for k in raw if k not in _AGENT_FIELDS)
+    if unknown:
+        raise ManifestError(INVALID_SPEC, f"{what} has unknown fields: {', '.join(unknown)}")
+    name, url = raw.get("name"), raw.get("url")
+    if not isinstance(name, str) or not name:
+        raise ManifestError(INVALID_SPEC, f"{what}.name is required")
+    if not isinstance(url, str) or not _URL.match(url):
+        raise ManifestError(INVALID_SPEC, f"{what}.url must be http://HOST[:PORT] or https://..., "
+                            f"got {url!r}")
+    own = _labels(raw.get("labels"), f"{what}.labels")
+    return AgentRef(name, url.rstrip("/"), {**pool_labels, **own})
+
+
+def pool_from_deployment(obj: Mapping[str, Any], agents: Sequence[AgentRef]) -> WarmPool:
+    """A pool from the guide's warm-pool Deployment: its Pods' labels (the template's), its
+    policy annotation and its GPUs per Pod; ``agents`` are its Pods' runtime agents."""
+    name, namespace = _metadata(obj, None)
+    meta = obj["metadata"]
+    own_labels = _labels(meta.get("labels"), "metadata.labels")
+    spec = obj.get("spec")
+    template = spec.get("template") if isinstance(spec, Mapping) else None
+    tmeta = template.get("metadata") if isinstance(template, Mapping) else None
+    pod_labels = own_labels
+    if isinstance(tmeta, Mapping) and tmeta.get("labels") is not None:
+        pod_labels = _labels(tmeta.get("labels"), "spec.template.metadata.labels")
+    gpus = _gpus_per_pod(template)
+    refs = tuple(AgentRef(a.name, a.url.rstrip("/"), {**pod_labels, **a.labels}) for a in agents)
+    policy, problem = _policy(None, meta.get("annotations"))
+    return WarmPool(name, namespace, refs, policy, pod_labels, problem, gpus, "Deployment")
+
+
+def _gpus_per_pod(template: object) -> int | None:
+    pod = template.get("spec") if isinstance(template, Mapping) else None
+    containers = pod.get("containers") if isinstance(pod, Mapping) else None
+    if not isinstance(containers, list):
+        return None
+    total, found = 0, False
+    for container in containers:
+        resources = container.get("resources") if isinstance(container, Mapping) else None
+        if not isinstance(resources, Mapping):
+            continue
+        for section in ("limits", "requests"):
+            figures = resources.get(section)
+            if isinstance(figures, Mapping) and GPU_RESOURCE in figures:
+                try:
+                    total += parse_quantity(figures[GPU_RESOURCE])
+                except QuantityError:
+                    raise ManifestError(INVALID_SPEC, f"{GPU_RESOURCE} must be a whole number, got "
+                                        f"{figures[GPU_RESOURCE]!r}") from None
+                found = True
+                break
+    return total if found else None
