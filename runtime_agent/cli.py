@@ -91,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _table(snapshot: dict[str, Any]) -> str:
     cols = ("MODEL", "ENGINE", "PHASE", "READY", "PORT", "PID", "RESTARTS", "RUNNING",
-            "WAITING", "KV LIMIT", "KV APPLIED", "KV USED", "LAST ERROR")
+            "WAITING", "HBM", "KV LIMIT", "KV APPLIED", "KV USED", "LAST ERROR")
     rows = [cols]
     for m in snapshot.get("models", []):
         err = (m.get("last_error") or "").splitlines()
@@ -99,11 +99,15 @@ def _table(snapshot: dict[str, Any]) -> str:
         rows.append((m["model_name"], m["engine"], m["phase"], str(m["ready"]).lower(),
                      str(m["port"]), str(m["pid"] or "-"), str(m["restart_count"]),
                      _num(m.get("requests_running")), _num(m.get("requests_waiting")),
-                     _bytes(m.get("kv_limit_requested_bytes")),
+                     _bytes(m.get("hbm_bytes")), _bytes(m.get("kv_limit_requested_bytes")),
                      _bytes(m.get("kv_limit_applied_bytes")), _bytes(m.get("kv_used_bytes")),
                      "; ".join(notes)[:70]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for gpu in snapshot.get("accelerators", []):
+        lines.append(f"GPU {gpu['index']} {gpu['name']}: {_bytes(gpu['hbm_used_bytes'])} used of "
+                     f"{_bytes(gpu['hbm_total_bytes'])}, {_bytes(gpu.get('hbm_room_bytes'))} "
+                     "room after claims")
     cached = snapshot.get("cached_artifacts") or []
     lines.append(f"\nobserved at {snapshot.get('observed_at')}; cached artifacts: "
                  f"{', '.join(cached) if cached else 'none'}")

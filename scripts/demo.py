@@ -92,7 +92,11 @@ def main() -> int:
         step("activating the seed's two sample models")
         ports = {}
         for name, artifact in SAMPLES:
-            result = client.activate(name, artifact, "vllm", args={"--max-model-len": "2048"})
+            # The seed's samples: 6 GiB footprint and a 1 GiB KV floor per GPU; a 2 GiB KV limit.
+            result = client.activate(
+                name, artifact, "vllm", args={"--max-model-len": "2048"},
+                per_gpu={"maximum_footprint_bytes": 6 << 30, "kv_floor_bytes": 1 << 30},
+                kv_limit_bytes=2 << 30)
             ports[name] = result["port"]
             print(f"{name}: port {result['port']}, pid {result['pid']}, phase {result['phase']}")
         snap = wait_until(client, lambda s: set(phases(s).values()) == {"active"}, "both active")

@@ -167,4 +167,4 @@ def test_the_cli_snapshot_shows_the_kv_figures(agent: AgentProcess) -> None:
     assert out.returncode == 0
     header, row = out.stdout.splitlines()[:2]
     assert "KV LIMIT" in header and "KV USED" in header
-    assert row.split()[9:11] == ["1.0GiB", "1.0GiB"]
+    assert row.split()[10:12] == ["1.0GiB", "1.0GiB"]
