@@ -27,9 +27,34 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
+    """A free port for a server this test starts (not for an engine the test polls while it
+    boots: use ``engine_port``, which stays out of the ephemeral range)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def engine_port() -> int:
+    """A free port below the ephemeral range, for a process polled before it listens."""
+    return free_port_block(1)
+
+
+def port_is_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes; its final answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
 
 
 def free_port_block(size: int) -> int:

@@ -11,7 +11,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -31,32 +30,14 @@ from runtime_agent.kv_segment import SegmentInfo, SegmentReplaced, read_segment,
 
 pytestmark = pytest.mark.timeout(30)
 
+from tests.harness import engine_port, port_is_open, wait_until
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VLLM_FLAGS = ["--gpu-memory-utilization", "0.9", "--max-model-len", "2048", "--trust-remote-code",
               "--kv-cache-dtype", "auto", "--compilation-config", '{"level": 3}', "--swap-space", "-1"]
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
-
-def port_is_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 async def async_wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.02) -> bool:
@@ -85,7 +66,7 @@ class Sim:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        ok = wait_for(lambda: port_is_open(self.port) or self.proc.poll() is not None, timeout)
+        ok = wait_until(lambda: port_is_open(self.port) or self.proc.poll() is not None, timeout)
         assert ok and self.proc.poll() is None, f"engine did not start:\n{self.log()}"
 
     def wait_exit(self, timeout: float) -> int | None:
@@ -110,7 +91,7 @@ def _launch(tmp_dir: Path, sims: list[Sim], *flags: str, dev_mode: bool = True, 
             startup: float = 0.05, model_args: tuple[str, ...] = ("facebook/opt-125m",), ready: bool = True,
             sleep_mode: bool = True) -> Sim:
     """Start one engine (recorded in ``sims`` for the group kill) and by default wait for its port."""
-    port = free_port()
+    port = engine_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_") and k != "VLLM_SERVER_DEV_MODE"}
     if dev_mode:
         full_env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -219,7 +200,7 @@ def test_port_stays_closed_until_startup_delay_ends(launch: Launcher) -> None:
 
 def test_hung_engine_never_opens_its_port_and_stops_logging(launch: Launcher) -> None:
     sim = launch(startup=0.0, ready=False, env={"SIM_HANG_ON_START": "1"})  # env fallback of --sim-hang-on-start
-    assert not wait_for(lambda: port_is_open(sim.port), timeout=0.8)
+    assert not wait_until(lambda: port_is_open(sim.port), timeout=0.8)
     assert sim.proc.poll() is None
     assert "Loading model" in sim.log() and "Started server process" not in sim.log()
 
@@ -532,14 +513,14 @@ async def test_termination_signal_exits_zero_within_a_second_even_mid_stream(
 
 def test_termination_during_startup_exits_zero(launch: Launcher) -> None:
     sim = launch(startup=5.0, ready=False)
-    assert wait_for(lambda: "Loading model" in sim.log(), timeout=5.0)
+    assert wait_until(lambda: "Loading model" in sim.log(), timeout=5.0)
     sim.proc.terminate()
     assert sim.wait_exit(timeout=1.0) == 0
 
 
 def _child_of(sim: Sim) -> psutil.Process:
     engine = psutil.Process(sim.proc.pid)
-    assert wait_for(lambda: bool(engine.children()), timeout=5.0)
+    assert wait_until(lambda: bool(engine.children()), timeout=5.0)
     children: list[psutil.Process] = engine.children()
     assert len(children) == 1
     return children[0]
@@ -558,7 +539,7 @@ def test_spawned_child_shares_the_group_and_dies_when_the_group_is_killed(launch
     assert os.getpgid(child.pid) == os.getpgid(sim.proc.pid) == sim.proc.pid
     assert child.is_running() and not _gone(child)
     os.killpg(sim.proc.pid, signal.SIGKILL)
-    assert wait_for(lambda: _gone(child), timeout=3.0)
+    assert wait_until(lambda: _gone(child), timeout=3.0)
 
 
 def test_clean_shutdown_also_stops_the_spawned_child(launch: Launcher) -> None:
@@ -566,7 +547,7 @@ def test_clean_shutdown_also_stops_the_spawned_child(launch: Launcher) -> None:
     child = _child_of(sim)
     sim.proc.terminate()
     assert sim.wait_exit(timeout=1.0) == 0
-    assert wait_for(lambda: _gone(child), timeout=2.0)
+    assert wait_until(lambda: _gone(child), timeout=2.0)
 
 
 # --- kvcached segment -----------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,31 +35,13 @@ from engines.sim.options import GIB, MIB, OptionsError, parse_options
 
 pytestmark = pytest.mark.timeout(30)
 
+from tests.harness import engine_port, port_is_open, wait_until
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KIB = 1024
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
-
-def port_is_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 @dataclass
@@ -80,7 +61,7 @@ class Ollama:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        ok = wait_for(lambda: port_is_open(self.port) or self.proc.poll() is not None, timeout)
+        ok = wait_until(lambda: port_is_open(self.port) or self.proc.poll() is not None, timeout)
         assert ok and self.proc.poll() is None, f"ollama did not start:\n{self.log()}"
 
 
@@ -90,7 +71,7 @@ Launcher = Callable[..., Ollama]
 def _launch(tmp_dir: Path, servers: list[Ollama], *flags: str, env: dict[str, str] | None = None,
             startup: float = 0.05, ready: bool = True, host_env: str | None = None) -> Ollama:
     """Start one server (recorded for the group kill); it listens where ``OLLAMA_HOST`` says."""
-    port = free_port()
+    port = engine_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SIM_", "OLLAMA_"))}
     full_env["OLLAMA_HOST"] = host_env if host_env is not None else f"127.0.0.1:{port}"
     full_env["OLLAMA_MODELS"] = str(tmp_dir / "models")
@@ -223,7 +204,7 @@ def test_model_names_are_shown_as_ollama_shows_them() -> None:
 
 
 def test_port_opens_on_ollama_host_only_after_the_startup_delay(launch: Launcher) -> None:
-    port = free_port()
+    port = engine_port()
     server = launch(startup=1.0, ready=False, host_env=f"http://127.0.0.1:{port}")
     server.port = port
     while time.monotonic() - server.launched_at < 0.7:
