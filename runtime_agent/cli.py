@@ -74,6 +74,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
         gpu_backend=args.gpu, simulate_gpus=args.simulate_gpus, gpu_reserve_bytes=args.gpu_reserve,
         gpu_sample_interval_s=args.gpu_sample_interval, host_reserve_bytes=args.host_reserve,
+        vllm_command=tuple(args.vllm_command.split()),
+        ollama_command=tuple(args.ollama_command.split()),
         vllm_sleep_mode=(args.vllm_sleep_mode == "on" or (args.vllm_sleep_mode == "auto"
                                                           and (gpu_present() or engines == "sim"))),
         simulate_engines=engines == "sim",
@@ -202,6 +204,9 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds between scrapes of an engine's /metrics")
     s.add_argument("--start-stall-timeout", type=float, default=600.0,
                    help="seconds a booting engine may go without opening its port or logging")
+    s.add_argument("--vllm-command", default="vllm serve",
+                   help="how to run vLLM, before MODEL and its flags (split on spaces)")
+    s.add_argument("--ollama-command", default="ollama serve")
     s.add_argument("--vllm-sleep-mode", choices=("auto", "on", "off"), default="auto",
                    help="auto: on with a GPU or simulated engines (vLLM on CPU refuses "
                    "--enable-sleep-mode)")

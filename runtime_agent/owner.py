@@ -36,6 +36,7 @@ from runtime_agent.kv_keeper import KvKeeper
 from runtime_agent.gpu.admission import Refuse
 from runtime_agent.memory import MemoryBroker
 from runtime_agent.phases import Phase, check_transition
+from runtime_agent.ports import port_is_free
 from runtime_agent.settings import Settings
 from runtime_agent.views import EngineEvent, EngineView, OpResult
 
@@ -137,7 +138,8 @@ class EngineOwner:
             if mode == "adopt" and pid is not None:
                 await self._adopt(pid)
             elif mode == "restart":
-                await self._after_exit(None, "its process was gone when the agent started")
+                await self._after_exit(None, "its process was gone when the agent started",
+                                       restart_now=True)
             elif mode == "stop":  # the previous agent died while stopping this engine
                 if pid is not None and (proc := self._deps.launcher.attach(pid)) is not None:
                     self._proc = proc
@@ -222,6 +224,12 @@ class EngineOwner:
 
     async def _spawn_now(self, reason: str) -> None:
         spec = self.record.spec
+        if not port_is_free(self.record.port, self._settings.engine_bind_host):
+            # The engine keeps its port for life; something else listens on it or holds it.
+            self._end_turn()
+            await self._after_exit(None, f"port {self.record.port} is held by another process, "
+                                   "so the engine could not listen on it")
+            return
         try:
             argv, env = engine_command(self._settings, self.record, self._adapter)
             proc = await self._deps.launcher.spawn(argv, env, self.log_path)
@@ -247,7 +255,8 @@ class EngineOwner:
     async def _adopt(self, pid: int) -> None:
         proc = self._deps.launcher.attach(pid)
         if proc is None:
-            await self._after_exit(None, "its process ended while the agent re-adopted it")
+            await self._after_exit(None, "its process ended while the agent re-adopted it",
+                                   restart_now=True)
             return
         self._attach(proc)
         self._adopted = True
@@ -273,7 +282,8 @@ class EngineOwner:
         self._helper(self._kv.watch(lambda info: self._inbox.put_nowait(("kv", gen, info)),
                                     self._settings.kv_watch_s, self._settings.kv_hold_s))
 
-    async def _after_exit(self, info: ExitInfo | None, why: str | None) -> None:
+    async def _after_exit(self, info: ExitInfo | None, why: str | None,
+                          restart_now: bool = False) -> None:
         """The engine's process is gone without being asked to stop: restart it or fail it.
 
         The decision and its transition come first (they need no I/O); the leftover segment,
@@ -298,7 +308,7 @@ class EngineOwner:
             await self._transition(Phase.FAILED, "RestartBudgetExhausted", msg, persist=False)
         else:
             self._deps.memory.exited(self.name)
-            if why is not None:
+            if restart_now:
                 delay = 0.0  # the agent was down for longer than any backoff already
             await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s",
                                    persist=False)

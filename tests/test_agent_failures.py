@@ -104,3 +104,21 @@ def test_a_crash_during_a_slow_sleep_answers_the_caller_at_once(agent: AgentProc
     assert agent.client.deactivate("m1")["phase"] == "stopped"
     caller.join(10)
     assert not caller.is_alive() and "being stopped" in str(outcome["error"])
+
+
+def test_a_port_taken_by_another_process_is_named_as_the_cause(agent_factory) -> None:
+    import socket
+
+    agent: AgentProcess = agent_factory(restart_delays="1,0.05")
+    first = agent.activate_sim("m1")
+    agent.wait_phase("m1", "active")
+    os.kill(first["pid"], signal.SIGKILL)
+    agent.wait_phase("m1", "restarting")
+    squatter = socket.socket()
+    try:  # someone else takes the engine's port during the 1 s restart delay
+        squatter.bind(("127.0.0.1", first["port"]))
+        squatter.listen()
+        model = agent.wait_phase("m1", "failed", timeout_s=20)
+        assert f"port {first['port']} is held by another process" in model["last_error"]
+    finally:
+        squatter.close()
