@@ -87,7 +87,14 @@ def _serve(args: argparse.Namespace) -> int:
     from runtime_agent.agent import serve
 
     setup_logging(args.log_format, args.log_level)
-    asyncio.run(serve(settings_from(args)))
+    settings = settings_from(args)
+    if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
+        from reconciler.cli import serve_with_claims
+
+        asyncio.run(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
+                                      args.host, args.claims_port))
+    else:
+        asyncio.run(serve(settings))
     return 0
 
 
@@ -226,6 +233,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--log-format", choices=("json", "text"), default="json")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=_serve)
+    from reconciler.cli import add_commands, add_serve_options
+
+    add_serve_options(s)  # serve --claims DIR [--claims-port 8081]
 
     def client_parser(name: str, help_text: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_text)
@@ -259,6 +269,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--tail", type=int, default=100)
     c = client_parser("events", "print engine events (-f to follow)")
     c.add_argument("-f", "--follow", action="store_true")
+    add_commands(sub)  # reconcile --claims DIR --pool FILE; claims get|describe
     return p
 
 

@@ -115,6 +115,8 @@ def test_a_port_taken_by_another_process_is_named_as_the_cause(agent_factory) ->
     os.kill(first["pid"], signal.SIGKILL)
     agent.wait_phase("m1", "restarting")
     squatter = socket.socket()
+    # SO_REUSEADDR: the port may still have TIME_WAIT connections the dead engine closed.
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:  # someone else takes the engine's port during the 1 s restart delay
         squatter.bind(("127.0.0.1", first["port"]))
         squatter.listen()

@@ -1,0 +1,178 @@
+"""The ClaimReconciler: one claim's desired state against its engine, one key at a time.
+
+``reconcile((namespace, name))`` is level-based: it reads the manifest, the claim's status and
+every agent's snapshot (through the cache), and makes one step towards the desired state:
+
+* the manifest is gone -> ``Drain`` (off the route, requests finish, engine stopped);
+* the claim is held back (``InvalidEngineConfig``: Failed; ``InvalidPerGPU``: Pending) and has
+  no engine -> status with the reason, nothing else (a change of the claim brings it back);
+* no engine answers to it -> ``Placer`` (place, make room, or Pending with the reason). An
+  engine that vanished from a reachable agent, or whose agent stayed silent past the grace
+  period, is placed again (``NotPlaced`` until then, a ``Rescheduled`` event);
+* an engine answers to it -> follow its phase: starting or restarting -> Activating
+  ``EngineStarting``; active -> Active once its KV limit holds (then the sleep policy);
+  sleeping -> Sleeping, or the wake path when a wake is requested; failed -> move or Failed.
+
+The engine is found by its ``claim_ref`` in the snapshots, not by what the status remembers, so
+a restarted reconciler, or an agent that re-adopted its engines, needs no repair. An engine of
+the claim on a second agent (the claim was placed again while its first agent was silent, and
+that agent came back) is stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from reconciler.client import AgentUnreachable
+from reconciler.context import Deps
+from reconciler.desired import ClaimKey, claim_key
+from reconciler.drain import Drain
+from reconciler.lifecycle import Lifecycle, first_line
+from reconciler.model.manifests import ModelClaim
+from reconciler.observe import EngineObs, World
+from reconciler.placing import gpus_text
+from reconciler.runtime.controller import Result
+from reconciler.status import (
+    ACTIVATING,
+    ACTIVE,
+    ENGINE_STARTING,
+    FAILED,
+    INVALID_ENGINE_CONFIG,
+    INVALID_PER_GPU,
+    MODEL_CLAIM_ACTIVE,
+    NOT_PLACED,
+    PENDING,
+    PLACED,
+    ClaimStatus,
+)
+
+log = logging.getLogger("reconciler.claims")
+
+
+class ClaimReconciler:
+    """Reconciles ModelClaims by key; give it to a ``Controller``."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.d = deps
+        self.life = Lifecycle(deps)
+        self.placer = self.life.placer
+        self.drain = Drain(deps)
+
+    async def reconcile(self, key: ClaimKey) -> Result:
+        claim = self.d.desired.claim(key)
+        if claim is None:
+            return await self.drain.reconcile(key)
+        self.drain.forget(key)  # created again while its engine drained: it takes it over
+        st = self.d.store.ensure(claim)
+        world = await self.d.world()
+        home = await self._home(claim, st, world)
+        if home is not None and not world.agents[home[0]].ok:
+            st.set_instance(home[0], home[1].port, home[1].devices)
+            home = None  # its agent is silent: wait for it, or give the engine up
+        hold = claim.hold_reason
+        if home is None and hold is not None:
+            return self._held(claim, st, hold)
+        if home is None:
+            lost = self._lost(st, world)
+            if lost is not None:
+                return lost
+            return await self.placer.place(claim, st, world)
+        agent, engine = home
+        return await self._follow(claim, st, world, agent, engine)
+
+    def _held(self, claim: ModelClaim, st: ClaimStatus, hold: str) -> Result:
+        message = next((p.message for p in claim.problems if p.reason == hold), hold)
+        now = self.d.wall()
+        st.set_instance(None)
+        if hold == INVALID_ENGINE_CONFIG:
+            st.set(now, FAILED, ready=(False, INVALID_ENGINE_CONFIG, message))
+        else:
+            st.set(now, PENDING, scheduled=(False, INVALID_PER_GPU, message),
+                   ready=(False, NOT_PLACED, "the claim waits to be placed"))
+        return Result()
+
+    async def _home(self, claim: ModelClaim, st: ClaimStatus,
+                    world: World) -> tuple[str, EngineObs] | None:
+        """The claim's engine; any other engine answering to the claim is stopped."""
+        found = world.engines_of((claim.namespace, claim.name))
+        mine = [(a, e) for a, e in found if e.model_name == claim.model_name]
+        inst = st.instance
+        home = next(((a, e) for a, e in mine if inst is not None and a == inst.agent), None)
+        if home is None and mine:
+            home = next(((a, e) for a, e in mine if e.phase == "active"), mine[0])
+        for agent, engine in found:
+            if (agent, engine) == home or not world.agents[agent].ok:
+                continue
+            log.warning("claim %s: stopping a second engine %s on %s", claim.key,
+                        engine.model_name, agent)
+            try:
+                await self.d.client(agent).deactivate(engine.model_name)
+            except (AgentUnreachable, LookupError) as err:
+                log.warning("claim %s: could not stop it: %s", claim.key, err)
+            self.d.cache.invalidate(agent)
+            self.d.kick_kv(agent)
+        return home
+
+    def _lost(self, st: ClaimStatus, world: World) -> Result | None:
+        """The claim was placed and its engine is not seen: wait for a silent agent (within
+        the grace period), else record the loss and let it be placed again (None)."""
+        inst = st.instance
+        if inst is None:
+            return None
+        obs = world.agents.get(inst.agent)
+        grace = self.d.timings.unreachable_grace
+        silent = obs.silent_since if obs is not None else None
+        if obs is not None and silent is not None and world.now - silent < grace:
+            left = grace - (world.now - silent)
+            st.set(self.d.wall(), st.phase if st.phase != ACTIVE else ACTIVATING,
+                   ready=(False, st.reason("Ready") if st.phase != ACTIVE else ENGINE_STARTING,
+                          f"{inst.agent} does not answer ({obs.error}); waiting {left:.0f} s "
+                          "before placing the claim again"))
+            return Result(requeue_after=min(2.0, max(0.1, left)))
+        why = "does not answer" if obs is None or not obs.ok else "no longer runs its engine"
+        now = self.d.wall()
+        st.event(now, "Rescheduled", f"{inst.agent} {why}; placing the claim again")
+        st.set_instance(None)
+        st.set(now, PENDING, ready=(False, NOT_PLACED, f"the engine on {inst.agent} is gone "
+                                    f"({why}); the claim waits to be placed again"))
+        return None
+
+    async def _follow(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
+                      engine: EngineObs) -> Result:
+        now = self.d.wall()
+        st.set_instance(agent, engine.port, engine.devices)
+        st.set_attempts(0)
+        sched = (True, PLACED, f"placed on {agent} ({gpus_text(engine.devices)})")
+        phase = engine.phase
+        if phase in ("activating", "booting", "stopping"):
+            st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING,
+                                                             f"the engine is {phase} on {agent}"))
+            return Result(requeue_after=self.d.timings.starting_poll)
+        if phase == "restarting":
+            st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING, (
+                f"the engine is restarting on {agent} (restart {engine.restart_count}): "
+                f"{first_line(engine.last_error)}")))
+            return Result(requeue_after=self.d.timings.starting_poll)
+        if phase == "failed":
+            return await self.life.failed(claim, st, world, agent, engine)
+        if phase == "sleeping" and engine.operation != "wake":
+            st.set_scheduled(now, *sched)
+            return await self.life.sleeping(claim, st, world, agent, engine)
+        if phase != "active" or engine.operation == "wake":
+            st.set(now, ACTIVATING, scheduled=sched,
+                   ready=(False, ENGINE_STARTING, f"the engine is waking on {agent}"))
+            return Result(requeue_after=self.d.timings.settle_poll)
+        if engine.kv_present and (engine.kv_applied is None or engine.kv_not_held):
+            st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING, (
+                f"the engine is ready on {agent} and waits for its KV limit")))
+            self.d.kick_kv(agent)
+            return Result(requeue_after=self.d.timings.kv_gate_poll)
+        key = claim_key(claim)
+        if st.phase != ACTIVE and not self.life.woke(key, claim.model_name, st, agent):
+            st.event(now, "Activated", f"serves on {agent} port {engine.port}")
+        st.set(now, ACTIVE, scheduled=sched,
+               ready=(True, MODEL_CLAIM_ACTIVE, f"serves on {agent} port {engine.port}"))
+        cand = world.candidates.get(agent)
+        if cand is None:
+            return Result()
+        return await self.life.idle_check(claim, st, world, agent, cand)

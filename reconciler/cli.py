@@ -1,0 +1,207 @@
+"""The reconciler's commands, for ``runtime-agent``'s command line.
+
+``add_commands(subparsers)`` adds:
+
+* ``reconcile --claims DIR --pool FILE [--host H] [--port P]``: run the reconciler standalone
+  against the agents the pool file names;
+* ``claims get [NAME] [--url URL] [-o table|json]``: the guide's table (NAME, PHASE, DESIRED,
+  READY, ENGINE, ARTIFACT, AGE) from a reconciler's ``/v1/claims``;
+* ``claims describe NAME [-n NAMESPACE] [--url URL]``: a claim's conditions, instance, route and
+  events.
+
+``add_serve_options(parser)`` adds ``--claims DIR`` and ``--claims-port`` to ``serve``, and
+``serve_with_claims`` runs the agent's main coroutine with an embedded reconciler beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Awaitable, Sequence
+from datetime import datetime
+from typing import Any
+
+from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
+
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+def _url_default() -> str:
+    return os.environ.get("RECONCILER_URL", DEFAULT_URL)
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``reconcile`` and ``claims get|describe`` to an argparse subparsers object."""
+    r = sub.add_parser("reconcile", help="run the ModelClaim reconciler against a pool of agents")
+    r.add_argument("--claims", required=True, help="directory of ModelClaim manifests")
+    r.add_argument("--pool", help="WarmPool manifest naming the agents (may be in --claims)")
+    r.add_argument("--host", default="0.0.0.0")
+    r.add_argument("--port", type=int, default=DEFAULT_PORT)
+    r.add_argument("--log-level", default="info")
+    r.set_defaults(func=_reconcile)
+    c = sub.add_parser("claims", help="show ModelClaims of a reconciler")
+    csub = c.add_subparsers(dest="claims_command", required=True)
+    g = csub.add_parser("get", help="the claims as a table")
+    g.add_argument("name", nargs="?")
+    g.add_argument("-n", "--namespace")
+    g.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    g.add_argument("--url", default=_url_default())
+    g.set_defaults(func=_claims)
+    d = csub.add_parser("describe", help="one claim's conditions and events")
+    d.add_argument("name")
+    d.add_argument("-n", "--namespace", default="default")
+    d.add_argument("--url", default=_url_default())
+    d.set_defaults(func=_claims)
+
+
+def add_serve_options(parser: argparse.ArgumentParser) -> None:
+    """``serve --claims DIR [--claims-port P]``: reconcile DIR with this agent as the pool."""
+    parser.add_argument("--claims", help="run the ModelClaim reconciler for this directory "
+                        "beside the agent, with the agent as its pool")
+    parser.add_argument("--claims-port", type=int, default=DEFAULT_PORT,
+                        help="port of the embedded reconciler's API")
+
+
+async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
+                            claims_dir: str, listen_host: str, listen_port: int) -> None:
+    """Run ``agent_main`` (the agent's ``serve`` coroutine) with an embedded reconciler whose
+    pool is that agent; the reconciler stops when the agent does (its engines keep running)."""
+    agent = asyncio.ensure_future(agent_main)
+    host = "127.0.0.1" if agent_host in ("", "0.0.0.0", "::") else agent_host
+    host = f"[{host}]" if ":" in host else host
+    try:
+        handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
+                                      listen_port)
+    except BaseException:
+        agent.cancel()
+        raise
+    try:
+        await agent
+    finally:
+        await handle.stop()
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_reconciler(args.claims, args.pool, args.host, args.port)
+    return 0
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _claims(args: argparse.Namespace) -> int:
+    base = args.url.rstrip("/")
+    try:
+        if args.claims_command == "describe":
+            path = f"/v1/claims/{urllib.parse.quote(args.namespace)}/" \
+                   f"{urllib.parse.quote(args.name)}"
+            print(describe(_get(base + path)))
+            return 0
+        items = _get(base + "/v1/claims")["items"]
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        try:
+            message = json.loads(body).get("message", body)
+        except ValueError:
+            message = body
+        print(f"error ({exc.code}): {message}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"cannot reach the reconciler at {base}: {exc}", file=sys.stderr)
+        return 2
+    items = [i for i in items if (args.name is None or i["metadata"]["name"] == args.name)
+             and (args.namespace is None or i["metadata"]["namespace"] == args.namespace)]
+    if args.output == "json":
+        print(json.dumps(items, indent=2))
+    else:
+        print(table(items))
+    return 0
+
+
+def age(stamp: str | None, now: float | None = None) -> str:
+    """kubectl's AGE: 45s, 3m, 2h, 5d."""
+    if not stamp:
+        return "<unknown>"
+    seconds = (now if now is not None else time.time()) - datetime.fromisoformat(
+        stamp.replace("Z", "+00:00")).timestamp()
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def table(items: list[dict[str, Any]], now: float | None = None) -> str:
+    """The guide's ``kubectl get modelclaims`` table."""
+    rows: list[tuple[str, ...]] = [("NAME", "PHASE", "DESIRED", "READY", "ENGINE", "ARTIFACT",
+                                    "AGE")]
+    for i in items:
+        meta, spec, st = i["metadata"], i["spec"], i["status"]
+        rows.append((meta["name"], st["phase"], str(st.get("desiredReplicas", 1)),
+                     str(st.get("readyReplicas", 0)), spec.get("engine", ""),
+                     spec.get("artifactURL", ""), age(meta.get("creationTimestamp"), now)))
+    if len(rows) == 1:
+        return "No claims found."
+    return _columns(rows)
+
+
+def describe(doc: dict[str, Any], now: float | None = None) -> str:
+    meta, spec, st = doc["metadata"], doc["spec"], doc["status"]
+    lines = [f"Name:         {meta['name']}", f"Namespace:    {meta['namespace']}",
+             f"UID:          {meta.get('uid', '')}",
+             f"Created:      {meta.get('creationTimestamp')} "
+             f"({age(meta.get('creationTimestamp'), now)} ago)"]
+    if meta.get("deletionTimestamp"):
+        lines.append(f"Deleted:      {meta['deletionTimestamp']} (stopping its engine)")
+    per_gpu = spec.get("perGPU") or {}
+    lines += [f"Model:        {spec.get('modelName')}", f"Engine:       {spec.get('engine')}",
+              f"Artifact:     {spec.get('artifactURL')}",
+              f"Per GPU:      maximumFootprint {per_gpu.get('maximumFootprint', '-')} B, "
+              f"kvFloor {per_gpu.get('kvFloor', '-')} B",
+              f"Phase:        {st['phase']}"]
+    for inst in st.get("instances") or ():
+        kv = inst.get("kvLimitBytes")
+        kv_text = f"{kv / 2**30:.2f} GiB" if isinstance(kv, int) else "not set"
+        lines.append(f"Instance:     {inst['agent']} port {inst.get('port')} GPU "
+                     f"{','.join(str(d) for d in inst.get('devices') or ()) or '-'}, "
+                     f"KV limit {kv_text}")
+    route = doc.get("route")
+    if route:
+        where = f"{route['host']}:{route['port']}" if route.get("port") else "no port"
+        lines.append(f"Route:        {route['state']} {where}"
+                     + (f" ({route['reason']})" if route.get("reason") else ""))
+    lines.append("Conditions:")
+    rows: list[tuple[str, ...]] = [("  Type", "Status", "Reason", "Age", "Message")]
+    rows += [(f"  {c['type']}", c["status"], c["reason"], age(c.get("lastTransitionTime"), now),
+              c.get("message", "")) for c in st.get("conditions") or ()]
+    lines.append(_columns(rows))
+    lines.append("Events:")
+    events = doc.get("events") or []
+    if not events:
+        lines.append("  <none>")
+    else:
+        rows = [("  Type", "Reason", "Age", "Message")]
+        for e in events:
+            count = f" (x{e['count']})" if e.get("count", 1) > 1 else ""
+            rows.append((f"  {e['type']}", e["reason"], age(e.get("lastTimestamp"), now) + count,
+                         e["message"]))
+        lines.append(_columns(rows))
+    return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""The desired state: the claims and pools of a manifest directory, as last read.
+
+The reconciler runs against local manifests: a directory of ModelClaims (any ``*.yaml``) and a
+pool file (``kind: WarmPool`` naming the agents, in the directory or elsewhere). The
+``DirectorySource`` hands every created, changed or deleted file to ``on_file``, which re-parses
+everything (per-object problems, never an exception) and answers the claim keys to reconcile:
+the claims that appeared, changed or went away, and every claim when a pool changed.
+
+Two rules Kubernetes would give us and a directory does not:
+
+* A claim whose new text is structurally invalid (Kubernetes would refuse the update) keeps its
+  last valid version, and the problem is reported; a typo never stops a model.
+* The guide's warm-pool Deployment (kind Deployment) has no agent addresses here, so it cannot
+  be a pool; its ``NoAgents`` problem is dropped. The WarmPool names the agents.
+
+Embedded mode (``local_agent``): the local agent is the whole pool. Its labels are the
+WarmPool's (when the directory has one, whose policy is used too), then the claims' matchLabels,
+then the guide's sample labels, so the claims in the directory select it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from reconciler.model.manifests import (
+    CLAIM_KIND,
+    DUPLICATE,
+    ENABLED_LABEL,
+    INVALID_ENGINE_CONFIG,
+    INVALID_PER_GPU,
+    NO_AGENTS,
+    POOL_LABEL,
+    AgentRef,
+    ModelClaim,
+    ParseResult,
+    Problem,
+    WarmPool,
+    parse_manifests,
+)
+
+log = logging.getLogger("reconciler.desired")
+
+ClaimKey = tuple[str, str]  # (namespace, name)
+SAMPLE_LABELS = {POOL_LABEL: "pool-a", ENABLED_LABEL: "true"}
+SUFFIXES = (".yaml", ".yml")
+
+
+def claim_key(claim: ModelClaim) -> ClaimKey:
+    return (claim.namespace, claim.name)
+
+
+def key_text(key: ClaimKey) -> str:
+    return f"{key[0]}/{key[1]}"
+
+
+class DesiredState:
+    """Manifest texts by file, parsed together. ``on_file`` is the DirectorySource mapping."""
+
+    def __init__(self, claims_dir: Path, pool_file: Path | None = None, *,
+                 local_agent: AgentRef | None = None) -> None:
+        self.claims_dir = claims_dir
+        self.pool_file = pool_file
+        self.local_agent = local_agent
+        self._texts: dict[Path, str] = {}
+        self._cache: dict[Path, tuple[str, ParseResult]] = {}
+        self.claims: dict[ClaimKey, ModelClaim] = {}
+        self.pools: tuple[WarmPool, ...] = ()
+        self.problems: tuple[Problem, ...] = ()
+        self.revision = 0
+        self._pool_listeners: list[Callable[[], None]] = []
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Blocking: read every manifest now (at start; the sources take over afterwards)."""
+        paths = sorted(p for p in self.claims_dir.glob("*")
+                       if p.suffix in SUFFIXES and not p.name.startswith(".") and p.is_file())
+        if self.pool_file is not None and self.pool_file.is_file():
+            paths.append(self.pool_file)
+        for path in paths:
+            self._texts[path.resolve()] = path.read_text("utf-8", errors="replace")
+        self._reparse()
+
+    def on_pools_changed(self, listener: Callable[[], None]) -> None:
+        self._pool_listeners.append(listener)
+
+    def on_file(self, path: Path, old: str | None, new: str | None) -> Iterable[ClaimKey]:
+        """A manifest was created, changed or deleted: the claim keys to reconcile."""
+        path = path.resolve()
+        if new is None:
+            self._texts.pop(path, None)
+        else:
+            self._texts[path] = new
+        before_claims, before_pools = dict(self.claims), self.pools
+        self._reparse()
+        keys = {k for k in before_claims.keys() | self.claims.keys()
+                if before_claims.get(k) != self.claims.get(k)}
+        if self.pools != before_pools:
+            keys |= before_claims.keys() | self.claims.keys()
+            for listener in self._pool_listeners:
+                listener()
+        return sorted(keys)
+
+    def on_pool_file(self, path: Path, old: str | None, new: str | None) -> Iterable[ClaimKey]:
+        """The DirectorySource mapping for a pool file outside the claims directory."""
+        if self.pool_file is None or path.resolve() != self.pool_file.resolve():
+            return []
+        return self.on_file(path, old, new)
+
+    # ---- lookups ----------------------------------------------------------------------------
+
+    def claim(self, key: ClaimKey) -> ModelClaim | None:
+        return self.claims.get(key)
+
+    def by_model(self, model_name: str) -> ClaimKey | None:
+        for key, claim in self.claims.items():
+            if claim.model_name == model_name:
+                return key
+        return None
+
+    def agents(self) -> list[tuple[AgentRef, WarmPool]]:
+        """Every agent of every pool, with its pool."""
+        return [(agent, pool) for pool in self.pools for agent in pool.agents]
+
+    def pool_of(self, agent_name: str) -> WarmPool | None:
+        for agent, pool in self.agents():
+            if agent.name == agent_name:
+                return pool
+        return None
+
+    # ---- parsing ----------------------------------------------------------------------------
+
+    def _parsed(self, path: Path, text: str) -> ParseResult:
+        """One file's objects, parsed once per text (YAML parsing costs about a millisecond
+        per claim; a hundred files re-parsed on every change would cost 100 ms)."""
+        cached = self._cache.get(path)
+        if cached is None or cached[0] != text:
+            cached = self._cache[path] = (text, parse_manifests(text, str(path)))
+        return cached[1]
+
+    def _reparse(self) -> None:
+        for gone in self._cache.keys() - self._texts.keys():
+            del self._cache[gone]
+        result = merge([self._parsed(p, t) for p, t in sorted(self._texts.items())])
+        claims = {claim_key(c): c for c in result.claims}
+        kept = self._keep_last_valid(result, claims)
+        self.claims = claims
+        self.pools = self._effective_pools(result)
+        self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) + kept
+        self.revision += 1
+
+    def _keep_last_valid(self, result: ParseResult,
+                         claims: dict[ClaimKey, ModelClaim]) -> tuple[Problem, ...]:
+        notes: list[Problem] = []
+        for problem in result.problems:
+            key = (problem.namespace or "default", problem.name)
+            if problem.kind != CLAIM_KIND or key in claims or key not in self.claims:
+                continue
+            if problem.reason in (INVALID_PER_GPU, INVALID_ENGINE_CONFIG):
+                continue
+            claims[key] = self.claims[key]
+            notes.append(Problem(CLAIM_KIND, problem.name, problem.reason,
+                                 "the change was not taken; the claim keeps its last valid "
+                                 "version", problem.namespace, problem.source))
+            log.warning("claim %s: %s; keeping its last valid version", key_text(key),
+                        problem.message)
+        return tuple(notes)
+
+    def _effective_pools(self, result: ParseResult) -> tuple[WarmPool, ...]:
+        pools = tuple(p for p in result.pools if p.agents or p.source_kind != "Deployment")
+        if self.local_agent is None:
+            return pools
+        labels: dict[str, str] = dict(SAMPLE_LABELS)
+        from_claims: set[str] = set()
+        for claim in sorted(self.claims.values(), key=lambda c: c.key):
+            for k, v in claim.pod_selector.match_labels.items():
+                if k not in from_claims:  # the first claim to name a label sets it
+                    labels[k] = v
+                    from_claims.add(k)
+        base = pools[0] if pools else None
+        if base is not None:
+            labels.update(base.labels)
+        agent = AgentRef(self.local_agent.name, self.local_agent.url,
+                         {**labels, **self.local_agent.labels})
+        if base is None:
+            return (WarmPool("local", "default", (agent,), labels=labels),)
+        return (WarmPool(base.name, base.namespace, (agent,), base.policy, labels,
+                         base.policy_problem, base.gpus_per_agent),)
+
+
+def merge(results: Iterable[ParseResult]) -> ParseResult:
+    """Files parsed one by one, put together with the checks across files that
+    ``parse_sources`` makes: a claim key, a modelName, a pool key and an agent name once each
+    (the first file, by path, wins; the others are ``Duplicate`` problems)."""
+    claims: list[ModelClaim] = []
+    pools: list[WarmPool] = []
+    problems: list[Problem] = []
+    ignored: list[str] = []
+    keys: set[str] = set()
+    models: dict[str, str] = {}
+    pool_keys: set[str] = set()
+    agents: dict[str, str] = {}
+    for result in results:
+        problems.extend(result.problems)
+        ignored.extend(result.ignored)
+        for claim in result.claims:
+            other = models.get(claim.model_name)
+            if claim.key in keys or other is not None:
+                why = f"claim {claim.key} is defined more than once" if claim.key in keys else \
+                    f"modelName {claim.model_name!r} is already claimed by {other}"
+                problems.append(Problem(CLAIM_KIND, claim.name, DUPLICATE, why, claim.namespace))
+                continue
+            keys.add(claim.key)
+            models[claim.model_name] = claim.key
+            claims.append(claim)
+        for pool in result.pools:
+            clash = next((agents[a.name] for a in pool.agents if a.name in agents), None)
+            if pool.key in pool_keys or clash is not None:
+                why = f"pool {pool.key} is defined more than once" if clash is None else \
+                    f"an agent of this pool is already in pool {clash}"
+                problems.append(Problem(pool.source_kind, pool.name, DUPLICATE, why,
+                                        pool.namespace))
+                continue
+            pool_keys.add(pool.key)
+            agents.update({a.name: pool.key for a in pool.agents})
+            pools.append(pool)
+    return ParseResult(tuple(claims), tuple(pools), tuple(problems), tuple(ignored))

@@ -1,0 +1,84 @@
+"""Deleting a claim: off the route, let requests finish, stop the engine, forget the claim.
+
+A claim whose manifest is gone (or an engine whose claim_ref names no claim) is reconciled into
+its absence, as the guide's finalizer does: the claim is taken off the route first (its status
+is marked deleted, which removes its route), its engine may finish the requests in progress
+(requests running + waiting in the agent's snapshot) for up to 90 s from the deletion, and is
+then stopped (a ``DrainTimedOut`` event when requests were still in progress). A sleeping,
+starting or failed engine is stopped at once. Only then is the status dropped, and the claims
+waiting for room are looked at again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from reconciler.client import AgentUnreachable, Reply
+from reconciler.context import Deps
+from reconciler.desired import ClaimKey, key_text
+from reconciler.runtime.controller import Result
+
+log = logging.getLogger("reconciler.drain")
+
+DRAIN_POLL_S = 0.5
+
+
+class Drain:
+    def __init__(self, deps: Deps) -> None:
+        self.d = deps
+        self._since: dict[ClaimKey, float] = {}  # clock time the deletion was first seen
+
+    def forget(self, key: ClaimKey) -> None:
+        self._since.pop(key, None)
+
+    async def reconcile(self, key: ClaimKey) -> Result:
+        st = self.d.store.get(key)
+        world = await self.d.world(fresh=True)
+        found = world.engines_of(key)
+        if st is None and not found:
+            self._since.pop(key, None)
+            return Result()
+        now = world.now
+        started = self._since.setdefault(key, now)
+        if st is not None:
+            st.mark_deleted(self.d.wall())
+        timeout = self.d.timings.drain_timeout
+        waiting: list[str] = []
+        for agent, engine in found:
+            if not world.agents[agent].ok:
+                waiting.append(f"{agent} (not answering)")
+                continue
+            load = engine.load or 0.0
+            if engine.phase == "active" and load > 0:
+                if now - started < timeout:
+                    waiting.append(f"{agent} ({load:g} requests in progress)")
+                    continue
+                message = (f"{load:g} requests still in progress on {agent} {timeout:.0f} s "
+                           "after the deletion; stopping the engine")
+                if st is not None:
+                    st.event(self.d.wall(), "DrainTimedOut", message, warning=True)
+                else:
+                    log.warning("claim %s: %s", key_text(key), message)
+            await self._stop(key, agent, engine.model_name)
+        if waiting:
+            if now - started < timeout + self.d.timings.unreachable_grace:
+                return Result(requeue_after=DRAIN_POLL_S)
+            log.warning("claim %s: giving up on stopping its engine on %s", key_text(key),
+                        ", ".join(waiting))
+        self.d.store.drop(key)
+        self._since.pop(key, None)
+        self.d.kick_waiting()
+        return Result()
+
+    async def _stop(self, key: ClaimKey, agent: str, model: str) -> None:
+        try:
+            reply = await self.d.client(agent).deactivate(model)
+        except (AgentUnreachable, LookupError) as err:
+            reply = Reply(503, {"message": str(err)})
+        self.d.cache.invalidate(agent)
+        if not reply.ok:
+            raise RuntimeError(f"stopping {model} on {agent} failed: {reply.message}")
+        log.info("claim %s: stopped %s on %s", key_text(key), model, agent)
+        self.d.wakes.drop(model)
+        self.d.reservations.drop(agent, model)
+        self.d.kick_kv(agent)

@@ -1,0 +1,300 @@
+"""Sleep and wake: idle models asleep, woken models served, room made by sleeping others.
+
+* Idle sleep (the pool's ``sleepAfterSeconds``): ``idle_to_sleep`` names the model; it is taken
+  off the route first, a fresh snapshot must still show no request running or waiting, and only
+  then is it put to sleep (level 1) -> Sleeping, event ``Sleeping``. A model that turned busy
+  stays awake and on the route.
+* Wake requests (``WakeBook``): a sleeping claim wakes where it is when its GPUs have room for it
+  (``victims`` answers []); the agent's own check may still refuse (409
+  ``InsufficientGPUMemory``). With ``noWakeReserveWhileAsleep`` the idle models on those GPUs are
+  put to sleep, longest idle first and one at a time, re-planning after each once its sleeping
+  footprint is measured (``SleptToMakeRoom`` events; the claim reads ``WaitingForRoom``). When
+  no model can go and another agent has room, the claim moves there (``Moving``); otherwise it
+  waits until the request expires (five minutes). The request is removed once the model
+  serves, the wake failed, or it expired.
+* A failed engine (restart budget spent) moves to another agent with room, or reads Failed
+  ``EngineFailed`` with the reason it cannot move in its Scheduled condition.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from reconciler.client import INSUFFICIENT_GPU, AgentUnreachable, Reply
+from reconciler.context import Deps
+from reconciler.desired import ClaimKey, claim_key
+from reconciler.model.manifests import ModelClaim
+from reconciler.model.policy import PoolPolicy
+from reconciler.observe import EngineObs, Reservation, World
+from reconciler.placing import Placer
+from reconciler.planning.placement import retry_delay
+from reconciler.planning.sleep_policy import idle_to_sleep, victims
+from reconciler.planning.state import Candidate, EngineState, Resident
+from reconciler.routes import WakeRequest
+from reconciler.runtime.controller import Result
+from reconciler.status import (
+    ACTIVATING,
+    ENGINE_FAILED,
+    ENGINE_SLEEPING,
+    ENGINE_STARTING,
+    FAILED,
+    SLEEPING,
+    WAITING_FOR_ROOM,
+    ClaimStatus,
+)
+
+log = logging.getLogger("reconciler.lifecycle")
+
+
+def first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else "no error recorded"
+
+
+class Lifecycle:
+    def __init__(self, deps: Deps) -> None:
+        self.d = deps
+        self.placer = Placer(deps, self)
+        self.waking: set[ClaimKey] = set()  # claims whose wake this reconciler asked for
+        self._settling: dict[tuple[str, str], float] = {}  # (agent, model) slept for room
+        self._failed_seen: dict[ClaimKey, str] = {}
+        self._unmeasured: dict[tuple[str, str], float] = {}  # (agent, engine id): since
+        self._warned: set[tuple[str, str]] = set()
+
+    def _pool(self, agent: str) -> tuple[str, PoolPolicy]:
+        pool = self.d.pool_of(agent)
+        return (pool.name, pool.policy) if pool else ("", PoolPolicy())
+
+    # ---- idle sleep -------------------------------------------------------------------------
+
+    async def idle_check(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
+                         cand: Candidate) -> Result:
+        pool, policy = self._pool(agent)
+        model = claim.model_name
+        if not policy.idle_sleep or claim.engine != "vllm" or self.d.wakes.get(model):
+            return Result()
+        if self.d.metrics:
+            self.d.metrics.evaluated(pool)
+        resident = cand.residents.get(model)
+        if resident is None:
+            return Result()
+        if not idle_to_sleep([resident], policy, world.now):
+            idle = resident.idle_for(world.now)
+            left = policy.sleep_after_seconds - (idle or 0.0)
+            return Result(requeue_after=max(0.1, left))
+        self.d.holds.hold(model)  # off the route before the last look
+        try:
+            fresh = (await self.d.cache.fresh(agent)).engine(model)
+            if fresh is None or fresh.phase != "active" or fresh.load is None or fresh.load > 0:
+                self.d.tracker.busy(agent, model, self.d.clock.now())
+                return Result(requeue_after=policy.sleep_after_seconds)
+            reply = await self._call_sleep(agent, model)
+            now = self.d.wall()
+            if reply.ok:
+                idle = resident.idle_for(world.now) or 0.0
+                st.event(now, "Sleeping", f"idle for {idle:.0f} s; put to sleep on {agent}")
+                st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
+                                             f"asleep on {agent}; a request wakes it"))
+                if self.d.metrics:
+                    self.d.metrics.acted(pool, "sleep")
+                self.d.kick_waiting()
+                return Result()
+            log.warning("claim %s: sleep on %s failed: %s", claim.key, agent, reply.message)
+            return Result(requeue_after=retry_delay(0))
+        finally:
+            self.d.holds.release(model)
+
+    async def _call_sleep(self, agent: str, model: str) -> Reply:
+        try:
+            reply = await self.d.client(agent).sleep(model, 1)
+        except (AgentUnreachable, LookupError) as err:
+            reply = Reply(503, {"message": str(err)})
+        self.d.cache.invalidate(agent)
+        self.d.kick_kv(agent)
+        return reply
+
+    async def sleep_for_room(self, agent: str, victim: str, for_model: str) -> bool:
+        """Put ``victim`` to sleep (off the route first, if still idle) to make room."""
+        self.d.holds.hold(victim)
+        try:
+            fresh = (await self.d.cache.fresh(agent)).engine(victim)
+            if fresh is None or fresh.phase != "active" or fresh.load is None or fresh.load > 0:
+                return False
+            reply = await self._call_sleep(agent, victim)
+            key = fresh.claim_ref
+            vst = self.d.store.get(key) if key is not None else None
+            if not reply.ok:
+                log.warning("sleeping %s on %s to make room failed: %s", victim, agent,
+                            reply.message)
+                return False
+            self._settling[(agent, victim)] = self.d.clock.now()
+            now = self.d.wall()
+            if vst is not None:
+                vst.event(now, "SleptToMakeRoom", f"put to sleep on {agent} to make room for "
+                          f"{for_model}")
+                vst.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
+                                              f"asleep on {agent}; a request wakes it"))
+            pool, _ = self._pool(agent)
+            if self.d.metrics:
+                self.d.metrics.acted(pool, "sleep_to_make_room")
+            return True
+        finally:
+            self.d.holds.release(victim)
+
+    def settling(self, world: World, agent: str) -> bool:
+        """A model slept for room on ``agent`` whose sleeping footprint is not measured yet."""
+        obs = world.agents.get(agent)
+        for (where, model), since in list(self._settling.items()):
+            engine = obs.engine(model) if obs is not None and where == agent else None
+            if where != agent:
+                continue
+            done = engine is None or engine.phase != "sleeping" or (
+                engine.sleeping_footprint is not None and engine.operation is None)
+            if done or world.now - since > self.d.timings.settle_timeout:
+                del self._settling[(where, model)]
+        return any(where == agent for where, _ in self._settling)
+
+    # ---- wake -------------------------------------------------------------------------------
+
+    async def sleeping(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
+                       engine: EngineObs) -> Result:
+        req = self.d.wakes.get(claim.model_name)
+        now = self.d.wall()
+        if req is None:
+            st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
+                                         f"asleep on {agent}; a request wakes it"))
+            return Result(requeue_after=self._footprint_check(st, world, agent, engine))
+        if self.d.wakes.expired(req, world.now):
+            self.d.wakes.drop(claim.model_name)
+            st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING, "the wake request expired "
+                                         "without room to wake; the next request asks again"))
+            return Result()
+        return await self._wake(claim, st, world, agent, engine, req)
+
+    def _footprint_check(self, st: ClaimStatus, world: World, agent: str,
+                         engine: EngineObs) -> float | None:
+        """With noWakeReserveWhileAsleep, a sleeping engine whose footprint the agent has not
+        measured (after ``settle_timeout``) keeps its whole room: a SleepingFootprintUnknown
+        event, once per engine. The answer: when to look again, if still waiting."""
+        cand, key = world.candidates.get(agent), (agent, engine.engine_id)
+        if cand is None or not cand.policy.no_wake_reserve_while_asleep \
+                or engine.sleeping_footprint is not None:
+            self._unmeasured.pop(key, None)
+            return None
+        since = self._unmeasured.setdefault(key, world.now)
+        left = self.d.timings.settle_timeout - (world.now - since)
+        if left > 0:
+            return left
+        if key not in self._warned:
+            self._warned.add(key)
+            st.event(self.d.wall(), "SleepingFootprintUnknown", f"{agent} has not measured what "
+                     "the sleeping engine holds; it keeps its whole room", warning=True)
+        return None
+
+    def _victims(self, cand: Candidate, engine: EngineObs, room: int,
+                 now: float) -> list[str] | None:
+        gpus = [g for g in cand.gpus if g.index in engine.devices] or list(cand.gpus)
+        chosen: list[str] = []
+        for gpu in gpus:
+            picked = victims(gpu.usable, room, gpu.engines, cand.policy, now,
+                             waking=engine.model_name, other=gpu.other)
+            if picked is None:
+                return None
+            chosen.extend(v for v in picked if v not in chosen)
+        return chosen
+
+    async def _wake(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
+                    engine: EngineObs, req: WakeRequest) -> Result:
+        model, cand = claim.model_name, world.candidates.get(agent)
+        per_gpu = self.d.per_gpu(claim_key(claim))
+        if cand is None or per_gpu is None or not cand.healthy:
+            return Result(requeue_after=1.0)
+        plan = self._victims(cand, engine, per_gpu.room, world.now)
+        why = f"no room on {agent} to wake"
+        if plan == []:
+            reply = await self._call_wake(claim, st, agent, engine, per_gpu.room, world.now)
+            if reply.ok:
+                return Result(requeue_after=self.d.timings.settle_poll)
+            if reply.reason != INSUFFICIENT_GPU:
+                self.d.wakes.drop(model)
+                now = self.d.wall()
+                st.event(now, "WakeFailed", f"on {agent}: {reply.message}", warning=True)
+                st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
+                                             f"the wake failed on {agent}: {reply.message}"))
+                return Result()
+            plan, why = None, f"{agent} has no room to wake it: {reply.message}"
+        if plan and cand.policy.no_wake_reserve_while_asleep:
+            if not self.settling(world, agent):
+                await self.sleep_for_room(agent, plan[0], model)
+            st.set(self.d.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
+                f"putting {', '.join(plan)} to sleep on {agent} to make room")))
+            return Result(requeue_after=self.d.timings.settle_poll)
+        moved = await self.placer.move(claim, st, world, agent, f"could not wake on {agent}: "
+                                       f"{why}")
+        if isinstance(moved, Result):
+            return moved
+        left = self.d.wakes.ttl - (world.now - req.at)
+        st.set(self.d.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
+            f"{why}, no idle model to put to sleep, and no other agent has room "
+            f"({moved.message}); waiting {left:.0f} s more")))
+        return Result(requeue_after=max(0.1, min(5.0, left)))
+
+    async def _call_wake(self, claim: ModelClaim, st: ClaimStatus, agent: str,
+                         engine: EngineObs, room: int, now: float) -> Reply:
+        model = claim.model_name
+        per_gpu = self.d.per_gpu(claim_key(claim))
+        assert per_gpu is not None
+        resident = Resident(model, per_gpu.maximum_footprint, per_gpu.kv_floor,
+                            EngineState.STARTING, last_busy=now)
+        self.d.reservations.add(Reservation(agent, model, resident, engine.devices, "wake", now))
+        self.waking.add(claim_key(claim))
+        wall = self.d.wall()
+        st.event(wall, "Waking", f"waking on {agent}")
+        st.set(wall, ACTIVATING, ready=(False, ENGINE_STARTING, f"waking on {agent}"))
+        try:
+            reply = await self.d.client(agent).wake(model)
+        except (AgentUnreachable, LookupError) as err:
+            reply = Reply(503, {"message": str(err)})
+        self.d.cache.invalidate(agent)
+        self.d.kick_kv(agent)
+        if reply.ok:
+            self.d.tracker.busy(agent, model, self.d.clock.now())
+            pool, _ = self._pool(agent)
+            if self.d.metrics:
+                self.d.metrics.acted(pool, "wake")
+        else:
+            self.d.reservations.drop(agent, model)
+            self.waking.discard(claim_key(claim))
+            st.set(self.d.wall(), SLEEPING, ready=(False, ENGINE_SLEEPING, reply.message))
+        return reply
+
+    def woke(self, key: ClaimKey, model: str, st: ClaimStatus, agent: str) -> bool:
+        """The claim serves (again): a ``Woken`` event if it was asleep or woken, and its wake
+        request removed. True when it was a wake."""
+        req = self.d.wakes.get(model)
+        woken = key in self.waking or st.phase == SLEEPING
+        if woken:
+            waited = f" {self.d.clock.now() - req.at:.1f} s after the request" if req else ""
+            st.event(self.d.wall(), "Woken", f"serves on {agent} again{waited}")
+        self.waking.discard(key)
+        self.d.wakes.drop(model)
+        return woken
+
+    # ---- failure ----------------------------------------------------------------------------
+
+    async def failed(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
+                     engine: EngineObs) -> Result:
+        error = first_line(engine.last_error)
+        now = self.d.wall()
+        if self._failed_seen.get(claim_key(claim)) != engine.engine_id:
+            self._failed_seen[claim_key(claim)] = engine.engine_id
+            st.event(now, ENGINE_FAILED, f"the engine failed permanently on {agent} after "
+                     f"{engine.restart_count} restarts: {error}", warning=True)
+        moved = await self.placer.move(claim, st, world, agent, "its engine failed permanently")
+        if isinstance(moved, Result):
+            return moved
+        attempts = st.attempts
+        st.set_attempts(attempts + 1)
+        st.set(now, FAILED, scheduled=(False, moved.reason, f"cannot move: {moved.message}"),
+               ready=(False, ENGINE_FAILED, f"the engine failed permanently on {agent}: "
+                      f"{error}"))
+        return Result(requeue_after=retry_delay(attempts))

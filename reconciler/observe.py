@@ -1,0 +1,367 @@
+"""Observation: agent snapshots, read through a short cache, turned into planning Candidates.
+
+Each reconcile reads the world here. ``SnapshotCache`` fetches an agent's snapshot at most once
+per ``ttl`` (100 ms) however many reconciles ask, and concurrent askers share one request in
+flight; a caller that must see the present (before a sleep, after an event) asks for a
+``fresh`` one. An agent that does not answer keeps its last snapshot, marked unhealthy, so a
+network blip does not make every claim on it look lost.
+
+``candidate`` is pure: an agent's snapshot, its pool and the claims' perGPU figures become the
+planners' ``Candidate`` (labels from the pool definition, healthy = the snapshot answered, GPUs
+from the accelerators' usable bytes, residents from the models). An engine that answers to no
+known claim is foreign: the planners place nothing beside it.
+
+``IdleTracker`` remembers when each engine was last busy (requests running or waiting, a new
+finished request, or a phase change such as becoming active), for the sleep policy.
+``Reservations`` account for activations and wakes the snapshots do not show yet, so two
+concurrent reconciles never spend the same room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from reconciler.client import AgentApi, AgentUnreachable
+from reconciler.desired import ClaimKey
+from reconciler.model.manifests import AgentRef, PerGPU, WarmPool
+from reconciler.planning.state import Candidate, EngineState, Gpu, Resident
+from reconciler.runtime.clock import Clock
+
+log = logging.getLogger("reconciler.observe")
+
+SNAPSHOT_TTL_S = 0.1
+RESERVATION_TTL_S = 120.0
+_STARTING = frozenset({"activating", "booting", "restarting", "stopping"})
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    number = _num(value)
+    return int(number) if number is not None else None
+
+
+@dataclass(frozen=True)
+class EngineObs:
+    """One engine as its agent's snapshot shows it."""
+
+    model_name: str
+    engine: str
+    phase: str
+    claim_ref: ClaimKey | None = None
+    engine_id: str = ""
+    port: int = 0
+    ready: bool = False
+    operation: str | None = None
+    restart_count: int = 0
+    last_error: str | None = None
+    running: float | None = None
+    waiting: float | None = None
+    success_total: float | None = None
+    kv_requested: int | None = None
+    kv_applied: int | None = None
+    kv_used: int | None = None
+    kv_present: bool = False
+    kv_not_held: bool = False
+    hbm_bytes: int | None = None
+    sleeping_footprint: int | None = None
+    devices: tuple[int, ...] = ()
+
+    @property
+    def load(self) -> float | None:
+        if self.running is None or self.waiting is None:
+            return None
+        return self.running + self.waiting
+
+    @classmethod
+    def from_entry(cls, m: Mapping[str, Any]) -> EngineObs:
+        ref = m.get("claim_ref")
+        claim_ref = None
+        if isinstance(ref, Mapping) and ref.get("name"):
+            claim_ref = (str(ref.get("namespace") or "default"), str(ref["name"]))
+        segment = m.get("kv_segment")
+        return cls(
+            model_name=str(m["model_name"]), engine=str(m.get("engine", "vllm")),
+            phase=str(m.get("phase", "")), claim_ref=claim_ref,
+            engine_id=str(m.get("engine_id", "")), port=_int(m.get("port")) or 0,
+            ready=bool(m.get("ready")), operation=m.get("operation") or None,
+            restart_count=_int(m.get("restart_count")) or 0, last_error=m.get("last_error"),
+            running=_num(m.get("requests_running")), waiting=_num(m.get("requests_waiting")),
+            success_total=_num(m.get("request_success_total")),
+            kv_requested=_int(m.get("kv_limit_requested_bytes")),
+            kv_applied=_int(m.get("kv_limit_applied_bytes")), kv_used=_int(m.get("kv_used_bytes")),
+            kv_present=isinstance(segment, Mapping) and bool(segment.get("present")),
+            kv_not_held="KVLimitNotHeld" in (m.get("conditions") or ()),
+            hbm_bytes=_int(m.get("hbm_bytes")),
+            sleeping_footprint=_int(m.get("sleeping_footprint_bytes")),
+            devices=tuple(int(d) for d in m.get("devices") or ()))
+
+
+@dataclass(frozen=True)
+class GpuObs:
+    index: int
+    usable: int
+    other: int  # bytes held by processes that are no engine's
+
+
+@dataclass(frozen=True)
+class AgentObs:
+    """An agent's last snapshot. ``ok``: the latest fetch answered; ``fetched_at``: when the
+    latest fetch was tried; ``seen_at``: when one last answered (None: never)."""
+
+    name: str
+    ok: bool
+    fetched_at: float
+    seen_at: float | None = None
+    error: str | None = None
+    gpus: tuple[GpuObs, ...] = ()
+    engines: tuple[EngineObs, ...] = ()
+    cached_artifacts: frozenset[str] = frozenset()
+    first_at: float | None = None  # when this reconciler first asked the agent
+
+    @property
+    def silent_since(self) -> float | None:
+        """Since when the agent has not answered (None: it answers)."""
+        if self.ok:
+            return None
+        return self.seen_at if self.seen_at is not None else self.first_at
+
+    def engine(self, model_name: str) -> EngineObs | None:
+        return next((e for e in self.engines if e.model_name == model_name), None)
+
+    @classmethod
+    def parse(cls, name: str, snap: Mapping[str, Any], at: float) -> AgentObs:
+        gpus = []
+        for acc in snap.get("accelerators") or ():
+            usable = _int(acc.get("hbm_usable_bytes")) or _int(acc.get("hbm_total_bytes")) or 0
+            used = _int(acc.get("hbm_used_bytes")) or 0
+            by_engines = _int(acc.get("hbm_used_by_engines_bytes")) or 0
+            gpus.append(GpuObs(int(acc["index"]), usable, max(0, used - by_engines)))
+        engines = tuple(EngineObs.from_entry(m) for m in snap.get("models") or ()
+                        if isinstance(m, Mapping) and "model_name" in m)
+        return cls(name, True, at, at, None, tuple(sorted(gpus, key=lambda g: g.index)), engines,
+                   frozenset(str(a) for a in snap.get("cached_artifacts") or ()))
+
+
+class IdleTracker:
+    """When each engine (agent, model) was last busy, from the snapshots seen."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], tuple[str, str, float | None, float]] = {}
+
+    def observe(self, obs: AgentObs) -> None:
+        keep = set()
+        for e in obs.engines:
+            key = (obs.name, e.model_name)
+            keep.add(key)
+            prev = self._seen.get(key)
+            busy = (prev is None or prev[0] != e.engine_id or prev[1] != e.phase
+                    or e.phase != "active" or (e.load or 0) > 0
+                    or (e.success_total or 0) > (prev[2] or 0))
+            last = obs.fetched_at if busy or prev is None else prev[3]
+            self._seen[key] = (e.engine_id, e.phase, e.success_total, last)
+        for key in [k for k in self._seen if k[0] == obs.name and k not in keep]:
+            del self._seen[key]
+
+    def busy(self, agent: str, model: str, now: float) -> None:
+        """Count the engine busy now (it just woke or took a request)."""
+        prev = self._seen.get((agent, model))
+        if prev is not None:
+            self._seen[(agent, model)] = (prev[0], prev[1], prev[2], now)
+
+    def last_busy(self, agent: str, model: str) -> float | None:
+        prev = self._seen.get((agent, model))
+        return prev[3] if prev else None
+
+
+class SnapshotCache:
+    """Snapshots per agent, fetched at most once per ``ttl`` and shared by concurrent callers.
+
+    ``invalidate`` starts a new generation: reads after it never get a snapshot whose fetch
+    began before it."""
+
+    def __init__(self, clients: Callable[[str], AgentApi | None], clock: Clock, *,
+                 ttl: float = SNAPSHOT_TTL_S,
+                 on_snapshot: Callable[[AgentObs], None] | None = None) -> None:
+        self._clients = clients
+        self._clock = clock
+        self._ttl = ttl
+        self._on_snapshot = on_snapshot
+        self._last: dict[str, tuple[AgentObs, int]] = {}
+        self._gen: dict[str, int] = {}
+        self._flight: dict[str, tuple[float, int, asyncio.Future[AgentObs]]] = {}
+        self.fetches = 0
+
+    def last(self, agent: str) -> AgentObs | None:
+        entry = self._last.get(agent)
+        return entry[0] if entry else None
+
+    def invalidate(self, agent: str) -> None:
+        """The agent changed (an event, our own call): the next read fetches again."""
+        self._gen[agent] = self._gen.get(agent, 0) + 1
+
+    async def fresh(self, agent: str) -> AgentObs:
+        """A snapshot whose fetch starts now (shared only with callers asking after this)."""
+        self.invalidate(agent)
+        return await self.get(agent)
+
+    async def get(self, agent: str, max_age: float | None = None) -> AgentObs:
+        age = self._ttl if max_age is None else max_age
+        now = self._clock.now()
+        gen = self._gen.get(agent, 0)
+        entry = self._last.get(agent)
+        if entry is not None and entry[1] == gen and now - entry[0].fetched_at <= age:
+            return entry[0]
+        flight = self._flight.get(agent)
+        if flight is not None and flight[1] == gen and now - flight[0] <= age:
+            return await asyncio.shield(flight[2])
+        future: asyncio.Future[AgentObs] = asyncio.get_running_loop().create_future()
+        self._flight[agent] = (now, gen, future)
+        try:
+            result = await self._fetch(agent, now, gen)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as err:  # a bug: the sharers get it too, and nobody hangs
+            future.set_exception(err)
+            future.exception()
+            raise
+        finally:
+            if agent in self._flight and self._flight[agent][2] is future:
+                del self._flight[agent]
+        future.set_result(result)
+        return result
+
+    async def _fetch(self, agent: str, started: float, gen: int) -> AgentObs:
+        client = self._clients(agent)
+        prev = self.last(agent)
+        self.fetches += 1
+        try:
+            if client is None:
+                raise AgentUnreachable(f"agent {agent} is not in any pool")
+            obs = replace(AgentObs.parse(agent, await client.snapshot(), started),
+                          first_at=prev.first_at if prev else started)
+        except (AgentUnreachable, KeyError, TypeError, ValueError) as err:
+            if prev is None or prev.ok:
+                log.warning("agent %s: snapshot failed: %s", agent, err)
+            obs = AgentObs(agent, False, started, prev.seen_at if prev else None, str(err),
+                           prev.gpus if prev else (), prev.engines if prev else (),
+                           prev.cached_artifacts if prev else frozenset(),
+                           prev.first_at if prev else started)
+        else:
+            if self._on_snapshot is not None:
+                self._on_snapshot(obs)
+        current = self._last.get(agent)
+        if current is None or (current[1], current[0].fetched_at) <= (gen, started):
+            self._last[agent] = (obs, gen)
+        return obs
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Room an activation or a wake holds before the snapshots show it."""
+
+    agent: str
+    model: str
+    resident: Resident
+    devices: tuple[int, ...]
+    kind: str  # "activate" | "wake"
+    at: float
+
+
+class Reservations:
+    def __init__(self, ttl: float = RESERVATION_TTL_S) -> None:
+        self._ttl = ttl
+        self._by_key: dict[tuple[str, str], Reservation] = {}
+
+    def add(self, reservation: Reservation) -> None:
+        self._by_key[(reservation.agent, reservation.model)] = reservation
+
+    def drop(self, agent: str, model: str) -> None:
+        self._by_key.pop((agent, model), None)
+
+    def live(self, obs: AgentObs) -> list[Reservation]:
+        """The agent's reservations its snapshot does not show yet (others are dropped)."""
+        out = []
+        for key, res in list(self._by_key.items()):
+            if res.agent != obs.name:
+                continue
+            engine = obs.engine(res.model)
+            seen = engine is not None and (res.kind == "activate" or engine.phase != "sleeping")
+            if (obs.ok and obs.fetched_at > res.at and seen) or obs.fetched_at - res.at > self._ttl:
+                del self._by_key[key]
+            else:
+                out.append(res)
+        return out
+
+
+def resident_state(engine: EngineObs) -> EngineState | None:
+    """How the planners count an engine; None: it holds nothing (failed, stopped)."""
+    if engine.phase == "active":
+        return EngineState.AWAKE
+    if engine.phase == "sleeping":
+        return EngineState.STARTING if engine.operation == "wake" else EngineState.ASLEEP
+    if engine.phase in _STARTING:
+        return EngineState.STARTING
+    return None
+
+
+def candidate(obs: AgentObs, agent: AgentRef, pool: WarmPool,
+              per_gpu: Callable[[ClaimKey], PerGPU | None],
+              last_busy: Callable[[str], float | None],
+              reservations: Sequence[Reservation] = ()) -> Candidate:
+    """The planners' view of one agent. ``per_gpu``: a claim's figures (None: unknown, so its
+    engine is foreign); ``last_busy``: by model name."""
+    placed: dict[int, list[Resident]] = {g.index: [] for g in obs.gpus}
+    other = {g.index: g.other for g in obs.gpus}
+    foreign: list[str] = []
+    for e in obs.engines:
+        state = resident_state(e)
+        if state is None:
+            continue
+        figures = per_gpu(e.claim_ref) if e.claim_ref is not None else None
+        devices = [d for d in e.devices if d in placed] or list(placed)
+        if figures is None:
+            foreign.append(e.model_name)
+            for d in devices:
+                other[d] += e.hbm_bytes or 0
+            continue
+        resident = Resident(e.model_name, figures.maximum_footprint, figures.kv_floor, state,
+                            e.running, e.waiting, last_busy(e.model_name), e.kv_used,
+                            e.kv_requested, e.sleeping_footprint, e.engine == "vllm")
+        for d in devices:
+            placed[d].append(resident)
+    gpus = tuple(Gpu(g.index, g.usable, tuple(placed[g.index]), other[g.index]) for g in obs.gpus)
+    result = Candidate(agent.name, gpus, agent.labels, pool.namespace, obs.ok,
+                       obs.cached_artifacts, pool.policy, obs.fetched_at, tuple(foreign))
+    for res in reservations:
+        result = result.with_resident(res.resident, res.devices)
+    return result
+
+
+@dataclass(frozen=True)
+class World:
+    """What one reconcile sees: every agent's observation and candidate, at ``now``."""
+
+    now: float
+    agents: Mapping[str, AgentObs]
+    candidates: Mapping[str, Candidate]
+    urls: Mapping[str, str] = field(default_factory=dict)
+
+    def engines_of(self, key: ClaimKey) -> list[tuple[str, EngineObs]]:
+        """Every engine, on any agent, that answers to the claim ``key``."""
+        return [(name, e) for name, obs in sorted(self.agents.items()) for e in obs.engines
+                if e.claim_ref == key and e.phase != "stopped"]
+
+    def claim_refs(self) -> set[ClaimKey]:
+        return {e.claim_ref for obs in self.agents.values() for e in obs.engines
+                if e.claim_ref is not None}
+
+    def candidate_list(self) -> list[Candidate]:
+        return [self.candidates[name] for name in sorted(self.candidates)]

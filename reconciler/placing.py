@@ -1,0 +1,206 @@
+"""Placing a claim: choose an agent, start the engine there, or say why not.
+
+The choice is the planners' (``place``; ``make_room`` when the pool lets idle models sleep for
+room); this module acts on it. A choice and its reservation happen without an await between
+them, so two claims reconciled at once never count the same room twice; the reservation stands
+until a snapshot shows the engine (or the activation fails).
+
+* Placed: activate on the agent with the claim's perGPU, its claim_ref and a first KV limit of
+  its KV floor (the KV divider grows it) -> Activating, ``Scheduled=Placed``. A refusal
+  (``InsufficientGPUMemory`` from an agent that measured less room than the snapshot showed,
+  an error, no answer) -> Failed ``ActivateFailed``, tried again after 10, 20, 40, then 60 s;
+  ``InvalidEngineConfig`` -> Failed, not retried (the claim must be recreated).
+* Unplaced -> Pending with the reason, and the closest candidate in the message; tried again
+  after ``retry_delay`` (and at once when room may have appeared: ``Deps.kick_waiting``).
+* ``move``: the same, away from an agent (a failed engine, a wake with no room): the engine
+  there is stopped first, and the claim reads Failed ``Moving`` until the new one starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from reconciler.client import (
+    INSUFFICIENT_GPU,
+    INVALID_ENGINE_CONFIG as AGENT_INVALID_CONFIG,
+    TOO_LARGE as AGENT_TOO_LARGE,
+    ActivateSpec,
+    AgentUnreachable,
+    Reply,
+)
+from reconciler.context import Deps
+from reconciler.model.manifests import ModelClaim
+from reconciler.observe import Reservation, World
+from reconciler.planning.placement import (
+    RETRY_EVERY,
+    ClaimNeed,
+    Placed,
+    Unplaced,
+    place,
+    retry_delay,
+)
+from reconciler.planning.sleep_policy import MakeRoom, make_room
+from reconciler.planning.state import EngineState, Resident
+from reconciler.runtime.controller import Result
+from reconciler.status import (
+    ACTIVATE_FAILED,
+    ACTIVATING,
+    ENGINE_STARTING,
+    FAILED,
+    INVALID_ENGINE_CONFIG,
+    INVALID_PER_GPU,
+    MAKING_ROOM,
+    MOVING,
+    NO_MATCHING_PODS,
+    NOT_PLACED,
+    PENDING,
+    PLACED,
+    TOO_LARGE,
+    ClaimStatus,
+)
+
+log = logging.getLogger("reconciler.placing")
+
+
+def gpus_text(devices: tuple[int, ...]) -> str:
+    return f"GPU{'s' if len(devices) != 1 else ''} {','.join(str(d) for d in devices)}"
+
+
+class Placer:
+    def __init__(self, deps: Deps, sleep_for_room: SleepForRoom) -> None:
+        self.d = deps
+        self._sleep_for_room = sleep_for_room
+
+    async def place(self, claim: ModelClaim, st: ClaimStatus, world: World) -> Result:
+        """Place an unplaced claim, make room for it, or record why it waits."""
+        need = ClaimNeed.from_claim(claim)
+        candidates = world.candidate_list()
+        got = place(need, candidates, world.now,
+                    max_snapshot_age=self.d.timings.max_snapshot_age)
+        if isinstance(got, Placed):
+            self._reserve(claim, got, world.now)
+            return await self.activate(claim, st, got)
+        if got.reason == NO_MATCHING_PODS:
+            room = make_room(need, candidates, world.now,
+                             max_snapshot_age=self.d.timings.max_snapshot_age)
+            if room is not None:
+                return await self._make_room(claim, st, room, world)
+        return self.pending(st, got)
+
+    def pending(self, st: ClaimStatus, got: Unplaced) -> Result:
+        now = self.d.wall()
+        st.set_instance(None)
+        st.set(now, PENDING, scheduled=(False, got.reason, got.message),
+               ready=(False, NOT_PLACED, "the claim waits to be placed"))
+        if got.reason == INVALID_PER_GPU:
+            return Result()  # only a change of the claim helps, and that enqueues it
+        if got.reason == TOO_LARGE:
+            return Result(requeue_after=RETRY_EVERY)  # an agent may still show a larger card
+        attempts = st.attempts
+        st.set_attempts(attempts + 1)
+        return Result(requeue_after=retry_delay(attempts))
+
+    async def _make_room(self, claim: ModelClaim, st: ClaimStatus, room: MakeRoom,
+                         world: World) -> Result:
+        """Sleep the first victim; the next look plans again, once what it still holds is
+        measured (until then a sleeping engine counts with its whole room)."""
+        message = (f"putting {', '.join(room.victims)} to sleep on {room.agent} "
+                   f"({gpus_text(room.devices)}) to make room")
+        st.set(self.d.wall(), PENDING, scheduled=(False, MAKING_ROOM, message),
+               ready=(False, NOT_PLACED, "the claim waits to be placed"))
+        if not self._sleep_for_room.settling(world, room.agent):
+            await self._sleep_for_room.sleep_for_room(room.agent, room.victims[0],
+                                                      claim.model_name)
+        return Result(requeue_after=self.d.timings.settle_poll)
+
+    def _reserve(self, claim: ModelClaim, got: Placed, now: float) -> None:
+        assert claim.per_gpu is not None
+        resident = Resident(claim.model_name, claim.per_gpu.maximum_footprint,
+                            claim.per_gpu.kv_floor, EngineState.STARTING, last_busy=now)
+        self.d.reservations.add(Reservation(got.agent, claim.model_name, resident, got.devices,
+                                            "activate", now))
+
+    async def activate(self, claim: ModelClaim, st: ClaimStatus, got: Placed) -> Result:
+        """Start the claim's engine on the chosen (and reserved) agent."""
+        assert claim.per_gpu is not None
+        agent, metrics = got.agent, self.d.metrics
+        spec = ActivateSpec(claim.model_name, claim.artifact_url, claim.engine,
+                            dict(claim.engine_args), claim.namespace, claim.name, st.uid,
+                            claim.per_gpu.maximum_footprint, claim.per_gpu.kv_floor,
+                            kv_limit_bytes=claim.per_gpu.kv_floor)
+        st.set_instance(agent, 0, got.devices)
+        reply: Reply | None = None
+        try:
+            reply = await self.d.client(agent).activate(spec)
+            error = reply.message
+        except (AgentUnreachable, LookupError) as err:
+            error = str(err)
+        self.d.cache.invalidate(agent)
+        now = self.d.wall()
+        if reply is not None and reply.ok:
+            port = reply.body.get("port")
+            st.set_instance(agent, port if isinstance(port, int) else 0, got.devices)
+            st.set_attempts(0)
+            st.set(now, ACTIVATING,
+                   scheduled=(True, PLACED, f"placed on {agent} ({gpus_text(got.devices)})"),
+                   ready=(False, ENGINE_STARTING, f"the engine is starting on {agent}"))
+            if metrics:
+                metrics.activation("success")
+            self.d.kick_kv(agent)
+            return Result(requeue_after=self.d.timings.starting_poll)
+        self.d.reservations.drop(agent, claim.model_name)
+        st.set_instance(None)
+        if reply is not None and reply.reason == AGENT_INVALID_CONFIG:
+            if metrics:
+                metrics.activation("invalid")
+            st.event(now, INVALID_ENGINE_CONFIG, f"{agent}: {error}", warning=True)
+            st.set(now, FAILED, ready=(False, INVALID_ENGINE_CONFIG, error))
+            return Result()
+        refused = reply is not None and reply.reason in (INSUFFICIENT_GPU, AGENT_TOO_LARGE)
+        if metrics:
+            metrics.activation("refused" if refused else "failed")
+        attempts = st.attempts
+        st.set_attempts(attempts + 1)
+        st.event(now, ACTIVATE_FAILED, f"{agent}: {error}", warning=True)
+        st.set(now, FAILED, scheduled=(False, NO_MATCHING_PODS, f"{agent} did not start the "
+                                       f"engine: {error}"),
+               ready=(False, ACTIVATE_FAILED, f"{agent}: {error}"))
+        return Result(requeue_after=retry_delay(attempts))
+
+    async def move(self, claim: ModelClaim, st: ClaimStatus, world: World, away_from: str,
+                   why: str) -> Result | Unplaced:
+        """Stop the engine on ``away_from`` and start the claim elsewhere, if another agent has
+        room; otherwise the ``Unplaced`` that says why it cannot move."""
+        need = ClaimNeed.from_claim(claim, frozenset({away_from}))
+        got = place(need, world.candidate_list(), world.now,
+                    max_snapshot_age=self.d.timings.max_snapshot_age)
+        if not isinstance(got, Placed):
+            return got
+        self._reserve(claim, got, world.now)
+        now = self.d.wall()
+        message = f"moving from {away_from} to {got.agent}: {why}"
+        st.event(now, "Rescheduled", message)
+        st.set(now, FAILED, ready=(False, MOVING, message))
+        pool = self.d.pool_of(away_from)
+        if self.d.metrics and pool is not None:
+            self.d.metrics.acted(pool.name, "move")
+        try:
+            reply = await self.d.client(away_from).deactivate(claim.model_name)
+        except (AgentUnreachable, LookupError) as err:
+            reply = Reply(503, {"message": str(err)})
+        self.d.cache.invalidate(away_from)
+        if not reply.ok:
+            self.d.reservations.drop(got.agent, claim.model_name)
+            raise RuntimeError(f"stopping {claim.model_name} on {away_from} failed: "
+                               f"{reply.message}")
+        self.d.kick_kv(away_from)
+        return await self.activate(claim, st, got)
+
+
+class SleepForRoom(Protocol):
+    """What the placer needs from the lifecycle: put one model to sleep to make room."""
+
+    async def sleep_for_room(self, agent: str, victim: str, for_model: str) -> bool: ...
+
+    def settling(self, world: World, agent: str) -> bool: ...

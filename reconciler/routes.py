@@ -1,0 +1,153 @@
+"""Routes and wake requests: what the gateway reads, and what it asks for.
+
+A claim's route (the guide's ``route.claim.model.aibrix.ai/<claim>`` annotation) says where its
+model is served: ``{model, agent, host, port, state, reason, wakeByRequest}``, state ``active``,
+``activating``, ``sleeping`` or ``failed``. The table is derived on every read from the claim
+statuses, the agents' health and the models held off the route, so it can never disagree with
+them: a port is given only while the claim is Active, its agent answers, and no sleep is being
+prepared for it (``RouteHolds``: a model is taken off the route before it is put to sleep).
+
+``WakeBook`` holds the wake requests (the guide's ``wake.modelclaim.aibrix.ai/<claim>``): one per
+model, repeated requests collapse into the first, and a request expires after five minutes.
+The claim reconciler serves them and removes them once the model serves, the wake failed, or
+the request expired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from reconciler.desired import ClaimKey
+from reconciler.status import (
+    ACTIVATING,
+    ACTIVE,
+    ENGINE_SLEEPING,
+    FAILED,
+    PENDING,
+    READY,
+    SCHEDULED,
+    SLEEPING,
+    WAITING_FOR_ROOM,
+    ClaimStatus,
+)
+
+WAKE_TTL_S = 300.0
+AGENT_NOT_READY = "AgentNotReady"
+
+
+@dataclass
+class WakeRequest:
+    model: str
+    key: ClaimKey
+    at: float  # clock time of the first request
+    wall: float  # wall time of the first request
+    waking: bool = False  # the agent was asked to wake the engine
+    repeats: int = 0
+
+
+class WakeBook:
+    """Wake requests by model name; ``ttl`` seconds each."""
+
+    def __init__(self, ttl: float = WAKE_TTL_S) -> None:
+        self.ttl = ttl
+        self._by_model: dict[str, WakeRequest] = {}
+
+    def request(self, model: str, key: ClaimKey, now: float, wall: float) -> tuple[WakeRequest,
+                                                                                    bool]:
+        """Record a wake request; (the request, True when it is new)."""
+        old = self._by_model.get(model)
+        if old is not None and not self.expired(old, now):
+            old.repeats += 1
+            return old, False
+        req = self._by_model[model] = WakeRequest(model, key, now, wall)
+        return req, True
+
+    def get(self, model: str) -> WakeRequest | None:
+        return self._by_model.get(model)
+
+    def expired(self, req: WakeRequest, now: float) -> bool:
+        return now - req.at >= self.ttl
+
+    def drop(self, model: str) -> None:
+        self._by_model.pop(model, None)
+
+    def models(self) -> list[str]:
+        return sorted(self._by_model)
+
+
+class RouteHolds:
+    """Models kept off the route while the reconciler prepares to put them to sleep."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, int] = {}
+
+    def hold(self, model: str) -> None:
+        self._held[model] = self._held.get(model, 0) + 1
+
+    def release(self, model: str) -> None:
+        left = self._held.get(model, 0) - 1
+        if left > 0:
+            self._held[model] = left
+        else:
+            self._held.pop(model, None)
+
+    def __contains__(self, model: object) -> bool:
+        return model in self._held
+
+
+@dataclass(frozen=True)
+class Route:
+    model: str
+    claim: str
+    agent: str
+    host: str
+    port: int
+    state: str
+    reason: str
+    wake_by_request: bool
+    wake_requested: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        return {"model": self.model, "claim": self.claim, "agent": self.agent,
+                "host": self.host, "port": self.port, "state": self.state,
+                "reason": self.reason, "wakeByRequest": self.wake_by_request,
+                "wakeRequested": self.wake_requested}
+
+
+def route_of(st: ClaimStatus, urls: Mapping[str, str], healthy: Callable[[str], bool],
+             holds: RouteHolds, wakes: WakeBook) -> Route | None:
+    """A claim's route now; None for a claim being deleted (already off the route)."""
+    if st.deleted is not None:
+        return None
+    inst = st.instance
+    agent = inst.agent if inst else ""
+    host = urlparse(urls.get(agent, "")).hostname or "" if agent else ""
+    ready_reason = st.reason(READY)
+    port, state, reason = 0, "activating", ready_reason
+    if st.phase == ACTIVE:
+        if st.model_name in holds:
+            state, reason = "sleeping", ENGINE_SLEEPING
+        elif not healthy(agent):
+            reason = AGENT_NOT_READY
+        else:
+            port, state, reason = inst.port if inst else 0, "active", ""
+    elif st.phase == SLEEPING:
+        state = "sleeping"
+        reason = WAITING_FOR_ROOM if ready_reason == WAITING_FOR_ROOM else ENGINE_SLEEPING
+    elif st.phase == FAILED:
+        state = "failed"
+    elif st.phase == PENDING:
+        reason = st.reason(SCHEDULED) or ready_reason
+    elif st.phase != ACTIVATING:
+        reason = ready_reason
+    return Route(st.model_name, f"{st.namespace}/{st.name}", agent, host, port, state, reason,
+                 st.engine == "vllm", wakes.get(st.model_name) is not None)
+
+
+def route_table(statuses: Iterable[ClaimStatus], urls: Mapping[str, str],
+                healthy: Callable[[str], bool], holds: RouteHolds,
+                wakes: WakeBook) -> list[Route]:
+    routes = (route_of(st, urls, healthy, holds, wakes) for st in statuses)
+    return sorted((r for r in routes if r is not None), key=lambda r: r.model)

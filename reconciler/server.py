@@ -1,0 +1,146 @@
+"""The reconciler's HTTP API (aiohttp): claims, routes, wake requests and metrics.
+
+| method and path | result |
+|---|---|
+| ``GET /healthz`` | ``{"status": "ok"}`` |
+| ``GET /v1/claims`` | ``{"items": [claim...], "problems": [...]}``: every claim's status |
+| ``GET /v1/claims/{namespace}/{name}`` | one claim (metadata, spec, status, events, route) |
+| ``GET /v1/routes`` | ``{"routes": [{model, claim, agent, host, port, state, reason, ...}]}`` |
+| ``POST /v1/routes/{model}/wake`` | records a wake request (202; repeats collapse) |
+| ``GET /metrics`` | Prometheus exposition: the ModelClaim and reconcile metrics |
+
+Handlers are thin: they read the status store and the route table, or record a wake request
+and enqueue its claim. Errors are ``{"status": "error", "message": ...}`` with a 4xx.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from reconciler.context import Deps
+from reconciler.routes import route_of, route_table
+from reconciler.status import ACTIVE, ClaimStatus
+
+log = logging.getLogger("reconciler.server")
+DEPS_KEY: web.AppKey[Deps] = web.AppKey("deps", Deps)
+REGISTRY_KEY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"status": "error", "message": message}, status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request,
+                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                  ) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, f"no such endpoint: {request.method} {request.path}"
+                      if exc.status == 404 else exc.text or exc.reason)
+    except Exception as exc:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error(500, f"internal error ({type(exc).__name__}); see the reconciler log")
+
+
+def _healthy(deps: Deps) -> Callable[[str], bool]:
+    def healthy(agent: str) -> bool:
+        obs = deps.cache.last(agent)
+        return obs is not None and obs.ok
+    return healthy
+
+
+def _urls(deps: Deps) -> dict[str, str]:
+    return {a.name: a.url for a, _ in deps.desired.agents()}
+
+
+def claim_json(deps: Deps, st: ClaimStatus) -> dict[str, Any]:
+    doc = st.as_json()
+    route = route_of(st, _urls(deps), _healthy(deps), deps.holds, deps.wakes)
+    doc["route"] = route.as_json() if route is not None else None
+    return doc
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def claims(request: web.Request) -> web.Response:
+    deps = request.app[DEPS_KEY]
+    problems = [{"kind": p.kind, "namespace": p.namespace, "name": p.name, "reason": p.reason,
+                 "message": p.message, "source": p.source} for p in deps.desired.problems]
+    return web.json_response({"items": [claim_json(deps, st) for st in deps.store.all()],
+                              "problems": problems})
+
+
+async def claim(request: web.Request) -> web.Response:
+    deps = request.app[DEPS_KEY]
+    key = (request.match_info["namespace"], request.match_info["name"])
+    st = deps.store.get(key)
+    if st is None:
+        return _error(404, f"no claim {key[0]}/{key[1]}")
+    return web.json_response(claim_json(deps, st))
+
+
+async def routes(request: web.Request) -> web.Response:
+    deps = request.app[DEPS_KEY]
+    table = route_table(deps.store.all(), _urls(deps), _healthy(deps), deps.holds, deps.wakes)
+    return web.json_response({"routes": [r.as_json() for r in table]})
+
+
+async def wake(request: web.Request) -> web.Response:
+    deps = request.app[DEPS_KEY]
+    model = request.match_info["model"]
+    key = deps.desired.by_model(model)
+    st = deps.store.get(key) if key is not None else None
+    if key is None or st is None or st.deleted is not None:
+        return _error(404, f"no claim serves model {model!r}")
+    if st.phase == ACTIVE:
+        return web.json_response({"status": "success", "model": model,
+                                  "message": "the model serves; nothing to wake"})
+    req, new = deps.wakes.request(model, key, deps.clock.now(), deps.wall())
+    if new:
+        deps.kick_claim(key)
+    return web.json_response({"status": "accepted", "model": model,
+                              "claim": f"{key[0]}/{key[1]}", "new": new,
+                              "requests": req.repeats + 1}, status=202)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_app(deps: Deps, registry: CollectorRegistry) -> web.Application:
+    app = web.Application(middlewares=[_errors])
+    app[DEPS_KEY] = deps
+    app[REGISTRY_KEY] = registry
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/claims", claims)
+    app.router.add_get("/v1/claims/{namespace}/{name}", claim)
+    app.router.add_get("/v1/routes", routes)
+    app.router.add_post("/v1/routes/{model:.+}/wake", wake)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start ``app`` on ``host:port`` (0: any free port); the runner and the bound port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    bound = port
+    sockets = getattr(server, "sockets", None) if server is not None else None
+    if sockets:
+        bound = int(sockets[0].getsockname()[1])
+    return runner, bound

@@ -1,0 +1,260 @@
+"""Claim status and events: what the reconciler reports for each claim, kept on disk.
+
+A ``ClaimStatus`` holds a claim's phase (Pending, Activating, Active, Sleeping, Failed), its
+``Scheduled`` and ``Ready`` conditions with the guide's reasons, its ``instances`` (agent, port,
+KV limit) and its last events (bounded; a repeat of the latest event only counts up, as
+Kubernetes aggregates them). The reconcilers change statuses in place, on the event loop and
+without an await between a read and its change; every change calls ``notify``, with which the
+``StatusStore`` (``reconciler.store``) marks the claim dirty and writes it to disk.
+
+The JSON is shaped like the Kubernetes object (``metadata``, ``spec``, ``status``, ``events``),
+which is what ``GET /v1/claims/{ns}/{name}`` serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from reconciler.desired import ClaimKey
+from reconciler.model.manifests import API_VERSION, CLAIM_KIND, ModelClaim
+
+log = logging.getLogger("reconciler.status")
+
+PENDING, ACTIVATING, ACTIVE, SLEEPING, FAILED = "Pending", "Activating", "Active", "Sleeping", \
+    "Failed"
+SCHEDULED, READY = "Scheduled", "Ready"
+# Scheduled reasons
+PLACED, NO_MATCHING_PODS, TOO_LARGE, INVALID_PER_GPU, MAKING_ROOM = (
+    "Placed", "NoMatchingPods", "TooLargeForAnyCard", "InvalidPerGPU", "MakingRoom")
+# Ready reasons
+MODEL_CLAIM_ACTIVE, ENGINE_STARTING, ENGINE_SLEEPING, WAITING_FOR_ROOM, MOVING = (
+    "ModelClaimActive", "EngineStarting", "EngineSleeping", "WaitingForRoom", "Moving")
+ENGINE_FAILED, ACTIVATE_FAILED, INVALID_ENGINE_CONFIG, NOT_PLACED = (
+    "EngineFailed", "ActivateFailed", "InvalidEngineConfig", "NotPlaced")
+MAX_EVENTS = 50
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def _ts(text: Any) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass
+class Condition:
+    type: str
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+    since: float  # wall time of the last change of status or reason
+
+    def as_json(self) -> dict[str, Any]:
+        return {"type": self.type, "status": self.status, "reason": self.reason,
+                "message": self.message, "lastTransitionTime": iso(self.since)}
+
+
+@dataclass
+class ClaimEvent:
+    type: str  # "Normal" | "Warning"
+    reason: str
+    message: str
+    first: float
+    last: float
+    count: int = 1
+
+    def as_json(self) -> dict[str, Any]:
+        return {"type": self.type, "reason": self.reason, "message": self.message,
+                "firstTimestamp": iso(self.first), "lastTimestamp": iso(self.last),
+                "count": self.count}
+
+
+@dataclass
+class Instance:
+    agent: str
+    port: int = 0
+    kv_limit_bytes: int | None = None
+    devices: tuple[int, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {"agent": self.agent, "pod": self.agent, "port": self.port,
+                "kvLimitBytes": self.kv_limit_bytes, "devices": list(self.devices)}
+
+
+@dataclass
+class ClaimStatus:
+    """One claim's status. Change it only through its methods: each marks it dirty."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: float
+    model_name: str = ""
+    engine: str = "vllm"
+    artifact_url: str = ""
+    per_gpu: tuple[int, int] | None = None  # (maximumFootprint, kvFloor) bytes, last valid
+    phase: str = PENDING
+    conditions: dict[str, Condition] = field(default_factory=dict)
+    instances: list[Instance] = field(default_factory=list)
+    events: deque[ClaimEvent] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
+    deleted: float | None = None
+    not_ready_since: float | None = None
+    attempts: int = 0  # placement tries since the claim was last placed
+    notify: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
+
+    @property
+    def key(self) -> ClaimKey:
+        return (self.namespace, self.name)
+
+    @property
+    def instance(self) -> Instance | None:
+        return self.instances[0] if self.instances else None
+
+    def reason(self, kind: str) -> str:
+        cond = self.conditions.get(kind)
+        return cond.reason if cond else ""
+
+    # ---- changes ----------------------------------------------------------------------------
+
+    def set_spec(self, claim: ModelClaim) -> None:
+        per_gpu = (claim.per_gpu.maximum_footprint, claim.per_gpu.kv_floor) \
+            if claim.per_gpu else self.per_gpu
+        spec = (claim.model_name, claim.engine, claim.artifact_url, per_gpu)
+        if spec != (self.model_name, self.engine, self.artifact_url, self.per_gpu):
+            self.model_name, self.engine, self.artifact_url, self.per_gpu = spec
+            self.notify()
+
+    def set(self, now: float, phase: str, *, scheduled: tuple[bool, str, str] | None = None,
+            ready: tuple[bool, str, str]) -> None:
+        """Phase and conditions at once: ``(ok, reason, message)`` for each condition."""
+        changed = phase != self.phase
+        self.phase = phase
+        if scheduled is not None:
+            changed |= self._condition(now, SCHEDULED, *scheduled)
+        changed |= self._condition(now, READY, *ready)
+        is_ready = ready[0]
+        if is_ready and self.not_ready_since is not None:
+            self.not_ready_since, changed = None, True
+        elif not is_ready and self.not_ready_since is None:
+            self.not_ready_since, changed = now, True
+        if changed:
+            self.notify()
+
+    def set_scheduled(self, now: float, ok: bool, reason: str, message: str) -> None:
+        if self._condition(now, SCHEDULED, ok, reason, message):
+            self.notify()
+
+    def _condition(self, now: float, kind: str, ok: bool, reason: str, message: str) -> bool:
+        status = "True" if ok else "False"
+        old = self.conditions.get(kind)
+        if old is not None and (old.status, old.reason, old.message) == (status, reason, message):
+            return False
+        since = old.since if old is not None and (old.status, old.reason) == (status, reason) \
+            else now
+        self.conditions[kind] = Condition(kind, status, reason, message, since)
+        return True
+
+    def set_instance(self, agent: str | None, port: int = 0,
+                     devices: tuple[int, ...] = ()) -> None:
+        """The claim's engine is on ``agent`` (None: nowhere); keeps a known KV limit."""
+        if agent is None:
+            new: list[Instance] = []
+        else:
+            old = self.instance
+            kv = old.kv_limit_bytes if old is not None and old.agent == agent else None
+            new = [Instance(agent, port, kv, devices or (old.devices if old else ()))]
+        if new != self.instances:
+            self.instances = new
+            self.notify()
+
+    def set_kv_limit(self, agent: str, limit: int | None) -> None:
+        inst = self.instance
+        if inst is not None and inst.agent == agent and inst.kv_limit_bytes != limit:
+            inst.kv_limit_bytes = limit
+            self.notify()
+
+    def set_attempts(self, attempts: int) -> None:
+        if attempts != self.attempts:
+            self.attempts = attempts
+            self.notify()
+
+    def mark_deleted(self, now: float) -> None:
+        if self.deleted is None:
+            self.deleted = now
+            self.notify()
+
+    def event(self, now: float, reason: str, message: str, warning: bool = False) -> None:
+        kind = "Warning" if warning else "Normal"
+        last = self.events[-1] if self.events else None
+        if last is not None and (last.type, last.reason, last.message) == (kind, reason, message):
+            last.count += 1
+            last.last = now
+        else:
+            self.events.append(ClaimEvent(kind, reason, message, now, now))
+        log.info("claim %s/%s: %s: %s", self.namespace, self.name, reason, message,
+                 extra={"claim": f"{self.namespace}/{self.name}", "reason": reason})
+        self.notify()
+
+    # ---- JSON -------------------------------------------------------------------------------
+
+    def as_json(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"modelName": self.model_name, "engine": self.engine,
+                                "artifactURL": self.artifact_url, "replicas": 1}
+        if self.per_gpu is not None:
+            spec["perGPU"] = {"maximumFootprint": self.per_gpu[0], "kvFloor": self.per_gpu[1]}
+        return {
+            "apiVersion": API_VERSION, "kind": CLAIM_KIND,
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
+                         "creationTimestamp": iso(self.created),
+                         "deletionTimestamp": iso(self.deleted)},
+            "spec": spec,
+            "status": {"phase": self.phase, "desiredReplicas": 1,
+                       "readyReplicas": 1 if self.phase == ACTIVE else 0,
+                       "conditions": [self.conditions[k].as_json() for k in (SCHEDULED, READY)
+                                      if k in self.conditions],
+                       "instances": [i.as_json() for i in self.instances],
+                       "notReadySince": iso(self.not_ready_since),
+                       "placementAttempts": self.attempts},
+            "events": [e.as_json() for e in self.events],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ClaimStatus:
+        meta, spec, st = doc["metadata"], doc.get("spec") or {}, doc.get("status") or {}
+        per_gpu = spec.get("perGPU")
+        out = cls(str(meta["namespace"]), str(meta["name"]), str(meta.get("uid") or uuid.uuid4()),
+                  _ts(meta.get("creationTimestamp")) or 0.0, str(spec.get("modelName", "")),
+                  str(spec.get("engine", "vllm")), str(spec.get("artifactURL", "")),
+                  (int(per_gpu["maximumFootprint"]), int(per_gpu["kvFloor"]))
+                  if isinstance(per_gpu, dict) else None,
+                  str(st.get("phase", PENDING)))
+        for c in st.get("conditions") or ():
+            out.conditions[c["type"]] = Condition(c["type"], c["status"], c["reason"],
+                                                  c.get("message", ""),
+                                                  _ts(c.get("lastTransitionTime")) or 0.0)
+        out.instances = [Instance(str(i["agent"]), int(i.get("port") or 0), i.get("kvLimitBytes"),
+                                  tuple(i.get("devices") or ())) for i in st.get("instances") or ()]
+        for e in doc.get("events") or ():
+            out.events.append(ClaimEvent(e["type"], e["reason"], e["message"],
+                                         _ts(e.get("firstTimestamp")) or 0.0,
+                                         _ts(e.get("lastTimestamp")) or 0.0,
+                                         int(e.get("count", 1))))
+        out.deleted = _ts(meta.get("deletionTimestamp"))
+        out.not_ready_since = _ts(st.get("notReadySince"))
+        out.attempts = int(st.get("placementAttempts") or 0)
+        return out

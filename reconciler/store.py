@@ -1,0 +1,164 @@
+"""The status store: every claim's status in memory, and on disk as JSON.
+
+Every change to a ``ClaimStatus`` marks its claim dirty; one flusher task writes dirty statuses
+atomically (temporary file, fsync, rename, directory fsync) to
+``<claims_dir>/.status/<namespace>_<name>.json``, coalescing bursts of changes into one write,
+and never two writes at once. A restarted reconciler reads them back, so it knows where its
+claims were placed, their uids, and since when they wait; an unreadable file is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from reconciler.desired import ClaimKey
+from reconciler.model.manifests import ModelClaim
+from reconciler.status import ClaimStatus
+
+log = logging.getLogger("reconciler.store")
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StatusStore:
+    """Every claim's status, in memory and (with ``directory``) on disk."""
+
+    def __init__(self, directory: Path | None, wall: Callable[[], float]) -> None:
+        self.directory = directory
+        self._wall = wall
+        self._statuses: dict[ClaimKey, ClaimStatus] = {}
+        self._dirty: set[ClaimKey] = set()
+        self._removed: set[ClaimKey] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def _path(self, key: ClaimKey) -> Path:
+        assert self.directory is not None
+        return self.directory / f"{key[0]}_{key[1]}.json"
+
+    def load(self) -> None:
+        """Blocking: read the statuses a previous run left (unreadable files are skipped)."""
+        if self.directory is None or not self.directory.is_dir():
+            return
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                status = ClaimStatus.from_json(json.loads(path.read_text("utf-8")))
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning("status file %s is unreadable (%s); ignoring it", path, err)
+                continue
+            self._adopt(status)
+
+    def _adopt(self, status: ClaimStatus) -> ClaimStatus:
+        key = status.key
+        status.notify = lambda: self._mark(key)
+        self._statuses[key] = status
+        return status
+
+    def _mark(self, key: ClaimKey) -> None:
+        self._dirty.add(key)
+        self._removed.discard(key)
+        self._wake.set()
+
+    def get(self, key: ClaimKey) -> ClaimStatus | None:
+        return self._statuses.get(key)
+
+    def ensure(self, claim: ModelClaim) -> ClaimStatus:
+        """The claim's status, created (with a new uid) the first time the claim is seen."""
+        key = (claim.namespace, claim.name)
+        status = self._statuses.get(key)
+        if status is None or status.deleted is not None:
+            status = self._adopt(ClaimStatus(claim.namespace, claim.name, str(uuid.uuid4()),
+                                             self._wall()))
+            status.not_ready_since = status.created
+            self._mark(key)
+        status.set_spec(claim)
+        return status
+
+    def drop(self, key: ClaimKey) -> None:
+        if self._statuses.pop(key, None) is not None:
+            self._dirty.discard(key)
+            self._removed.add(key)
+            self._wake.set()
+
+    def all(self) -> Iterator[ClaimStatus]:
+        return iter(sorted(self._statuses.values(), key=lambda s: s.key))
+
+    def keys(self) -> set[ClaimKey]:
+        return set(self._statuses)
+
+    # ---- writing ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.directory is not None and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._flusher(),
+                                                                name="status-flusher")
+
+    async def stop(self) -> None:
+        """Let the flusher finish its write (never two at once), then write what is left."""
+        if self._task is not None:
+            self._stopping = True
+            self._wake.set()
+            await asyncio.wait([self._task])
+            self._task = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write every dirty status now (and remove dropped ones)."""
+        if self.directory is None:
+            self._dirty.clear()
+            self._removed.clear()
+            return
+        dirty, self._dirty = self._dirty, set()
+        removed, self._removed = self._removed, set()
+        docs = {k: json.dumps(self._statuses[k].as_json(), indent=1).encode()
+                for k in dirty if k in self._statuses}
+        if docs or removed:
+            try:
+                await asyncio.to_thread(self._write, docs, removed)
+            except BaseException:
+                self._dirty |= dirty - removed
+                self._removed |= removed
+                raise
+
+    def _write(self, docs: dict[ClaimKey, bytes], removed: set[ClaimKey]) -> None:
+        assert self.directory is not None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for key, data in docs.items():
+            _write_atomically(self._path(key), data)
+        for key in removed:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
+
+    async def _flusher(self) -> None:
+        while not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                await self.flush()
+            except OSError:
+                log.exception("writing claim statuses to %s failed; retrying", self.directory)
+                await asyncio.sleep(1.0)
+                self._wake.set()
+            await asyncio.sleep(0.05)  # coalesce bursts of changes into one write each
