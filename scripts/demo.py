@@ -1,10 +1,12 @@
-"""Demo: the agent on its embedded default, driving the seed's two sample models end to end.
+"""Demo: the agent on its embedded default, driven by the seed's two sample ModelClaims.
 
-Starts ``runtime-agent serve`` (simulated engines when no GPU is present) with a throw-away
-state directory, activates qwen3-0.6b and qwen2.5-0.5b as the seed's sample claims do, sends a
-chat request, puts one model to sleep and wakes it, kills one engine to show the restart, and
-prints the snapshot table after each step. Everything it started is stopped at the end, unless
---keep-running is given.
+Starts ``runtime-agent serve --claims DIR`` (simulated GPU and engines when no GPU is present;
+the embedded reconciler treats this agent as the pool) with a throw-away state directory and the
+seed's `modelclaims.yaml` plus a pool that lets idle models sleep after a few seconds. It shows
+the claims reaching Active, the agent's snapshot, a chat request served through a claim's route,
+an idle model put to sleep, a wake on request, an engine killed and restarted on its port, and
+finally the claims deleted (the reconciler stops their engines). Everything it started is
+stopped at the end, unless --keep-running is given.
 """
 
 from __future__ import annotations
@@ -12,132 +14,165 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime_agent.cli import _table  # noqa: E402
+from reconciler.cli import table as claims_table  # noqa: E402
+from runtime_agent.cli import _table as snapshot_table  # noqa: E402
 from runtime_agent.client import AgentClient, AgentError  # noqa: E402
 
-SAMPLES = [("qwen3-0.6b", "huggingface://Qwen/Qwen3-0.6B"),
-           ("qwen2.5-0.5b", "huggingface://Qwen/Qwen2.5-0.5B-Instruct")]
+SLEEP_AFTER_S = 6
+POOL = """\
+# The seed's pool-a, here one agent (this one); idle models sleep after SLEEP s.
+kind: WarmPool
+metadata:
+  name: pool-a
+  namespace: default
+  labels:
+    claim.model.aibrix.ai/pool: pool-a
+    claim.model.aibrix.ai/enabled: "true"
+spec:
+  policy: {"lifecycle": {"sleepAfterSeconds": SLEEP}}
+  agents:
+    - name: local
+      url: http://127.0.0.1:PORT
+"""
 
 
 def step(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
 
-def wait_until(client: AgentClient, test, what: str, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    cursor = 0
-    while time.monotonic() < deadline:
-        snap = client.snapshot()
-        if test(snap):
-            return snap
-        cursor = client.events(cursor, wait=1)["cursor"]
-    raise SystemExit(f"demo: timed out waiting for {what}")
+def get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
 
 
-def phases(snap: dict) -> dict[str, str]:
-    return {m["model_name"]: m["phase"] for m in snap["models"]}
-
-
-def chat(port: int, model: str) -> tuple[int, str]:
-    body = json.dumps({"model": model, "max_tokens": 12,
-                       "messages": [{"role": "user", "content": "Say hello."}]}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+def post(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())["choices"][0]["message"]["content"]
+            return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()[:120]
+        return exc.code, exc.read().decode(errors="replace")[:200]
+
+
+def wait_until(test: Callable[[], bool], what: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if test():
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"demo: timed out waiting for {what}")
+
+
+def chat(port: int, model: str) -> tuple[int, str]:
+    status, body = post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                        {"model": model, "max_tokens": 12,
+                         "messages": [{"role": "user", "content": "Say hello."}]})
+    if status == 200:
+        return status, body["choices"][0]["message"]["content"]
+    return status, str(body)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="the agent's port")
+    p.add_argument("--claims-port", type=int, default=8081, help="the reconciler's port")
     p.add_argument("--state-dir", default=None)
     p.add_argument("--keep-running", action="store_true")
     args = p.parse_args()
-    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="runtime-agent-demo-"))
-    url = f"http://127.0.0.1:{args.port}"
-    client = AgentClient(url, timeout_s=60)
-    step(f"starting the agent on :{args.port} (state in {state_dir})")
+    work = Path(tempfile.mkdtemp(prefix="runtime-agent-demo-"))
+    state_dir = Path(args.state_dir) if args.state_dir else work / "state"
+    claims_dir = work / "claims"
+    claims_dir.mkdir()
+    (claims_dir / "pool.yaml").write_text(
+        POOL.replace("SLEEP", str(SLEEP_AFTER_S)).replace("PORT", str(args.port)))
+    agent_url = f"http://127.0.0.1:{args.port}"
+    rec_url = f"http://127.0.0.1:{args.claims_port}"
+    client = AgentClient(agent_url, timeout_s=60)
+    step(f"starting the agent on :{args.port} with its reconciler on :{args.claims_port} "
+         f"(state in {state_dir}, claims in {claims_dir})")
+    log = open(work / "agent.log", "ab")
     agent = subprocess.Popen(
         [sys.executable, "-m", "runtime_agent.cli", "serve", "--port", str(args.port),
          "--state-dir", str(state_dir), "--log-format", "text", "--restart-delays", "1,2,4,8,16",
-         "--scrape-interval", "0.5"],
-        cwd=ROOT, stderr=open(state_dir / "agent.log", "ab"), start_new_session=True)
+         "--scrape-interval", "0.5", "--claims", str(claims_dir),
+         "--claims-port", str(args.claims_port)],
+        cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
     try:
-        for _ in range(200):
-            try:
-                client.health()
-                break
-            except (OSError, AgentError):
-                if agent.poll() is not None:
-                    print((state_dir / "agent.log").read_text()[-2000:])
-                    raise SystemExit(f"demo: the agent exited ({agent.returncode})") from None
-                time.sleep(0.05)
+        wait_until(lambda: client.health() == {"status": "ok"} and bool(get(rec_url + "/healthz")),
+                   "the agent and its reconciler to answer", 30)
         snap = client.snapshot()
-        print(f"engines: {'simulated' if snap['agent']['simulated_engines'] else 'vLLM'}")
+        print(f"engines: {'simulated' if snap['agent']['simulated_engines'] else 'vLLM'}; "
+              f"GPU memory: {snap['node']['gpu_backend']}")
 
-        step("activating the seed's two sample models")
-        ports = {}
-        for name, artifact in SAMPLES:
-            # The seed's samples: 6 GiB footprint and a 1 GiB KV floor per GPU; a 2 GiB KV limit.
-            result = client.activate(
-                name, artifact, "vllm", args={"--max-model-len": "2048"},
-                per_gpu={"maximum_footprint_bytes": 6 << 30, "kv_floor_bytes": 1 << 30},
-                kv_limit_bytes=2 << 30)
-            ports[name] = result["port"]
-            print(f"{name}: port {result['port']}, pid {result['pid']}, phase {result['phase']}")
-        snap = wait_until(client, lambda s: set(phases(s).values()) == {"active"}, "both active")
-        print(_table(snap))
+        step("the seed's sample claims go in (samples/modelclaim/modelclaims.yaml)")
+        shutil.copy(ROOT / "samples" / "modelclaim" / "modelclaims.yaml", claims_dir)
+        wait_until(lambda: {c["status"]["phase"] for c in get(rec_url + "/v1/claims")["items"]}
+                   == {"Active"} and len(get(rec_url + "/v1/claims")["items"]) == 2,
+                   "both claims Active")
+        print(claims_table(get(rec_url + "/v1/claims")["items"]))
+        print()
+        print(snapshot_table(client.snapshot()))
 
-        step("a chat request to qwen3-0.6b")
-        status, text = chat(ports["qwen3-0.6b"], "qwen3-0.6b")
+        step("a chat request to qwen3-0.6b through its route")
+        routes = {r["model"]: r for r in get(rec_url + "/v1/routes")["routes"]}
+        print(json.dumps(routes["qwen3-0.6b"]))
+        status, text = chat(routes["qwen3-0.6b"]["port"], "qwen3-0.6b")
         print(f"HTTP {status}: {text}")
 
-        step("qwen2.5-0.5b goes to sleep (level 1); requests to it get 503")
-        print(json.dumps(client.sleep("qwen2.5-0.5b", 1, operation_id="demo-sleep-1")))
-        print(f"request while asleep: HTTP {chat(ports['qwen2.5-0.5b'], 'qwen2.5-0.5b')[0]}")
-        print(_table(client.snapshot()))
+        step(f"idle for {SLEEP_AFTER_S} s, both models are put to sleep")
+        wait_until(lambda: {c["status"]["phase"] for c in get(rec_url + "/v1/claims")["items"]}
+                   == {"Sleeping"}, "both claims Sleeping", 60)
+        print(claims_table(get(rec_url + "/v1/claims")["items"]))
 
-        step("waking it; it serves again")
-        print(json.dumps(client.wake("qwen2.5-0.5b", operation_id="demo-wake-1")))
-        print(f"request after wake: HTTP {chat(ports['qwen2.5-0.5b'], 'qwen2.5-0.5b')[0]}")
+        step("a wake request for qwen3-0.6b (what the gateway does on a request)")
+        print(post(rec_url + "/v1/routes/qwen3-0.6b/wake"))
+        wait_until(lambda: any(r["model"] == "qwen3-0.6b" and r["state"] == "active"
+                               for r in get(rec_url + "/v1/routes")["routes"]), "qwen3 awake")
+        port = next(r["port"] for r in get(rec_url + "/v1/routes")["routes"]
+                    if r["model"] == "qwen3-0.6b")
+        print(f"request after the wake: HTTP {chat(port, 'qwen3-0.6b')[0]}")
 
         step("qwen3-0.6b's engine is killed (SIGKILL); the agent restarts it on its port")
         pid = next(m["pid"] for m in client.snapshot()["models"] if m["model_name"] == "qwen3-0.6b")
         os.kill(pid, signal.SIGKILL)
-        snap = wait_until(client, lambda s: any(m["model_name"] == "qwen3-0.6b" and m["ready"]
-                                                and m["pid"] != pid for m in s["models"]),
-                          "qwen3-0.6b restarted")
-        print(_table(snap))
+        wait_until(lambda: any(m["model_name"] == "qwen3-0.6b" and m["ready"] and m["pid"] != pid
+                               for m in client.snapshot()["models"]), "qwen3 restarted")
+        print(snapshot_table(client.snapshot()))
 
-        step("events so far")
+        step("engine events so far")
         for e in client.events(0)["events"]:
             first = e["message"].splitlines()[0] if e["message"] else ""
             print(f"  {e['model']}: {e['from']} -> {e['to']} ({e['reason']}) {first}")
         if args.keep_running:
-            step(f"the agent keeps running at {url}; try: runtime-agent snapshot --url {url}"
-                 " (Ctrl-C stops it and its engines)")
+            step(f"running: runtime-agent snapshot --url {agent_url}; runtime-agent claims get "
+                 f"--url {rec_url} (Ctrl-C stops it and its engines)")
             try:
                 agent.wait()
             except KeyboardInterrupt:
                 pass
-        step("deactivating both models")
-        for name, _ in SAMPLES:
-            print(json.dumps(client.deactivate(name)))
-        print(_table(client.snapshot()))
+        step("the claims are deleted; the reconciler stops their engines")
+        (claims_dir / "modelclaims.yaml").unlink()
+        wait_until(lambda: client.snapshot()["models"] == [], "engines stopped", 120)
+        print(snapshot_table(client.snapshot()))
         return 0
     finally:
         if agent.poll() is None:
