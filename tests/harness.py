@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,35 @@ class AgentProcess:
             args[key] = value
         return self.client.activate(name, f"huggingface://test/{name}", "vllm", args=args,
                                     **extra)
+
+
+@dataclass
+class SimProcess:
+    """One simulated engine started directly by a test (no agent), in its own process group."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    launched_at: float
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        ok = wait_until(lambda: port_is_open(self.port) or self.proc.poll() is not None, timeout)
+        assert ok and self.proc.poll() is None, f"engine did not start:\n{self.log()}"
+
+    def wait_exit(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()

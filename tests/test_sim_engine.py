@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from runtime_agent.kv_segment import SegmentInfo, SegmentReplaced, read_segment,
 
 pytestmark = pytest.mark.timeout(30)
 
-from tests.harness import engine_port, port_is_open, wait_until
+from tests.harness import SimProcess, engine_port, port_is_open, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VLLM_FLAGS = ["--gpu-memory-utilization", "0.9", "--max-model-len", "2048", "--trust-remote-code",
@@ -49,39 +48,11 @@ async def async_wait_for(predicate: Callable[[], Awaitable[bool]], timeout: floa
     return await predicate()
 
 
-@dataclass
-class Sim:
-    """One running simulated engine."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-    launched_at: float
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 10.0) -> None:
-        ok = wait_until(lambda: port_is_open(self.port) or self.proc.poll() is not None, timeout)
-        assert ok and self.proc.poll() is None, f"engine did not start:\n{self.log()}"
-
-    def wait_exit(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
+Sim = SimProcess
 
 
 def _kill_group(sim: Sim) -> None:
-    try:
-        os.killpg(sim.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    sim.proc.wait()
+    sim.kill_group()
 
 
 Launcher = Callable[..., Sim]

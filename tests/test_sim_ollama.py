@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from engines.sim.options import GIB, MIB, OptionsError, parse_options
 
 pytestmark = pytest.mark.timeout(30)
 
-from tests.harness import engine_port, port_is_open, wait_until
+from tests.harness import SimProcess, engine_port, port_is_open
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KIB = 1024
@@ -44,25 +43,7 @@ KIB = 1024
 
 
 
-@dataclass
-class Ollama:
-    """One running simulated `ollama serve`."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-    launched_at: float
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 10.0) -> None:
-        ok = wait_until(lambda: port_is_open(self.port) or self.proc.poll() is not None, timeout)
-        assert ok and self.proc.poll() is None, f"ollama did not start:\n{self.log()}"
+Ollama = SimProcess  # one running simulated `ollama serve`
 
 
 Launcher = Callable[..., Ollama]
