@@ -89,3 +89,29 @@ def test_a_clashing_ipc_name_or_port_is_a_conflict(agent: AgentProcess) -> None:
 
 def test_the_healthz_endpoint_answers_ok(agent: AgentProcess) -> None:
     assert agent.client.health() == {"status": "ok"}
+
+
+def test_concurrent_activations_of_one_model_start_one_engine(agent: AgentProcess) -> None:
+    import threading
+
+    results: list[dict] = []
+    threads = [threading.Thread(target=lambda: results.append(agent.activate_sim("m1")))
+               for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len(results) == 6
+    assert len({(r["engine_id"], r["port"]) for r in results}) == 1
+    assert len(agent.client.snapshot()["models"]) == 1
+
+
+def test_a_huge_body_is_refused_with_413(agent: AgentProcess) -> None:
+    code, reply = post(agent, ACTIVATE, '{"model_name": "' + "x" * (2 * 1024 * 1024) + '"}')
+    assert code == 413 and reply["status"] == "error"
+
+
+def test_lifecycle_calls_for_an_unknown_model_say_so(agent: AgentProcess) -> None:
+    code, reply = post(agent, "/v1/runtime/models/kv-limit",
+                       '{"model_name": "ghost", "limit_bytes": 1024}')
+    assert code == 404 and "not running" in reply["message"]
