@@ -8,6 +8,7 @@ process lives means the engine is still booting, not that it failed.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 import aiohttp
@@ -65,26 +66,29 @@ class EngineClient:
         self._session = session
         self._base = f"http://{host}:{port}"
 
-    async def health(self, timeout_s: float, path: str = "/health") -> bool:
-        """True when ``path`` answers 200; False when refused, failing or too slow."""
+    async def _get(self, path: str, timeout_s: float) -> tuple[int, str] | None:
+        """Status and body of a GET; None when refused, failing or too slow."""
         try:
             async with self._session.get(
                 f"{self._base}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return False
+                return resp.status, await resp.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+            return None
+
+    async def health(self, timeout_s: float, path: str = "/health") -> bool:
+        """True when ``path`` answers 200; False when refused, failing or too slow."""
+        answer = await self._get(path, timeout_s)
+        return answer is not None and answer[0] == 200
 
     async def is_sleeping(self, timeout_s: float) -> bool | None:
         """The engine's own word on sleep; None when it has no sleep endpoint or did not say."""
+        answer = await self._get("/is_sleeping", timeout_s)
+        if answer is None or answer[0] != 200:
+            return None
         try:
-            async with self._session.get(
-                f"{self._base}/is_sleeping", timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp:
-                if resp.status != 200:
-                    return None
-                body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            body = json.loads(answer[1])
+        except ValueError:
             return None
         value = body.get("is_sleeping") if isinstance(body, dict) else None
         return value if isinstance(value, bool) else None
@@ -105,13 +109,7 @@ class EngineClient:
 
 
     async def request_figures(self, timeout_s: float) -> RequestFigures | None:
-        try:
-            async with self._session.get(
-                f"{self._base}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp:
-                if resp.status != 200:
-                    return None
-                text = await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+        answer = await self._get("/metrics", timeout_s)
+        if answer is None or answer[0] != 200:
             return None
-        return parse_request_figures(text)
+        return parse_request_figures(answer[1])

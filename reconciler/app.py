@@ -12,7 +12,6 @@ Run modes:
   pool file names (``runtime-agent reconcile --claims DIR --pool FILE``).
 * ``start_embedded(agent_url, claims_dir, listen_host, listen_port)``: next to one agent in
   the same process; the local agent is the pool (``runtime-agent serve --claims DIR``).
-  ``run_embedded`` is the same as a blocking call of its own.
 
 The claims directory is polled every 50 ms (``directory_interval``): a change reaches the
 agent within about that much. Polling costs one ``scandir`` and a ``stat`` per manifest per
@@ -237,9 +236,3 @@ def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: s
     asyncio.run(serve_until_signalled(Settings(
         Path(claims_dir), Path(pool_file) if pool_file else None, host, port)))
 
-
-def run_embedded(agent_url: str, claims_dir: Path | str, host: str = "0.0.0.0",
-                 port: int = DEFAULT_PORT) -> None:
-    """Blocking: reconcile ``claims_dir`` with the agent at ``agent_url`` as the pool."""
-    asyncio.run(serve_until_signalled(Settings(Path(claims_dir), host=host, port=port,
-                                               local_agent=local_agent(agent_url))))

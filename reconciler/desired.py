@@ -68,7 +68,6 @@ class DesiredState:
         self.claims: dict[ClaimKey, ModelClaim] = {}
         self.pools: tuple[WarmPool, ...] = ()
         self.problems: tuple[Problem, ...] = ()
-        self.revision = 0
         self._pool_listeners: list[Callable[[], None]] = []
 
     # ---- reading ----------------------------------------------------------------------------
@@ -149,7 +148,6 @@ class DesiredState:
         self.claims = claims
         self.pools = self._effective_pools(result)
         self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) + kept
-        self.revision += 1
 
     def _keep_last_valid(self, result: ParseResult,
                          claims: dict[ClaimKey, ModelClaim]) -> tuple[Problem, ...]:

@@ -25,7 +25,6 @@ from reconciler.status import ACTIVATING, ACTIVE
 from reconciler.store import StatusStore
 
 ACTIVATION_RESULTS = ("success", "refused", "failed", "invalid")
-POLICY_ACTIONS = ("sleep", "wake", "sleep_to_make_room", "move")
 
 
 class _ClaimCollector(Collector):

@@ -359,9 +359,5 @@ class World:
         return [(name, e) for name, obs in sorted(self.agents.items()) for e in obs.engines
                 if e.claim_ref == key and e.phase != "stopped"]
 
-    def claim_refs(self) -> set[ClaimKey]:
-        return {e.claim_ref for obs in self.agents.values() for e in obs.engines
-                if e.claim_ref is not None}
-
     def candidate_list(self) -> list[Candidate]:
         return [self.candidates[name] for name in sorted(self.candidates)]

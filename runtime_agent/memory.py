@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -247,17 +247,6 @@ class MemoryBroker:
         self.ledger = result[0]
         return result[1]
 
-    async def claim_wake_waiting(self, key: str, wait_s: float) -> Admit | Refuse | None:
-        deadline = time.monotonic() + wait_s
-        while True:
-            result = self.claim_wake(key)
-            left = deadline - time.monotonic()
-            if not isinstance(result, Refuse) or result.reason != INSUFFICIENT_GPU or left <= 0:
-                return result
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
-
     def exited(self, key: str) -> None:
         """The engine's process is gone but it will restart: it keeps its place on its cards."""
         holding = self.ledger.holdings.get(key)
@@ -301,10 +290,6 @@ class MemoryBroker:
 
     # ---- readers ----------------------------------------------------------------------------
 
-    def devices_of(self, key: str) -> tuple[int, ...]:
-        holding = self.ledger.holdings.get(key)
-        return holding.devices if holding is not None else ()
-
     def accelerators(self) -> list[dict[str, Any]]:
         if self.sample is None:
             return []
@@ -336,6 +321,3 @@ class MemoryBroker:
                 "gpu_samples_total": self.samples_total,
                 "gpu_sample_seconds_total": round(self.sample_seconds_total, 6)}
 
-
-def with_devices(ref: EngineRef, devices: tuple[int, ...]) -> EngineRef:
-    return replace(ref, devices=devices)

@@ -114,11 +114,6 @@ class EngineOwner:
         self._inbox.put_nowait(("intent", intent, future))
         return await future
 
-    async def wait_closed(self) -> None:
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
     async def detach(self) -> None:
         """Stop supervising without touching the engine: the agent is shutting down."""
         if self._task is not None:

@@ -34,9 +34,6 @@ _ALLOWED: dict[Phase, frozenset[Phase]] = {
     Phase.STOPPED: frozenset(),
 }
 
-# Phases in which the engine process is expected to be running.
-PROCESS_PHASES = frozenset({Phase.BOOTING, Phase.ACTIVE, Phase.SLEEPING})
-
 
 class TransitionError(RuntimeError):
     """An owner tried a move the table forbids: a programming error, never user input."""
