@@ -255,7 +255,9 @@ async def test_with_no_wake_reserve_room_is_made_by_sleeping_the_longest_idle_mo
         second = pool.status("second")
         assert second is not None and second.phase == "Sleeping"
         assert "SleptToMakeRoom" in [e.reason for e in second.events]
-        assert pool.status("third").phase == "Active"  # type: ignore[union-attr]
+        third = pool.status("third")
+        assert third is not None and third.phase == "Active", \
+            [(e.reason, e.message) for e in third.events] if third else None
     finally:
         if pool.app is not None:
             await pool.app.stop()

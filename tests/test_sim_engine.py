@@ -29,6 +29,7 @@ from runtime_agent.kv_segment import SegmentInfo, SegmentReplaced, read_segment,
 
 pytestmark = pytest.mark.timeout(30)
 
+from engines.sim.gpu_report import GpuReport
 from tests.harness import SimProcess, engine_port, port_is_open, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -287,6 +288,25 @@ async def test_sleeping_engine_refuses_inference_stays_healthy_and_serves_after_
             assert await response.json() == {"is_sleeping": False}
         status, _ = await post_json(session, completion, {"prompt": "x"})
         assert status == 200
+
+
+async def test_the_gpu_report_shows_a_sleep_or_wake_before_the_call_answers(launch: Launcher,
+                                                                            tmp_path: Path) -> None:
+    """As NVML shows freed memory the moment vLLM's sleep returns, the report is written before the
+    answer: a reader right after the call never sees the memory of before it."""
+    channel = tmp_path / "gpu"
+    channel.mkdir()
+    sim = launch(env={"AIBRIX_SIM_GPU_DIR": str(channel), "CUDA_VISIBLE_DEVICES": "0"})
+    report = channel / f"{sim.proc.pid}.json"
+    assert wait_until(report.exists, 5)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):
+            assert await post_status(session, f"{sim.url}/sleep", params={"level": "1"}) == 200
+            asleep = GpuReport.from_json(report.read_text())
+            assert (asleep.weights_bytes, asleep.kv_bytes, asleep.host_bytes) == (0, 0, GIB)
+            assert await post_status(session, f"{sim.url}/wake_up") == 200
+            awake = GpuReport.from_json(report.read_text())
+            assert (awake.weights_bytes, awake.host_bytes) == (GIB, 0)
 
 
 async def test_level_one_sleep_woken_tag_by_tag_keeps_valid_weights(launch: Launcher) -> None:

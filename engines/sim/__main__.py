@@ -21,7 +21,7 @@ import time
 from aiohttp import web
 from prometheus_client import disable_created_metrics
 
-from engines.sim.gpu_feed import feed
+from engines.sim.gpu_feed import MemoryFeed
 from engines.sim import logs
 from engines.sim.ollama_api import build_ollama_app
 from engines.sim.ollama_state import OLLAMA_SIM_VERSION, OllamaState
@@ -101,7 +101,9 @@ async def _serve(options: SimOptions, stop: asyncio.Event) -> int:
             return 1
         if kv is not None:
             kv.start_watch()
-        reporting = asyncio.create_task(feed(state.memory, stop))
+        memory = MemoryFeed(state.memory)
+        state.memory_changed = memory.flush
+        reporting = asyncio.create_task(memory.run(stop))
         logs.server_log("INFO", "Application startup complete.")
         logs.server_log("INFO", f"Uvicorn running on http://{options.host}:{options.port} (Press CTRL+C to quit)")
         await stop.wait()
@@ -135,7 +137,9 @@ async def _serve_ollama(options: SimOptions, stop: asyncio.Event) -> int:
             return 1
         logs.ollama_log("INFO", f"Listening on {options.host}:{options.port} (version {OLLAMA_SIM_VERSION})",
                         "routes.go:1306")
-        await feed(state.memory, stop)
+        memory = MemoryFeed(state.memory)
+        state.memory_changed = memory.flush
+        await memory.run(stop)
         await stop.wait()
         return 0
     finally:

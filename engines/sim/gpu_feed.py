@@ -4,6 +4,10 @@ A real engine's allocations are what NVML sees; a simulated engine reports its o
 context, weights, KV cache in use, weights offloaded to host memory) through
 ``engines.sim.gpu_report``, so the agent's simulated GPU backend follows the engine's real
 lifecycle: load, sleep (weights to host memory, KV freed), wake, stop.
+
+As with a real engine, whose freed memory NVML shows the moment a sleep call returns, the
+state writes the report itself (``flush``) on every lifecycle change before it answers; the
+poll only follows what changes between calls (KV in use as requests come and go).
 """
 
 from __future__ import annotations
@@ -19,21 +23,35 @@ CONTEXT_BYTES = 512 * 1024 * 1024  # a CUDA context and allocator slack, held wh
 POLL_S = 0.05
 
 
-async def feed(memory: Callable[[], dict[str, int]], stop: asyncio.Event) -> None:
-    """Report ``memory()`` until ``stop`` is set; remove the report on the way out."""
-    reporter = GpuReporter(channel_from_env(os.environ), os.getpid(),
-                           devices_from_env(os.environ))
-    if reporter.path is None:
-        return
-    last: tuple[int, int, int] | None = None
-    try:
-        while not stop.is_set():
-            now = memory()
-            current = (now["weights_bytes"], now["kv_bytes"], now["host_bytes"])
-            if current != last:
-                reporter.update(current[0], current[1], CONTEXT_BYTES, current[2])
-                last = current
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), POLL_S)
-    finally:
-        reporter.remove()
+class MemoryFeed:
+    """Writes ``memory()`` to this process's report whenever it differs from the last one."""
+
+    def __init__(self, memory: Callable[[], dict[str, int]]) -> None:
+        self._memory = memory
+        self._reporter = GpuReporter(channel_from_env(os.environ), os.getpid(),
+                                     devices_from_env(os.environ))
+        self._last: tuple[int, int, int] | None = None
+        self._closed = False
+
+    def flush(self) -> None:
+        """Write the report now if the memory changed (a no-op without a channel)."""
+        if self._reporter.path is None or self._closed:
+            return
+        now = self._memory()
+        current = (now["weights_bytes"], now["kv_bytes"], now["host_bytes"])
+        if current != self._last:
+            self._reporter.update(current[0], current[1], CONTEXT_BYTES, current[2])
+            self._last = current
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the memory until ``stop`` is set; remove the report on the way out."""
+        if self._reporter.path is None:
+            return
+        try:
+            while not stop.is_set():
+                self.flush()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), POLL_S)
+        finally:
+            self._closed = True
+            self._reporter.remove()

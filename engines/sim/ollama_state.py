@@ -18,7 +18,7 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -102,6 +102,7 @@ class OllamaState:
         self.seen: dict[str, float] = {}  # models loaded at least once -> wall clock of first load
         self.success_total = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self.memory_changed: Callable[[], None] = lambda: None  # the GPU report, written at once
 
     # --- the catalogue -----------------------------------------------------------------------------
 
@@ -152,6 +153,7 @@ class OllamaState:
         model = LoadedModel(name, self.settings.context_length, self.settings.num_parallel,
                             self.options.memory_bytes, self._kv_bytes(), keep_alive_s)
         self.models[name] = model
+        self.memory_changed()
         logs.ollama_log("INFO", f"starting llama server for {name} (simulated)", "server.go:405")
         task = asyncio.create_task(self._load(model))
         self._tasks.add(task)
@@ -240,6 +242,7 @@ class OllamaState:
     def _unload(self, model: LoadedModel) -> None:
         self._cancel_timer(model)
         del self.models[model.name]
+        self.memory_changed()
         logs.ollama_log("INFO", f"unloaded model {model.name} ({model.size} bytes freed, simulated)",
                         "sched.go:337")
 

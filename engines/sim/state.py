@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -61,6 +61,7 @@ class EngineState:
         self.weights_valid = True  # False from a level-2 sleep until reload_weights
         self.sleep_level = 0  # 0 while awake, else the level of the current sleep
         self.transition: str | None = None  # "sleeping" / "waking" / "reloading" while a call runs
+        self.memory_changed: Callable[[], None] = lambda: None  # the GPU report, written at once
         self.running = 0
         self.waiting = 0
         self.success_total = 0
@@ -167,6 +168,7 @@ class EngineState:
                 self.sleep_level = level
                 if level >= 2:
                     self.weights_valid = False  # discarded, not offloaded
+                self.memory_changed()
             finally:
                 self.transition = None
 
@@ -194,6 +196,7 @@ class EngineState:
                 self.asleep_tags -= wanted
                 if not self.asleep_tags:
                     self.sleep_level = 0
+                self.memory_changed()
             finally:
                 self.transition = None
 
