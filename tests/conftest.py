@@ -7,8 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.harness import AgentProcess
+
+# Property tests judge results, not speed: on a loaded 2-core CI machine one slow example must
+# not fail a test (hypothesis's default 200 ms deadline and too-slow health check would).
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
 
 
 @pytest.fixture

@@ -109,7 +109,7 @@ def test_a_crash_during_a_slow_sleep_answers_the_caller_at_once(agent: AgentProc
 def test_a_port_taken_by_another_process_is_named_as_the_cause(agent_factory) -> None:
     import socket
 
-    agent: AgentProcess = agent_factory(restart_delays="1,0.05")
+    agent: AgentProcess = agent_factory(restart_delays="3,0.05")
     first = agent.activate_sim("m1")
     agent.wait_phase("m1", "active")
     os.kill(first["pid"], signal.SIGKILL)
@@ -117,7 +117,7 @@ def test_a_port_taken_by_another_process_is_named_as_the_cause(agent_factory) ->
     squatter = socket.socket()
     # SO_REUSEADDR: the port may still have TIME_WAIT connections the dead engine closed.
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:  # someone else takes the engine's port during the 1 s restart delay
+    try:  # someone else takes the engine's port during the 3 s restart delay
         squatter.bind(("127.0.0.1", first["port"]))
         squatter.listen()
         model = agent.wait_phase("m1", "failed", timeout_s=20)

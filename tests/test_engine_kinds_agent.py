@@ -73,7 +73,7 @@ def test_where_vllm_cannot_sleep_sleep_requests_get_409_with_the_reason(agent_fa
 
 def test_a_start_that_makes_no_progress_is_ended_with_its_log_tail(agent_factory) -> None:
     agent: AgentProcess = agent_factory(restart_delays="0.05",
-                                        extra_args=["--start-stall-timeout", "1"])
+                                        extra_args=["--start-stall-timeout", "3"])
     agent.activate_sim("stuck", "--sim-hang-on-start")
     model = agent.wait_phase("stuck", "failed", timeout_s=30)
     assert "made no progress" in model["last_error"]

@@ -293,13 +293,18 @@ async def test_serve_with_claims_runs_the_reconciler_beside_the_agent_and_stops_
     async def agent_main() -> None:  # stands in for the agent's serve(): runs until stopped
         await stop.wait()
 
-    async def later() -> None:
-        await asyncio.sleep(0.5)
+    status = tmp_path / ".status" / "default_c.json"
+
+    async def later() -> None:  # stop once the claim was reconciled (its status written)
+        for _ in range(200):
+            if status.exists():
+                break
+            await asyncio.sleep(0.05)
         stop.set()
 
     (tmp_path / "c.yaml").write_text(claim_yaml("c"))
     await asyncio.wait_for(asyncio.gather(
         serve_with_claims(agent_main(), "0.0.0.0", 1, str(tmp_path), "127.0.0.1", 0),
         later()), 10)
-    doc = json.loads((tmp_path / ".status" / "default_c.json").read_text())
+    doc = json.loads(status.read_text())
     assert doc["status"]["phase"] == "Pending"  # its agent (port 1) does not answer

@@ -419,7 +419,8 @@ def test_sigint_is_passed_on_as_a_stop_too(supervised: Supervised) -> None:
 def test_a_stop_signal_during_the_restart_backoff_ends_the_entrypoint_at_once(supervised: Supervised) -> None:
     proc = supervised.start(FAKE_AGENT_CRASHES="1", RUNTIME_AGENT_RESTART_DELAYS="30")
     supervised.wait_until(lambda: len(supervised.lines("exit")) == 1)
-    time.sleep(0.2)  # into the 30 s backoff
+    supervised.wait_until(lambda: any(  # into the 30 s backoff: its sleep runs
+        child.name() == "sleep" for child in psutil.Process(proc.pid).children()))
     began = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0

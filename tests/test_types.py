@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.timeout(360)  # a cold mypy cache on a slow machine
 def test_the_packages_pass_a_strict_type_check() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "runtime_agent",
