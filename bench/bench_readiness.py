@@ -12,12 +12,11 @@ activated one at a time and deactivated after their sample, so every sample sees
 
 from __future__ import annotations
 
-import argparse
 import socket
 import sys
 import time
 
-from bench.common import Events, Result, fmt_summary, log, run_main, session, summary_ms, \
+from bench.common import Events, Result, count_main, fmt_summary, log, session, summary_ms, \
     transition
 
 GOAL_P50_MS = 50.0
@@ -85,10 +84,7 @@ def run(samples: int = 32) -> Result:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--samples", type=int, default=32)
-    args = p.parse_args()
-    return run_main(lambda: run(args.samples))
+    return count_main(run, __doc__, "--samples", 32)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,12 @@ restarted: PIDs, ports and restart counts must be unchanged.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import time
 from pathlib import Path
 
-from bench.common import FastClient, Result, activate_many, log, run_main, session, \
+from bench.common import FastClient, Result, activate_many, count_main, log, session, \
     snapshot_models
 
 GOAL_S = 2.0
@@ -109,10 +108,7 @@ def run(engines: int = 32, timeout_s: float = 30.0) -> Result:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engines", type=int, default=32)
-    args = p.parse_args()
-    return run_main(lambda: run(args.engines))
+    return count_main(run, __doc__, "--engines", 32)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def run(agents: int = 8, claims: int = 96, samples: int = 20, interval: float = 
         f"counters: {out['reconciles']}",
     ]
     return Result(
-        figure=f"6. reconciler ({claims} claims, {agents} agents)",
+        figure=f"7. reconciler ({claims} claims, {agents} agents)",
         goal=f"manifest change -> activate p50 <= {GOAL_P50_MS:g} ms (converge time recorded)",
         measured=(f"all {claims} Active in {out['converge_s']:.1f} s; write -> booting p50 "
                   f"{lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, max {lat['max']:.1f} ms; idle "

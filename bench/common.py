@@ -7,6 +7,7 @@ runtime_agent.cli serve --engines sim``) and talks to it only over its HTTP API.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import json
@@ -74,6 +75,14 @@ def run_main(run: Callable[[], Result]) -> int:
     result = run()
     print(result.report(), flush=True)
     return 0 if result.passed else 1
+
+
+def count_main(run: Callable[[int], Result], doc: str | None, flag: str, default: int) -> int:
+    """``main`` of a bench with one knob, a count (``--samples``, ``--engines``)."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    p.add_argument(flag, type=int, default=default, dest="count")
+    args = p.parse_args()
+    return run_main(lambda: run(args.count))
 
 
 def log(msg: str) -> None:

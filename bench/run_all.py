@@ -1,4 +1,4 @@
-"""Run the five benchmarks in sequence and print a markdown table (figure, goal, measured, pass).
+"""Run the six benchmarks in sequence and print a markdown table (figure, goal, measured, pass).
 
     python -m bench.run_all [--only crash,readiness,...] [--json results.json]
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import psutil
 
-from bench import bench_crash, bench_isolation, bench_readiness, bench_readoption, bench_scale
+from bench import bench_crash, bench_isolation, bench_kv, bench_readiness, bench_readoption, bench_scale
 from bench.common import Result, log
 
 BENCHES: dict[str, Callable[[], Result]] = {
@@ -29,6 +29,7 @@ BENCHES: dict[str, Callable[[], Result]] = {
     "isolation": bench_isolation.run,
     "scale": bench_scale.run,
     "readoption": bench_readoption.run,
+    "kv": bench_kv.run,
 }
 
 
