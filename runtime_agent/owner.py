@@ -4,8 +4,9 @@ API handlers send the owner an intent (sleep, wake, stop) and await its outcome;
 engine does on its own (exits, becomes ready, reports request figures) reaches the owner as an
 event in the same inbox. The owner handles one message at a time, so every decision that leads
 to a start, stop, sleep or wake is made with the owner's own, current state. Long work (a 10 s
-sleep call, readiness probing, scraping) runs in helper tasks that post their results back, so
-the owner keeps answering (a stop, an exit) while an engine call is in flight. No lock exists.
+sleep call, readiness probing, scraping: ``runtime_agent.watchers``) runs in helper tasks that
+post their results back, so the owner keeps answering (a stop, an exit) while an engine call is
+in flight. No lock exists.
 
 Readers (the snapshot, the metrics) read ``owner.view``: an immutable value replaced on every
 change.
@@ -30,7 +31,8 @@ from engines.client import EngineCallError
 from engines.process import EngineProcess, ExitInfo, ProcessLauncher, SpawnError, tail_lines
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
-from runtime_agent.backoff import probe_delays, restart_delay
+from runtime_agent import watchers
+from runtime_agent.backoff import restart_delay
 from runtime_agent.engine_kinds import engine_command, make_adapter
 from runtime_agent.kv_keeper import KvKeeper
 from runtime_agent.gpu.admission import Refuse
@@ -272,8 +274,10 @@ class EngineOwner:
                 self._inbox.put_nowait(("exit", gen, fut.result()))
 
         proc.exited.add_done_callback(exited)
-        self._helper(self._probe_ready(gen, prepare))
-        self._helper(self._watch_progress(gen))
+        post = self._inbox.put_nowait
+        self._helper(watchers.probe_ready(self._adapter, self._settings, post, gen, prepare))
+        self._helper(watchers.watch_progress(self.log_path, self._settings, post, gen,
+                                             lambda: self._ready))
         self._helper(self._kv.watch(lambda info: self._inbox.put_nowait(("kv", gen, info)),
                                     self._settings.kv_watch_s, self._settings.kv_hold_s))
 
@@ -320,47 +324,6 @@ class EngineOwner:
             self.record.last_error = cause + "\n" + "\n".join(tail)
             self._publish()
 
-    async def _probe_ready(self, gen: int, prepare: bool) -> None:
-        """Probe until the engine answers; a started engine is then prepared (Ollama loads
-        its model) unless it is meant to sleep; then its own word on sleep decides."""
-        s = self._settings
-        for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
-            await asyncio.sleep(delay)
-            if await self._adapter.healthy(s.probe_timeout_s):
-                break
-        if prepare:
-            try:
-                await self._adapter.prepare(s.lifecycle_timeout_s)
-            except EngineCallError as exc:
-                self._inbox.put_nowait(("unusable", gen, f"start-up failed: {exc}"))
-                return
-        sleeping = await self._adapter.is_sleeping(s.probe_timeout_s)
-        self._inbox.put_nowait(("ready", gen, sleeping))
-
-    async def _watch_progress(self, gen: int) -> None:
-        """A booting engine that neither answers nor logs for ``start_stall_s`` is stuck."""
-        last_size, last_change = -1, time.monotonic()
-        while not self._ready:
-            try:
-                size = (await asyncio.to_thread(self.log_path.stat)).st_size
-            except OSError:
-                size = -1
-            now = time.monotonic()
-            if size != last_size:
-                last_size, last_change = size, now
-            elif now - last_change >= self._settings.start_stall_s:
-                self._inbox.put_nowait(("unusable", gen, "start-up made no progress (no port, "
-                                        f"no log output) for {self._settings.start_stall_s:g} s"))
-                return
-            await asyncio.sleep(min(1.0, self._settings.start_stall_s / 4))
-
-    async def _scrape(self, gen: int) -> None:
-        while True:
-            figures = await self._adapter.observe(self._settings.probe_timeout_s)
-            if figures is not None:
-                self._inbox.put_nowait(("figures", gen, figures))
-            await asyncio.sleep(self._settings.scrape_interval_s)
-
     async def _on_ready(self, sleeping: bool | None) -> None:
         self._ready = True
         self._end_turn()
@@ -370,7 +333,8 @@ class EngineOwner:
         if target is self.view.phase:  # a re-adopted engine: no move, but followers learn it
             self._emit("Ready", "re-adopted engine answers /health", to=target)
         await self._transition(target, "Ready", "answers /health")
-        self._helper(self._scrape(self._gen))
+        self._helper(watchers.scrape(self._adapter, self._settings, self._inbox.put_nowait,
+                                     self._gen))
         if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:
             level = self.record.sleep_level or 1
             refused = self._deps.memory.admit_sleep(self.name, level)

@@ -1,0 +1,74 @@
+"""What an engine owner's helper tasks watch: each observes the engine and posts what it saw.
+
+They decide nothing and change nothing: every finding goes to the owner's inbox as a message
+tagged with the process generation it was about, and the owner (``runtime_agent.owner``) acts
+on it with its own, current state, or drops it when that process is gone.
+
+* ``probe_ready``: probe until the engine answers, prepare it (Ollama loads its model), then
+  ask whether it sleeps -> ``("ready", gen, sleeping)`` or ``("unusable", gen, why)``.
+* ``watch_progress``: a booting engine that neither answers nor logs for ``start_stall_s`` is
+  stuck -> ``("unusable", gen, why)``.
+* ``scrape``: request figures every ``scrape_interval_s`` -> ``("figures", gen, figures)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engines.adapter import EngineAdapter
+from engines.client import EngineCallError
+from runtime_agent.backoff import probe_delays
+from runtime_agent.settings import Settings
+
+Post = Callable[[tuple[Any, ...]], None]
+
+
+async def probe_ready(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
+                      prepare: bool) -> None:
+    """Probe until the engine answers; a started engine is then prepared unless it is meant
+    to sleep; then its own word on sleep decides."""
+    s = settings
+    for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
+        await asyncio.sleep(delay)
+        if await adapter.healthy(s.probe_timeout_s):
+            break
+    if prepare:
+        try:
+            await adapter.prepare(s.lifecycle_timeout_s)
+        except EngineCallError as exc:
+            post(("unusable", gen, f"start-up failed: {exc}"))
+            return
+    sleeping = await adapter.is_sleeping(s.probe_timeout_s)
+    post(("ready", gen, sleeping))
+
+
+async def watch_progress(log_path: Path, settings: Settings, post: Post, gen: int,
+                         ready: Callable[[], bool]) -> None:
+    """Until ``ready()``, watch the engine's log grow; report it stuck when it stops."""
+    stall = settings.start_stall_s
+    last_size, last_change = -1, time.monotonic()
+    while not ready():
+        try:
+            size = (await asyncio.to_thread(log_path.stat)).st_size
+        except OSError:
+            size = -1
+        now = time.monotonic()
+        if size != last_size:
+            last_size, last_change = size, now
+        elif now - last_change >= stall:
+            post(("unusable", gen, f"start-up made no progress (no port, no log output) for "
+                  f"{stall:g} s"))
+            return
+        await asyncio.sleep(min(1.0, stall / 4))
+
+
+async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: int) -> None:
+    while True:
+        figures = await adapter.observe(settings.probe_timeout_s)
+        if figures is not None:
+            post(("figures", gen, figures))
+        await asyncio.sleep(settings.scrape_interval_s)
