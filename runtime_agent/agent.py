@@ -140,7 +140,8 @@ class Agent:
         for v in self.pool.views():
             asleep = v.phase is Phase.SLEEPING or v.operation == "sleep"
             steady = v.phase in (Phase.ACTIVE, Phase.SLEEPING) and v.operation is None
-            refs[v.spec.model_name] = EngineRef(v.pid, v.devices, asleep, steady)
+            refs[v.spec.model_name] = EngineRef(v.pid, v.devices, asleep, steady,
+                                                v.last_transition)
         return refs
 
     def _on_view(self, view: EngineView) -> None:

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
@@ -55,6 +55,7 @@ class EngineRef:
     devices: tuple[int, ...]
     sleeping: bool
     steady: bool  # active or asleep with no operation in flight: a measurement is its footprint
+    since: float | None = None  # its last transition: a ref equal after a sample saw no change
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,13 @@ class MemoryBroker:
         self.sample_seconds_total += taken.seconds
         self._apply(taken, refs)
 
-    def _apply(self, taken: _Taken, refs: Mapping[str, EngineRef]) -> None:
+    def _apply(self, taken: _Taken, taken_for: Mapping[str, EngineRef]) -> None:
+        """Apply a sample. An engine whose state changed while the sample was taken (a wake
+        or sleep began or ended, its process exited) may be measured on either side of the
+        change: its figures are refreshed, never taken as its footprint."""
+        after = self._engines()
+        refs = {k: r if after.get(k) == r else replace(r, steady=False)
+                for k, r in taken_for.items()}
         sample = taken.sample
         if sample.error and not sample.devices:
             log.warning("GPU sample failed: %s", sample.error)
@@ -287,6 +294,9 @@ class MemoryBroker:
             self.ledger = set_sleeping(self.ledger, key, sleeping)
         if not sleeping:
             self.host = host_release(self.host, key)
+        elif (figures := self.figures.get(key)) is not None:
+            # An earlier sleep's footprint is not this one's: unknown until measured again.
+            self.figures[key] = replace(figures, sleeping_footprint_bytes=None)
 
     # ---- readers ----------------------------------------------------------------------------
 

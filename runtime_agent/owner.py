@@ -328,6 +328,9 @@ class EngineOwner:
         self._ready = True
         self._end_turn()
         target = Phase.SLEEPING if sleeping else Phase.ACTIVE
+        # The engine's own word: a re-adopted engine may have finished a sleep its record
+        # never saw (the agent died during the call), and the ledger must charge it so.
+        self._deps.memory.set_sleeping(self.name, target is Phase.SLEEPING)
         if self._adopted and not self._converge:
             self.record.desired = "asleep" if sleeping else "awake"
         if target is self.view.phase:  # a re-adopted engine: no move, but followers learn it

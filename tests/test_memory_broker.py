@@ -1,0 +1,125 @@
+"""The memory broker's sampling against engine state that changes while a sample is taken.
+
+A GPU sample runs in a worker thread; meanwhile the engine's owner may start a wake (claiming
+its awake size back), finish a sleep, or see its process exit. What the sample measured may be
+from either side of that change, so it must never be taken as the engine's footprint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+from runtime_agent.gpu.admission import Refuse
+from runtime_agent.gpu.model import Device, GpuProcess, GpuSample
+from runtime_agent.memory import EngineRef, MemoryBroker
+
+GiB = 1 << 30
+PID = os.getpid()  # attribution needs a live process tree: this test's own process
+
+
+class OneCard:
+    """An 80 GiB card whose one process (this one) holds ``used``; ``hold`` stalls a sample."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.used = 1 * GiB
+        self.hold: threading.Event | None = None
+
+    def sample(self) -> GpuSample:
+        if self.hold is not None:
+            self.hold.wait(10)
+        free = 80 * GiB - self.used
+        return GpuSample((Device(0, "GPU-0", "fake", 80 * GiB, free, self.used, None),),
+                         (GpuProcess(PID, 0, self.used),), time.time(), True)
+
+    def close(self) -> None:
+        pass
+
+
+class Engine:
+    """The owner's side, as the broker sees it through ``EngineRef``."""
+
+    def __init__(self) -> None:
+        self.phase, self.op, self.since = "active", None, 0.0
+
+    def move(self, phase: str | None = None, op: str | None = None) -> None:
+        self.phase, self.op = phase or self.phase, op
+        self.since += 1.0
+
+    def refs(self) -> dict[str, EngineRef]:
+        sleeping = self.phase == "sleeping" or self.op == "sleep"
+        return {"m": EngineRef(PID, (0,), sleeping, self.op is None, self.since)}
+
+
+async def asleep_after_40_gib(card: OneCard, engine: Engine) -> MemoryBroker:
+    broker = MemoryBroker(card, engine.refs)
+    await broker.sample_now()
+    broker.adopt("m", (0,), 40 * GiB, sleeping=False)
+    card.used = 40 * GiB
+    await broker.sample_now()  # measured awake: 40 GiB
+    engine.move(op="sleep")
+    broker.set_sleeping("m", True)
+    card.used = 1 * GiB
+    engine.move("sleeping")
+    await broker.sample_now()  # measured asleep: 1 GiB
+    return broker
+
+
+async def test_a_wake_that_begins_during_a_sample_keeps_its_claim() -> None:
+    card, engine = OneCard(), Engine()
+    broker = await asleep_after_40_gib(card, engine)
+    assert broker.ledger.charge("m", 0) == 1 * GiB
+    card.hold = threading.Event()
+    sampling = asyncio.create_task(broker.sample_now())  # sees the engine asleep and steady
+    await asyncio.sleep(0.05)
+    assert broker.claim_wake("m") is not None  # the owner starts a wake meanwhile
+    engine.move(op="wake")
+    card.hold.set()
+    await sampling
+    assert broker.ledger.charge("m", 0) == 40 * GiB, "the wake's claim survives the sample"
+    assert isinstance(broker.claim_start("other", 45 * GiB, 1), Refuse)
+    assert broker.figures["m"].sleeping_footprint_bytes == 1 * GiB
+
+
+async def test_a_sleep_that_ends_during_a_sample_is_not_measured_from_it() -> None:
+    card, engine = OneCard(), Engine()
+    broker = MemoryBroker(card, engine.refs)
+    await broker.sample_now()
+    broker.adopt("m", (0,), 40 * GiB, sleeping=False)
+    card.used = 40 * GiB
+    await broker.sample_now()
+    engine.move(op="sleep")
+    broker.set_sleeping("m", True)
+    card.hold = threading.Event()
+    sampling = asyncio.create_task(broker.sample_now())  # the engine's memory still 40 GiB
+    await asyncio.sleep(0.05)
+    engine.move("sleeping")  # the sleep call returns: steady, asleep
+    card.hold.set()
+    await sampling
+    assert broker.figures["m"].sleeping_footprint_bytes is None, "40 GiB is not its sleep size"
+    card.used = 1 * GiB
+    await broker.sample_now()
+    assert broker.figures["m"].sleeping_footprint_bytes == 1 * GiB
+
+
+async def test_a_new_sleep_forgets_the_last_sleeps_footprint_until_measured() -> None:
+    card, engine = OneCard(), Engine()
+    broker = await asleep_after_40_gib(card, engine)
+    assert broker.figures["m"].sleeping_footprint_bytes == 1 * GiB
+    broker.claim_wake("m")
+    engine.move(op="wake")
+    card.used = 40 * GiB
+    broker.set_sleeping("m", False)
+    engine.move("active")
+    await broker.sample_now()
+    engine.move(op="sleep")
+    broker.set_sleeping("m", True)  # this sleep may hold more (or less) than the last
+    assert broker.figures["m"].sleeping_footprint_bytes is None
+    card.used = 6 * GiB
+    engine.move("sleeping")
+    await broker.sample_now()
+    assert broker.figures["m"].sleeping_footprint_bytes == 6 * GiB
