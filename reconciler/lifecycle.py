@@ -11,7 +11,11 @@
   footprint is measured (``SleptToMakeRoom`` events; the claim reads ``WaitingForRoom``). When
   no model can go and another agent has room, the claim moves there (``Moving``); otherwise it
   waits until the request expires (five minutes). The request is removed once the model
-  serves, the wake failed, or it expired.
+  serves, the wake failed, or it expired. One sleep for room at a time per agent: the agent
+  settles from the first step until a snapshot fetched after the sleep's answer shows what the
+  victim still holds. A wake the agent refuses for memory (it measures; the plan used the
+  claims' figures) is asked again; after three refusals the plan includes the agent's
+  shortfall, and only then may the claim move.
 * A failed engine (restart budget spent) moves to another agent with room, or reads Failed
   ``EngineFailed`` with the reason it cannot move in its Scheduled condition.
 """
@@ -46,6 +50,17 @@ from reconciler.status import (
 log = logging.getLogger("reconciler.lifecycle")
 
 
+WAKE_REFUSALS_BEFORE_REPLAN = 3
+
+
+def _shortfall(reply: Reply) -> int:
+    """Bytes the agent said it lacks for a wake (needed less free), 0 when it did not say."""
+    needed, free = reply.body.get("needed_bytes"), reply.body.get("free_bytes")
+    if isinstance(needed, int) and isinstance(free, int):
+        return max(0, needed - free)
+    return 0
+
+
 def first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else "no error recorded"
 
@@ -55,10 +70,13 @@ class Lifecycle:
         self.d = deps
         self.placer = Placer(deps, self)
         self.waking: set[ClaimKey] = set()  # claims whose wake this reconciler asked for
-        self._settling: dict[tuple[str, str], float] = {}  # (agent, model) slept for room
+        # (agent, model) being put to sleep for room: (when asked, when the agent answered)
+        self._settling: dict[tuple[str, str], tuple[float, float | None]] = {}
         self._failed_seen: dict[ClaimKey, str] = {}
         self._unmeasured: dict[tuple[str, str], float] = {}  # (agent, engine id): since
         self._warned: set[tuple[str, str]] = set()
+        # wakes the agent refused for memory, in a row, and the shortfall to plan for
+        self._refused: dict[ClaimKey, tuple[int, int]] = {}
 
     def _pool(self, agent: str) -> tuple[str, PoolPolicy]:
         pool = self.d.pool_of(agent)
@@ -113,20 +131,28 @@ class Lifecycle:
         return reply
 
     async def sleep_for_room(self, agent: str, victim: str, for_model: str) -> bool:
-        """Put ``victim`` to sleep (off the route first, if still idle) to make room."""
+        """Put ``victim`` to sleep (off the route first, if still idle) to make room.
+
+        The agent counts as settling from the first step: no other pass makes room there
+        until a snapshot taken after the agent answered shows what the victim still holds."""
+        entry = (agent, victim)
+        asked = self.d.clock.now()
+        self._settling[entry] = (asked, None)
         self.d.holds.hold(victim)
         try:
             fresh = (await self.d.cache.fresh(agent)).engine(victim)
             if fresh is None or fresh.phase != "active" or fresh.load is None or fresh.load > 0:
+                del self._settling[entry]
                 return False
             reply = await self._call_sleep(agent, victim)
+            # kept when the call failed too: a timed-out sleep may still have happened
+            self._settling[entry] = (asked, self.d.clock.now())
             key = fresh.claim_ref
             vst = self.d.store.get(key) if key is not None else None
             if not reply.ok:
                 log.warning("sleeping %s on %s to make room failed: %s", victim, agent,
                             reply.message)
                 return False
-            self._settling[(agent, victim)] = self.d.clock.now()
             now = self.d.wall()
             if vst is not None:
                 vst.event(now, "SleptToMakeRoom", f"put to sleep on {agent} to make room for "
@@ -141,16 +167,23 @@ class Lifecycle:
             self.d.holds.release(victim)
 
     def settling(self, world: World, agent: str) -> bool:
-        """A model slept for room on ``agent`` whose sleeping footprint is not measured yet."""
+        """A model is being put to sleep for room on ``agent``, or slept and its sleeping
+        footprint is not measured yet. Only a snapshot fetched after the agent answered the
+        sleep can end it (an older one may predate the sleep, or its measurement)."""
         obs = world.agents.get(agent)
-        for (where, model), since in list(self._settling.items()):
-            engine = obs.engine(model) if obs is not None and where == agent else None
-            if where != agent:
+        for entry, (_, answered) in list(self._settling.items()):
+            where, model = entry
+            if where != agent or answered is None:
+                continue  # another agent, or the sleep call is still in flight
+            if world.now - answered > self.d.timings.settle_timeout:
+                del self._settling[entry]
                 continue
-            done = engine is None or engine.phase != "sleeping" or (
-                engine.sleeping_footprint is not None and engine.operation is None)
-            if done or world.now - since > self.d.timings.settle_timeout:
-                del self._settling[(where, model)]
+            if obs is None or not obs.ok or obs.fetched_at <= answered:
+                continue
+            engine = obs.engine(model)
+            if engine is None or (engine.operation is None and (
+                    engine.phase != "sleeping" or engine.sleeping_footprint is not None)):
+                del self._settling[entry]
         return any(where == agent for where, _ in self._settling)
 
     # ---- wake -------------------------------------------------------------------------------
@@ -159,6 +192,8 @@ class Lifecycle:
                        engine: EngineObs) -> Result:
         req = self.d.wakes.get(claim.model_name)
         now = self.d.wall()
+        if req is None or self.d.wakes.expired(req, world.now):
+            self._refused.pop(claim_key(claim), None)
         if req is None:
             st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
                                          f"asleep on {agent}; a request wakes it"))
@@ -208,20 +243,38 @@ class Lifecycle:
         per_gpu = self.d.per_gpu(claim_key(claim))
         if cand is None or per_gpu is None or not cand.healthy:
             return Result(requeue_after=1.0)
-        plan = self._victims(cand, engine, per_gpu.room, world.now)
+        key = claim_key(claim)
+        shortfall = self._refused.get(key, (0, 0))[1]
+        plan = self._victims(cand, engine, per_gpu.room + shortfall, world.now)
         why = f"no room on {agent} to wake"
         if plan == []:
             reply = await self._call_wake(claim, st, agent, engine, per_gpu.room, world.now)
             if reply.ok:
+                self._refused.pop(key, None)
                 return Result(requeue_after=self.d.timings.settle_poll)
             if reply.reason != INSUFFICIENT_GPU:
+                self._refused.pop(key, None)
                 self.d.wakes.drop(model)
                 now = self.d.wall()
                 st.event(now, "WakeFailed", f"on {agent}: {reply.message}", warning=True)
                 st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
                                              f"the wake failed on {agent}: {reply.message}"))
                 return Result()
-            plan, why = None, f"{agent} has no room to wake it: {reply.message}"
+            # The agent measures what the engine needs awake and what the card holds; the plan
+            # used the claim's figures and a snapshot. Look again a few times (a measurement
+            # may be catching up), then plan for the agent's shortfall too.
+            refusals = self._refused.get(key, (0, 0))[0] + 1
+            short = _shortfall(reply)
+            self._refused[key] = (refusals, short if refusals >= WAKE_REFUSALS_BEFORE_REPLAN
+                                  else 0)
+            why = f"{agent} has no room to wake it: {reply.message}"
+            if refusals < WAKE_REFUSALS_BEFORE_REPLAN or (
+                    short > 0 and cand.policy.no_wake_reserve_while_asleep
+                    and refusals < 3 * WAKE_REFUSALS_BEFORE_REPLAN):
+                st.set(self.d.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
+                    f"{why}; asking again")))
+                return Result(requeue_after=self.d.timings.settle_poll)
+            plan = None
         if plan and cand.policy.no_wake_reserve_while_asleep:
             if not self.settling(world, agent):
                 await self.sleep_for_room(agent, plan[0], model)
@@ -276,6 +329,7 @@ class Lifecycle:
             waited = f" {self.d.clock.now() - req.at:.1f} s after the request" if req else ""
             st.event(self.d.wall(), "Woken", f"serves on {agent} again{waited}")
         self.waking.discard(key)
+        self._refused.pop(key, None)
         self.d.wakes.drop(model)
         return woken
 

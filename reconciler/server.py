@@ -105,6 +105,7 @@ async def wake(request: web.Request) -> web.Response:
         return _error(404, f"no claim serves model {model!r}")
     if st.phase == ACTIVE:
         return web.json_response({"status": "success", "model": model,
+                                  "claim": f"{key[0]}/{key[1]}", "new": False,
                                   "message": "the model serves; nothing to wake"})
     req, new = deps.wakes.request(model, key, deps.clock.now(), deps.wall())
     if new:

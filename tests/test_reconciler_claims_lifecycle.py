@@ -114,10 +114,62 @@ async def test_a_model_that_cannot_wake_where_it_is_moves_to_an_agent_with_room(
     a.wake_reply = Reply(409, {"status": "error", "reason": "InsufficientGPUMemory",
                                "message": "needs 7.0 GiB, 1.0 GiB free"})
     rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
-    await rig.reconcile("m")
+    for _ in range(2):  # the agent's measurements may be catching up: it is asked again first
+        await rig.reconcile("m", advance=0.25)
+        assert rig.status("m").reason("Ready") == "WaitingForRoom"
+        assert a.calls_of("deactivate") == [] and b.calls_of("activate") == []
+    await rig.reconcile("m", advance=0.25)
+    assert len(a.calls_of("wake")) == 3
     assert a.calls_of("deactivate") == [("deactivate", "m")]
     assert len(b.calls_of("activate")) == 1
     assert "Rescheduled" in rig.events("m")
+
+
+async def test_a_view_from_before_a_sleep_for_room_does_not_end_its_settling(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a", card=8 * GiB)
+    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper"))
+    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
+    await active_claim(rig, a, "sleeper")
+    await a.sleep("sleeper")
+    await rig.reconcile("sleeper")
+    await active_claim(rig, a, "old")
+    await active_claim(rig, a, "new")
+    rig.clock.advance(60)
+    before = await rig.deps.world()  # another pass's view, taken before the sleep below
+    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    await rig.reconcile("sleeper")
+    assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
+    life = rig.claims.life
+    assert life.settling(before, "agent-a"), "a view that shows 'old' awake predates its sleep"
+    rig.clock.advance(0.2)
+    assert not life.settling(await rig.deps.world(), "agent-a")  # asleep and measured
+
+
+async def test_a_wake_the_agent_keeps_refusing_plans_for_its_shortfall(tmp_path: Path) -> None:
+    a = FakeAgent("agent-a", card=8 * GiB)  # 7 GiB usable
+    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "sleeper"))
+    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
+    await active_claim(rig, a, "sleeper")
+    await a.sleep("sleeper")
+    await rig.reconcile("sleeper")
+    await active_claim(rig, a, "old")
+    rig.clock.advance(60)
+    # By the claims' figures sleeper fits beside old (3 of 4 GiB); the agent, which measures,
+    # finds 2 GiB short.
+    a.wake_reply = Reply(409, {"status": "error", "reason": "InsufficientGPUMemory",
+                               "message": "needs 3.0 GiB, 1.0 GiB free",
+                               "needed_bytes": 3 * GiB, "free_bytes": 1 * GiB})
+    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    for _ in range(3):
+        await rig.reconcile("sleeper")
+    assert len(a.calls_of("wake")) == 3 and a.calls_of("sleep")[-1][1] == "sleeper"
+    await rig.reconcile("sleeper")  # now planned with the shortfall: old makes room
+    assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
+    assert rig.status("sleeper").reason("Ready") == "WaitingForRoom"
+    a.wake_reply = None
+    await rig.reconcile("sleeper")
+    assert len(a.calls_of("wake")) == 4 and a.models["sleeper"]["phase"] == "active"
 
 
 async def test_a_wake_with_no_room_anywhere_waits_then_expires(tmp_path: Path) -> None:
@@ -127,7 +179,8 @@ async def test_a_wake_with_no_room_anywhere_waits_then_expires(tmp_path: Path) -
     a.wake_reply = Reply(409, {"status": "error", "reason": "InsufficientGPUMemory",
                                "message": "no room"})
     rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
-    result = await rig.reconcile("m")
+    for _ in range(3):
+        result = await rig.reconcile("m", advance=0.25)
     assert rig.status("m").reason("Ready") == "WaitingForRoom" and result.requeue_after == 5.0
     await rig.reconcile("m", advance=301)
     assert rig.deps.wakes.get("m") is None

@@ -260,11 +260,12 @@ async def test_an_idle_model_sleeps_after_the_policy_time_and_a_wake_request_bri
     assert pool.engine(where(active), "m-model")["phase"] == "sleeping"  # type: ignore[index]
     (route,) = (await pool.get("/v1/routes"))["routes"]
     assert (route["state"], route["port"], route["wakeByRequest"]) == ("sleeping", 0, True)
+    # the later requests collapse into the first, or find the model served again already
     answers = [await pool.get("/v1/routes/m-model/wake") for _ in range(3)]
     assert [a["new"] for a in answers] == [True, False, False]
     st = await pool.phase("m", "Active", timeout=10)
     lifecycle = [e.reason for e in st.events if e.reason != "KVLimitSet"]
-    assert lifecycle[-3:] == ["Sleeping", "Waking", "Woken"]
+    assert lifecycle[-3:] == ["Sleeping", "Waking", "Woken"]  # one wake
     (route,) = (await pool.get("/v1/routes"))["routes"]
     assert route["state"] == "active" and route["port"] > 0 and not route["wakeRequested"]
 
