@@ -25,6 +25,15 @@ async def active_claim(rig: Rig, agent: FakeAgent, name: str) -> None:
     assert rig.status(name).phase == "Active", rig.status(name)
 
 
+async def asleep_beside(rig: Rig, agent: FakeAgent, *awake: str) -> None:
+    """Claim ``sleeper`` Active, then asleep; then each of ``awake`` Active, in order."""
+    await active_claim(rig, agent, "sleeper")
+    await agent.sleep("sleeper")
+    await rig.reconcile("sleeper")
+    for name in awake:
+        await active_claim(rig, agent, name)
+
+
 # ---- idle sleep -------------------------------------------------------------------------------
 
 
@@ -130,11 +139,7 @@ async def test_a_view_from_before_a_sleep_for_room_does_not_end_its_settling(
     a = FakeAgent("agent-a", card=8 * GiB)
     claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper"))
     rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
-    await active_claim(rig, a, "sleeper")
-    await a.sleep("sleeper")
-    await rig.reconcile("sleeper")
-    await active_claim(rig, a, "old")
-    await active_claim(rig, a, "new")
+    await asleep_beside(rig, a, "old", "new")
     rig.clock.advance(60)
     before = await rig.deps.world()  # another pass's view, taken before the sleep below
     rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
@@ -150,10 +155,7 @@ async def test_a_wake_the_agent_keeps_refusing_plans_for_its_shortfall(tmp_path:
     a = FakeAgent("agent-a", card=8 * GiB)  # 7 GiB usable
     claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "sleeper"))
     rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
-    await active_claim(rig, a, "sleeper")
-    await a.sleep("sleeper")
-    await rig.reconcile("sleeper")
-    await active_claim(rig, a, "old")
+    await asleep_beside(rig, a, "old")
     rig.clock.advance(60)
     # By the claims' figures sleeper fits beside old (3 of 4 GiB); the agent, which measures,
     # finds 2 GiB short.
