@@ -44,6 +44,16 @@ def test_the_busy_engine_gets_more_of_the_rest() -> None:
     assert limits["a"] > limits["b"]
 
 
+def test_kv_in_use_above_the_floor_is_kept_and_only_the_rest_is_shared() -> None:
+    # b holds 1.5 GiB of live KV (idle now): a limit below that would free nothing yet, and
+    # a's grow into it would over-commit the card.
+    limits = divide(16 * GiB, [engine("a"), engine("b", kv_used=int(1.5 * GiB))], DEFAULT)
+    assert limits["b"] >= int(1.5 * GiB)
+    assert limits["a"] == GiB + (3 * GiB // 2) // 2 // QUANTUM * QUANTUM  # half of 1.5 GiB spare
+    assert limits["b"] == int(1.5 * GiB) + limits["a"] - GiB
+    assert 12 * GiB + sum(limits.values()) <= 16 * GiB
+
+
 def test_load_counts_by_power_of_two_bands() -> None:
     assert [load_band(x) for x in (None, 0, 0.5, 1, 2, 3, 4, 7, 8, 15.9, 16)] == [
         0, 0, 0, 1, 2, 2, 4, 4, 8, 8, 16]

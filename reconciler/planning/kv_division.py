@@ -9,7 +9,10 @@ The rule (the guide's, made exact):
    of 0 and the agent refuses one, and the engine's KV cache was freed by its sleep). While its
    sleeping footprint is unknown it keeps its whole room, floor included.
 2. The rest, ``spare = usable - footprints - floors - what sleeping engines hold``, goes to the
-   awake (and starting) engines' KV caches in proportion to a weight ``1 + band(load)``, where
+   awake (and starting) engines' KV caches; an engine whose KV in use (``kv_used``) is above its
+   floor keeps that much first (kvcached frees no live KV: a lower limit would free nothing
+   until its requests finish, and the others would grow into memory still held). The rest is
+   shared in proportion to a weight ``1 + band(load)``, where
    ``load`` is requests running + waiting and ``band`` is the largest power of two not above it
    (0 when idle or unknown; 1, 2, 4, 8, ...). So an engine with a request in flight weighs twice
    an idle one, and the busy ones get more.
@@ -72,15 +75,17 @@ def divide(gpu_usable: int, engines: Sequence[Resident], policy: PoolPolicy = PO
     limits: dict[str, int] = {e.name: e.kv_floor for e in engines
                               if e.asleep and not holds_only_sleeping_footprint(e, policy)}
     fixed = sum(e.footprint for e in awake) + sum(charge(e, policy) for e in engines if e.asleep)
-    spare = gpu_usable - fixed - sum(e.kv_floor for e in awake)
     if not awake:
         return limits
-    if spare <= 0:
+    if gpu_usable - fixed - sum(e.kv_floor for e in awake) <= 0:
         limits.update({e.name: e.kv_floor for e in awake})
         return limits
+    # KV in use stays: kvcached frees no live KV, so a limit below it would free nothing now.
+    held = {e.name: max(e.kv_floor, e.kv_used or 0) for e in awake}
+    spare = max(0, gpu_usable - fixed - sum(held.values()))
     weights = {e.name: weight(e) for e in awake}
     total = sum(weights.values())
-    planned = {e.name: e.kv_floor + spare * weights[e.name] // (total * quantum) * quantum
+    planned = {e.name: held[e.name] + spare * weights[e.name] // (total * quantum) * quantum
                for e in awake}
     if _keep_current(awake, planned, gpu_usable - fixed, hysteresis):
         planned = {e.name: e.kv_limit for e in awake if e.kv_limit is not None}
