@@ -15,7 +15,8 @@
   settles from the first step until a snapshot fetched after the sleep's answer shows what the
   victim still holds. A wake the agent refuses for memory (it measures; the plan used the
   claims' figures) is asked again; after three refusals the plan includes the agent's
-  shortfall, and only then may the claim move.
+  shortfall, and only then may the claim move. A model that refuses to sleep for room (the
+  agent has no host memory for its weights, say) is passed over for a minute.
 * A failed engine (restart budget spent) moves to another agent with room, or reads Failed
   ``EngineFailed`` with the reason it cannot move in its Scheduled condition.
 """
@@ -23,6 +24,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from reconciler.client import INSUFFICIENT_GPU, AgentUnreachable, Reply
 from reconciler.context import Deps
@@ -51,6 +53,7 @@ log = logging.getLogger("reconciler.lifecycle")
 
 
 WAKE_REFUSALS_BEFORE_REPLAN = 3
+SLEEP_FAILED_PAUSE_S = 60.0  # a model that refused to sleep for room is not asked again so soon
 
 
 def _shortfall(reply: Reply) -> int:
@@ -72,6 +75,7 @@ class Lifecycle:
         self.waking: set[ClaimKey] = set()  # claims whose wake this reconciler asked for
         # (agent, model) being put to sleep for room: (when asked, when the agent answered)
         self._settling: dict[tuple[str, str], tuple[float, float | None]] = {}
+        self._sleep_failed: dict[tuple[str, str], float] = {}  # (agent, model): when
         self._failed_seen: dict[ClaimKey, str] = {}
         self._unmeasured: dict[tuple[str, str], float] = {}  # (agent, engine id): since
         self._warned: set[tuple[str, str]] = set()
@@ -152,6 +156,7 @@ class Lifecycle:
             if not reply.ok:
                 log.warning("sleeping %s on %s to make room failed: %s", victim, agent,
                             reply.message)
+                self._sleep_failed[entry] = self.d.clock.now()
                 return False
             now = self.d.wall()
             if vst is not None:
@@ -165,6 +170,20 @@ class Lifecycle:
             return True
         finally:
             self.d.holds.release(victim)
+
+    def sleepable(self, cand: Candidate) -> Candidate:
+        """``cand`` with the models that lately refused to sleep for room marked unable to
+        (the plan then picks others, or moves the claim, instead of asking them again)."""
+        now = self.d.clock.now()
+        for key, at in list(self._sleep_failed.items()):
+            if now - at >= SLEEP_FAILED_PAUSE_S:
+                del self._sleep_failed[key]
+        bad = {model for agent, model in self._sleep_failed if agent == cand.name}
+        if not bad:
+            return cand
+        return replace(cand, gpus=tuple(
+            replace(g, engines=tuple(replace(e, can_sleep=False) if e.name in bad else e
+                                     for e in g.engines)) for g in cand.gpus))
 
     def settling(self, world: World, agent: str) -> bool:
         """A model is being put to sleep for room on ``agent``, or slept and its sleeping
@@ -227,6 +246,7 @@ class Lifecycle:
 
     def _victims(self, cand: Candidate, engine: EngineObs, room: int,
                  now: float) -> list[str] | None:
+        cand = self.sleepable(cand)
         gpus = [g for g in cand.gpus if g.index in engine.devices] or list(cand.gpus)
         chosen: list[str] = []
         for gpu in gpus:
@@ -252,6 +272,10 @@ class Lifecycle:
             if reply.ok:
                 self._refused.pop(key, None)
                 return Result(requeue_after=self.d.timings.settle_poll)
+            if reply.status == 503 and reply.reason is None:
+                # No answer (a timeout, a reset): the agent may be waking it all the same. The
+                # request stays; the next look sees the engine as it is.
+                return Result(requeue_after=1.0)
             if reply.reason != INSUFFICIENT_GPU:
                 self._refused.pop(key, None)
                 self.d.wakes.drop(model)

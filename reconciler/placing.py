@@ -41,7 +41,7 @@ from reconciler.planning.placement import (
     retry_delay,
 )
 from reconciler.planning.sleep_policy import MakeRoom, make_room
-from reconciler.planning.state import EngineState, Resident
+from reconciler.planning.state import Candidate, EngineState, Resident
 from reconciler.runtime.controller import Result
 from reconciler.status import (
     ACTIVATE_FAILED,
@@ -82,8 +82,8 @@ class Placer:
             self._reserve(claim, got, world.now)
             return await self.activate(claim, st, got)
         if got.reason == NO_MATCHING_PODS:
-            room = make_room(need, candidates, world.now,
-                             max_snapshot_age=self.d.timings.max_snapshot_age)
+            room = make_room(need, [self._sleep_for_room.sleepable(c) for c in candidates],
+                             world.now, max_snapshot_age=self.d.timings.max_snapshot_age)
             if room is not None:
                 return await self._make_room(claim, st, room, world)
         return self.pending(st, got)
@@ -204,3 +204,5 @@ class SleepForRoom(Protocol):
     async def sleep_for_room(self, agent: str, victim: str, for_model: str) -> bool: ...
 
     def settling(self, world: World, agent: str) -> bool: ...
+
+    def sleepable(self, cand: Candidate) -> Candidate: ...

@@ -45,6 +45,7 @@ class FakeAgent:
         self.reachable = True
         self.activate_reply: Reply | None = None  # answer activations with this instead
         self.wake_reply: Reply | None = None
+        self.sleep_refused: set[str] = set()  # models whose sleep is refused (409)
         self.unconfirmed_kv: set[str] = set()  # kv-limit answers applied: false for these
         self.cached: list[str] = []
         self.snapshots = 0
@@ -96,6 +97,9 @@ class FakeAgent:
     async def sleep(self, model_name: str, level: int = 1) -> Reply:
         self._check()
         self.calls.append(("sleep", model_name, level))
+        if model_name in self.sleep_refused:
+            return Reply(409, {"status": "error", "reason": "InsufficientHostMemory",
+                               "message": f"model {model_name!r} cannot sleep now"})
         self.set(model_name, phase="sleeping", ready=False,
                  sleeping_footprint_bytes=SLEEPING_FOOTPRINT)
         return Reply(200, {"status": "success", "applied": True, "phase": "sleeping"})

@@ -151,6 +151,25 @@ async def test_a_view_from_before_a_sleep_for_room_does_not_end_its_settling(
     assert not life.settling(await rig.deps.world(), "agent-a")  # asleep and measured
 
 
+async def test_a_model_that_refuses_to_sleep_for_room_is_passed_over(tmp_path: Path) -> None:
+    a = FakeAgent("agent-a", card=8 * GiB)  # 7 GiB usable: two 3 GiB models awake at most
+    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper"))
+    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
+    await asleep_beside(rig, a, "old")
+    rig.clock.advance(20)
+    await active_claim(rig, a, "new")
+    rig.clock.advance(40)
+    a.sleep_refused.add("old")  # the longest idle, but its host memory is short
+    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    await rig.reconcile("sleeper")
+    assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
+    await rig.reconcile("sleeper")
+    assert a.calls_of("sleep")[-1] == ("sleep", "new", 1), "not old again"
+    await rig.reconcile("sleeper")
+    assert a.calls_of("wake") == [("wake", "sleeper")]
+    assert [c[1] for c in a.calls_of("sleep")].count("old") == 1
+
+
 async def test_a_wake_the_agent_keeps_refusing_plans_for_its_shortfall(tmp_path: Path) -> None:
     a = FakeAgent("agent-a", card=8 * GiB)  # 7 GiB usable
     claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "sleeper"))
@@ -172,6 +191,21 @@ async def test_a_wake_the_agent_keeps_refusing_plans_for_its_shortfall(tmp_path:
     a.wake_reply = None
     await rig.reconcile("sleeper")
     assert len(a.calls_of("wake")) == 4 and a.models["sleeper"]["phase"] == "active"
+
+
+async def test_a_wake_call_without_an_answer_keeps_the_request(tmp_path: Path) -> None:
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
+    a.add("m", "sleeping", claim=("default", "m"))
+    a.wake_reply = Reply(503, {"message": "agent-a: connection reset"})
+    rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
+    result = await rig.reconcile("m")
+    assert rig.deps.wakes.get("m") is not None and "WakeFailed" not in rig.events("m")
+    assert result.requeue_after == 1.0
+    a.wake_reply = None
+    await rig.reconcile("m", advance=1.0)
+    assert a.calls_of("wake") == [("wake", "m"), ("wake", "m")]
+    assert a.models["m"]["phase"] == "active"
 
 
 async def test_a_wake_with_no_room_anywhere_waits_then_expires(tmp_path: Path) -> None:
