@@ -16,7 +16,10 @@
   victim still holds. A wake the agent refuses for memory (it measures; the plan used the
   claims' figures) is asked again; after three refusals the plan includes the agent's
   shortfall, and only then may the claim move. A model that refuses to sleep for room (the
-  agent has no host memory for its weights, say) is passed over for a minute.
+  agent has no host memory for its weights, say) is passed over for a minute. An agent that has
+  not measured a victim's sleeping footprint ``settle_timeout`` after its sleep (per-process GPU
+  figures unavailable) puts no more models to sleep for room for five minutes: each would
+  free nothing the plan could see.
 * A failed engine (restart budget spent) moves to another agent with room, or reads Failed
   ``EngineFailed`` with the reason it cannot move in its Scheduled condition.
 """
@@ -54,6 +57,7 @@ log = logging.getLogger("reconciler.lifecycle")
 
 WAKE_REFUSALS_BEFORE_REPLAN = 3
 SLEEP_FAILED_PAUSE_S = 60.0  # a model that refused to sleep for room is not asked again so soon
+BLIND_PAUSE_S = 300.0  # an agent that cannot measure sleeping footprints: no sleeps for room
 
 
 def _shortfall(reply: Reply) -> int:
@@ -76,6 +80,7 @@ class Lifecycle:
         # (agent, model) being put to sleep for room: (when asked, when the agent answered)
         self._settling: dict[tuple[str, str], tuple[float, float | None]] = {}
         self._sleep_failed: dict[tuple[str, str], float] = {}  # (agent, model): when
+        self._blind: dict[str, float] = {}  # agents that could not measure a sleep: since
         self._failed_seen: dict[ClaimKey, str] = {}
         self._unmeasured: dict[tuple[str, str], float] = {}  # (agent, engine id): since
         self._warned: set[tuple[str, str]] = set()
@@ -178,7 +183,13 @@ class Lifecycle:
         for key, at in list(self._sleep_failed.items()):
             if now - at >= SLEEP_FAILED_PAUSE_S:
                 del self._sleep_failed[key]
+        blind_since = self._blind.get(cand.name)
+        if blind_since is not None and now - blind_since >= BLIND_PAUSE_S:
+            del self._blind[cand.name]
+            blind_since = None
         bad = {model for agent, model in self._sleep_failed if agent == cand.name}
+        if blind_since is not None:  # sleeping others there frees nothing we could see
+            bad = {e.name for g in cand.gpus for e in g.engines}
         if not bad:
             return cand
         return replace(cand, gpus=tuple(
@@ -196,6 +207,13 @@ class Lifecycle:
                 continue  # another agent, or the sleep call is still in flight
             if world.now - answered > self.d.timings.settle_timeout:
                 del self._settling[entry]
+                engine = obs.engine(model) if obs is not None and obs.ok else None
+                if engine is not None and engine.phase == "sleeping" \
+                        and engine.sleeping_footprint is None:
+                    log.warning("%s has not measured what %s holds asleep after %g s; no more "
+                                "models are put to sleep for room there for %g s", agent,
+                                model, self.d.timings.settle_timeout, BLIND_PAUSE_S)
+                    self._blind[agent] = world.now
                 continue
             if obs is None or not obs.ok or obs.fetched_at <= answered:
                 continue
@@ -265,6 +283,7 @@ class Lifecycle:
             return Result(requeue_after=1.0)
         key = claim_key(claim)
         shortfall = self._refused.get(key, (0, 0))[1]
+        settling = self.settling(world, agent)  # first: it may find the agent blind
         plan = self._victims(cand, engine, per_gpu.room + shortfall, world.now)
         why = f"no room on {agent} to wake"
         if plan == []:
@@ -300,7 +319,7 @@ class Lifecycle:
                 return Result(requeue_after=self.d.timings.settle_poll)
             plan = None
         if plan and cand.policy.no_wake_reserve_while_asleep:
-            if not self.settling(world, agent):
+            if not settling:
                 await self.sleep_for_room(agent, plan[0], model)
             st.set(self.d.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
                 f"putting {', '.join(plan)} to sleep on {agent} to make room")))

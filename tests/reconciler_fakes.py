@@ -46,6 +46,7 @@ class FakeAgent:
         self.activate_reply: Reply | None = None  # answer activations with this instead
         self.wake_reply: Reply | None = None
         self.sleep_refused: set[str] = set()  # models whose sleep is refused (409)
+        self.measures_sleep = True  # False: sleeping footprints stay unknown (no NVML figures)
         self.unconfirmed_kv: set[str] = set()  # kv-limit answers applied: false for these
         self.cached: list[str] = []
         self.snapshots = 0
@@ -101,7 +102,7 @@ class FakeAgent:
             return Reply(409, {"status": "error", "reason": "InsufficientHostMemory",
                                "message": f"model {model_name!r} cannot sleep now"})
         self.set(model_name, phase="sleeping", ready=False,
-                 sleeping_footprint_bytes=SLEEPING_FOOTPRINT)
+                 sleeping_footprint_bytes=SLEEPING_FOOTPRINT if self.measures_sleep else None)
         return Reply(200, {"status": "success", "applied": True, "phase": "sleeping"})
 
     async def wake(self, model_name: str) -> Reply:

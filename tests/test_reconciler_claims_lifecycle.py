@@ -170,6 +170,25 @@ async def test_a_model_that_refuses_to_sleep_for_room_is_passed_over(tmp_path: P
     assert [c[1] for c in a.calls_of("sleep")].count("old") == 1
 
 
+async def test_an_agent_that_cannot_measure_a_sleep_stops_sleeping_models_for_room(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a", card=8 * GiB)
+    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper"))
+    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
+    await asleep_beside(rig, a, "old")
+    rig.clock.advance(20)
+    await active_claim(rig, a, "new")
+    rig.clock.advance(40)
+    a.measures_sleep = False
+    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    await rig.reconcile("sleeper")
+    assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
+    await rig.reconcile("sleeper", advance=11)  # settle_timeout passes: 'old' still unmeasured
+    await rig.reconcile("sleeper")
+    assert ("sleep", "new", 1) not in a.calls, "it would free nothing the plan could see"
+    assert rig.status("sleeper").reason("Ready") == "WaitingForRoom"
+
+
 async def test_a_wake_the_agent_keeps_refusing_plans_for_its_shortfall(tmp_path: Path) -> None:
     a = FakeAgent("agent-a", card=8 * GiB)  # 7 GiB usable
     claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "sleeper"))
