@@ -34,6 +34,19 @@ async def asleep_beside(rig: Rig, agent: FakeAgent, *awake: str) -> None:
         await active_claim(rig, agent, name)
 
 
+async def sleeper_old_and_new(tmp_path: Path) -> tuple[Rig, FakeAgent]:
+    """An 8 GiB card (7 usable: two 3 GiB models awake at most): 'sleeper' asleep, 'old' idle
+    60 s and 'new' idle 40 s, both past sleepToMakeRoomAfterSeconds."""
+    a = FakeAgent("agent-a", card=8 * GiB)
+    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper"))
+    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
+    await asleep_beside(rig, a, "old")
+    rig.clock.advance(20)
+    await active_claim(rig, a, "new")
+    rig.clock.advance(40)
+    return rig, a
+
+
 # ---- idle sleep -------------------------------------------------------------------------------
 
 
@@ -94,16 +107,7 @@ async def test_a_wake_request_wakes_a_sleeping_model_where_it_is(tmp_path: Path)
 
 
 async def test_waking_makes_room_by_sleeping_the_longest_idle_model_first(tmp_path: Path) -> None:
-    a = FakeAgent("agent-a", card=8 * GiB)  # 7 GiB usable: two 3 GiB models awake at most
-    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper"))
-    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
-    await active_claim(rig, a, "sleeper")
-    await a.sleep("sleeper")
-    await rig.reconcile("sleeper")
-    await active_claim(rig, a, "old")
-    rig.clock.advance(20)
-    await active_claim(rig, a, "new")
-    rig.clock.advance(40)  # old idle 60 s, new idle 40 s: both may sleep for room
+    rig, a = await sleeper_old_and_new(tmp_path)
     rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
     assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
@@ -152,13 +156,7 @@ async def test_a_view_from_before_a_sleep_for_room_does_not_end_its_settling(
 
 
 async def test_a_model_that_refuses_to_sleep_for_room_is_passed_over(tmp_path: Path) -> None:
-    a = FakeAgent("agent-a", card=8 * GiB)  # 7 GiB usable: two 3 GiB models awake at most
-    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper"))
-    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
-    await asleep_beside(rig, a, "old")
-    rig.clock.advance(20)
-    await active_claim(rig, a, "new")
-    rig.clock.advance(40)
+    rig, a = await sleeper_old_and_new(tmp_path)
     a.sleep_refused.add("old")  # the longest idle, but its host memory is short
     rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
@@ -172,13 +170,7 @@ async def test_a_model_that_refuses_to_sleep_for_room_is_passed_over(tmp_path: P
 
 async def test_an_agent_that_cannot_measure_a_sleep_stops_sleeping_models_for_room(
         tmp_path: Path) -> None:
-    a = FakeAgent("agent-a", card=8 * GiB)
-    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper"))
-    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
-    await asleep_beside(rig, a, "old")
-    rig.clock.advance(20)
-    await active_claim(rig, a, "new")
-    rig.clock.advance(40)
+    rig, a = await sleeper_old_and_new(tmp_path)
     a.measures_sleep = False
     rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
