@@ -99,6 +99,9 @@ class EngineOwner:
     def start(self, mode: str, pid: int | None = None) -> None:
         """Run the owner. mode: "spawn" (new engine), "adopt" (pid verified by the caller),
         "restart" (its process is gone: restart now, counted), or "idle" (failed: keep it)."""
+        if mode == "adopt":  # the recovery verified the process: readers know it at once
+            self._adopted = True
+            self.view = self._make_view()
         self._task = asyncio.create_task(self._run(mode, pid), name=f"owner:{self.name}")
 
     @property
@@ -147,6 +150,7 @@ class EngineOwner:
                 await self._spawn("activated")
             if mode != "spawn" and not self.spawned.done():
                 self.spawned.set_result(None)
+            self._publish()  # readers see the start-up's outcome (adopted, say) at once
             while self.view.phase is not Phase.STOPPED:
                 message = await self._inbox.get()
                 await self._handle(message)
@@ -252,6 +256,7 @@ class EngineOwner:
     async def _adopt(self, pid: int) -> None:
         proc = self._deps.launcher.attach(pid)
         if proc is None:
+            self._adopted = False
             await self._after_exit(None, "its process ended while the agent re-adopted it",
                                    restart_now=True)
             return
