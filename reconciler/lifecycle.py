@@ -8,7 +8,9 @@
   (``victims`` answers []); the agent's own check may still refuse (409
   ``InsufficientGPUMemory``). With ``noWakeReserveWhileAsleep`` the idle models on those GPUs are
   put to sleep, longest idle first and one at a time, re-planning after each once its sleeping
-  footprint is measured (``SleptToMakeRoom`` events; the claim reads ``WaitingForRoom``). When
+  footprint is measured (``SleptToMakeRoom`` events; the claim reads ``WaitingForRoom``); the
+  waking model's whole room is reserved from the first victim on, so no placement or KV grow
+  takes what is being made for it. When
   no model can go and another agent has room, the claim moves there (``Moving``); otherwise it
   waits until the request expires (five minutes). The request is removed once the model
   serves, the wake failed, or it expired. One sleep for room at a time per agent: the agent
@@ -237,6 +239,7 @@ class Lifecycle:
             return Result(requeue_after=self._footprint_check(st, world, agent, engine))
         if self.d.wakes.expired(req, world.now):
             self.d.wakes.drop(claim.model_name)
+            self.d.reservations.drop(agent, claim.model_name)
             st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING, "the wake request expired "
                                          "without room to wake; the next request asks again"))
             return Result()
@@ -320,6 +323,8 @@ class Lifecycle:
             plan = None
         if plan and cand.policy.no_wake_reserve_while_asleep:
             if not settling:
+                # The room being made is the waking model's: nothing placed or grown takes it.
+                self._hold_room(claim, agent, engine, world.now)
                 await self.sleep_for_room(agent, plan[0], model)
             st.set(self.d.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
                 f"putting {', '.join(plan)} to sleep on {agent} to make room")))
@@ -334,14 +339,20 @@ class Lifecycle:
             f"({moved.message}); waiting {left:.0f} s more")))
         return Result(requeue_after=max(0.1, min(5.0, left)))
 
+    def _hold_room(self, claim: ModelClaim, agent: str, engine: EngineObs, now: float) -> None:
+        """Reserve the claim's whole room where it wakes: placement and the KV division count
+        it from now on (while others sleep to make it, and while it wakes)."""
+        per_gpu = self.d.per_gpu(claim_key(claim))
+        assert per_gpu is not None
+        resident = Resident(claim.model_name, per_gpu.maximum_footprint, per_gpu.kv_floor,
+                            EngineState.STARTING, last_busy=now)
+        self.d.reservations.add(Reservation(agent, claim.model_name, resident, engine.devices,
+                                            "wake", now))
+
     async def _call_wake(self, claim: ModelClaim, st: ClaimStatus, agent: str,
                          engine: EngineObs, room: int, now: float) -> Reply:
         model = claim.model_name
-        per_gpu = self.d.per_gpu(claim_key(claim))
-        assert per_gpu is not None
-        resident = Resident(model, per_gpu.maximum_footprint, per_gpu.kv_floor,
-                            EngineState.STARTING, last_busy=now)
-        self.d.reservations.add(Reservation(agent, model, resident, engine.devices, "wake", now))
+        self._hold_room(claim, agent, engine, now)
         self.waking.add(claim_key(claim))
         wall = self.d.wall()
         st.event(wall, "Waking", f"waking on {agent}")

@@ -181,6 +181,21 @@ async def test_an_agent_that_cannot_measure_a_sleep_stops_sleeping_models_for_ro
     assert rig.status("sleeper").reason("Ready") == "WaitingForRoom"
 
 
+async def test_room_made_for_a_waking_model_is_not_given_to_a_new_claim(tmp_path: Path) -> None:
+    a = FakeAgent("agent-a", card=8 * GiB)
+    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "new", "sleeper", "late"))
+    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
+    await asleep_beside(rig, a, "old", "new")
+    rig.clock.advance(60)
+    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    await rig.reconcile("sleeper")
+    assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)  # 3 GiB free now: sleeper's room
+    await rig.reconcile("late")
+    assert [c for c in a.calls_of("activate") if c[1].model_name == "late"] == []
+    await rig.reconcile("sleeper")
+    assert a.calls_of("wake") == [("wake", "sleeper")]
+
+
 async def test_a_wake_the_agent_keeps_refusing_plans_for_its_shortfall(tmp_path: Path) -> None:
     a = FakeAgent("agent-a", card=8 * GiB)  # 7 GiB usable
     claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "sleeper"))
