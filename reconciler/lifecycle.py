@@ -178,9 +178,11 @@ class Lifecycle:
         finally:
             self.d.holds.release(victim)
 
-    def sleepable(self, cand: Candidate) -> Candidate:
+    def sleepable(self, world: World, cand: Candidate) -> Candidate:
         """``cand`` with the models that lately refused to sleep for room marked unable to
-        (the plan then picks others, or moves the claim, instead of asking them again)."""
+        (the plan then picks others, or moves the claim, instead of asking them again), and
+        all of them on an agent found unable to measure a sleep."""
+        self.settling(world, cand.name)  # brings the agent's sleeps for room up to date
         now = self.d.clock.now()
         for key, at in list(self._sleep_failed.items()):
             if now - at >= SLEEP_FAILED_PAUSE_S:
@@ -265,13 +267,13 @@ class Lifecycle:
                      "the sleeping engine holds; it keeps its whole room", warning=True)
         return None
 
-    def _victims(self, cand: Candidate, engine: EngineObs, room: int,
-                 now: float) -> list[str] | None:
-        cand = self.sleepable(cand)
+    def _victims(self, world: World, cand: Candidate, engine: EngineObs,
+                 room: int) -> list[str] | None:
+        cand = self.sleepable(world, cand)
         gpus = [g for g in cand.gpus if g.index in engine.devices] or list(cand.gpus)
         chosen: list[str] = []
         for gpu in gpus:
-            picked = victims(gpu.usable, room, gpu.engines, cand.policy, now,
+            picked = victims(gpu.usable, room, gpu.engines, cand.policy, world.now,
                              waking=engine.model_name, other=gpu.other)
             if picked is None:
                 return None
@@ -286,8 +288,7 @@ class Lifecycle:
             return Result(requeue_after=1.0)
         key = claim_key(claim)
         shortfall = self._refused.get(key, (0, 0))[1]
-        settling = self.settling(world, agent)  # first: it may find the agent blind
-        plan = self._victims(cand, engine, per_gpu.room + shortfall, world.now)
+        plan = self._victims(world, cand, engine, per_gpu.room + shortfall)
         why = f"no room on {agent} to wake"
         if plan == []:
             reply = await self._call_wake(claim, st, agent, engine, per_gpu.room, world.now)
@@ -322,7 +323,7 @@ class Lifecycle:
                 return Result(requeue_after=self.d.timings.settle_poll)
             plan = None
         if plan and cand.policy.no_wake_reserve_while_asleep:
-            if not settling:
+            if not self.settling(world, agent):
                 # The room being made is the waking model's: nothing placed or grown takes it.
                 self._hold_room(claim, agent, engine, world.now)
                 await self.sleep_for_room(agent, plan[0], model)

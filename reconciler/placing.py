@@ -82,12 +82,11 @@ class Placer:
             self._reserve(claim, got, world.now)
             return await self.activate(claim, st, got)
         if got.reason == NO_MATCHING_PODS:
-            settling = {c.name: self._sleep_for_room.settling(world, c.name)
-                        for c in candidates}  # first: it may find an agent blind
-            room = make_room(need, [self._sleep_for_room.sleepable(c) for c in candidates],
+            room = make_room(need, [self._sleep_for_room.sleepable(world, c)
+                                    for c in candidates],
                              world.now, max_snapshot_age=self.d.timings.max_snapshot_age)
             if room is not None:
-                return await self._make_room(claim, st, room, settling[room.agent])
+                return await self._make_room(claim, st, room, world)
         return self.pending(st, got)
 
     def pending(self, st: ClaimStatus, got: Unplaced) -> Result:
@@ -104,14 +103,14 @@ class Placer:
         return Result(requeue_after=retry_delay(attempts))
 
     async def _make_room(self, claim: ModelClaim, st: ClaimStatus, room: MakeRoom,
-                         settling: bool) -> Result:
+                         world: World) -> Result:
         """Sleep the first victim; the next look plans again, once what it still holds is
         measured (until then a sleeping engine counts with its whole room)."""
         message = (f"putting {', '.join(room.victims)} to sleep on {room.agent} "
                    f"({gpus_text(room.devices)}) to make room")
         st.set(self.d.wall(), PENDING, scheduled=(False, MAKING_ROOM, message),
                ready=(False, NOT_PLACED, "the claim waits to be placed"))
-        if not settling:
+        if not self._sleep_for_room.settling(world, room.agent):
             await self._sleep_for_room.sleep_for_room(room.agent, room.victims[0],
                                                       claim.model_name)
         return Result(requeue_after=self.d.timings.settle_poll)
@@ -207,4 +206,4 @@ class SleepForRoom(Protocol):
 
     def settling(self, world: World, agent: str) -> bool: ...
 
-    def sleepable(self, cand: Candidate) -> Candidate: ...
+    def sleepable(self, world: World, cand: Candidate) -> Candidate: ...
