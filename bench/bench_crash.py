@@ -21,8 +21,18 @@ import time
 
 import psutil
 
-from bench.common import Events, Result, activate_many, fmt_summary, log, run_main, session, \
-    snapshot_models, summary_ms, transition
+from bench.common import (
+    Events,
+    Result,
+    activate_many,
+    fmt_summary,
+    log,
+    run_main,
+    session,
+    snapshot_models,
+    summary_ms,
+    transition,
+)
 
 GOAL_P99_MS = 10.0
 
@@ -79,7 +89,7 @@ def run(engines: int = 20, rounds: int = 5, scrape_interval: float | None = None
                f"{fmt_summary(summary_ms(kernel), ('p50', 'p99', 'max'))}",
                f"  of which exit visible -> agent event ts: "
                f"{fmt_summary(summary_ms(agent_part), ('p50', 'p99', 'max'))}",
-               f"  slowest samples (total/kernel/agent ms): " + ", ".join(
+               "  slowest samples (total/kernel/agent ms): " + ", ".join(
                    f"{t * 1000:.1f}/{k * 1000:.1f}/{a * 1000:.1f}" for t, k, a in
                    sorted(zip(samples, kernel, agent_part), reverse=True)[:5])],
     )

@@ -17,8 +17,16 @@ import threading
 import time
 from typing import Any
 
-from bench.common import FastClient, Result, activate_many, fmt_summary, log, run_main, session, \
-    summary_ms
+from bench.common import (
+    FastClient,
+    Result,
+    activate_many,
+    fmt_summary,
+    log,
+    run_main,
+    session,
+    summary_ms,
+)
 from runtime_agent.client import AgentClient
 
 GOAL_P99_MS = 20.0

@@ -18,7 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import Events, Result, count_main, fmt_summary, log, session, summary_ms
+from bench.common import (
+    Events,
+    Result,
+    count_main,
+    fmt_summary,
+    log,
+    session,
+    summary_ms,
+)
+from contract.names import ipc_name_for
 
 GOAL_P99_MS = 200.0
 GiB = 1024 ** 3
@@ -53,7 +62,7 @@ def run(samples: int = 32) -> Result:
             name = f"kv-{i:02d}"
             startup = lo + (hi - lo) * i / max(1, samples - 1)
             seen: dict[str, float] = {}
-            watcher = watch_for(agent.shm_dir / name, seen)
+            watcher = watch_for(agent.shm_dir / ipc_name_for(name), seen)
             agent.activate_sim(name, f"--sim-startup-seconds={startup:.3f}", kv_limit_bytes=GiB)
             watcher.join()
             if "at" not in seen:

@@ -16,8 +16,16 @@ import socket
 import sys
 import time
 
-from bench.common import Events, Result, count_main, fmt_summary, log, session, summary_ms, \
-    transition
+from bench.common import (
+    Events,
+    Result,
+    count_main,
+    fmt_summary,
+    log,
+    session,
+    summary_ms,
+    transition,
+)
 
 GOAL_P50_MS = 50.0
 REQUEST = b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"

@@ -17,8 +17,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import FastClient, Result, activate_many, count_main, log, session, \
-    snapshot_models
+from bench.common import (
+    FastClient,
+    Result,
+    activate_many,
+    count_main,
+    log,
+    session,
+    snapshot_models,
+)
 
 GOAL_S = 2.0
 MARKS = {"recovered": " engines taken over", "listening": " listening on "}

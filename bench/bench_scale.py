@@ -24,8 +24,17 @@ import time
 
 import psutil
 
-from bench.common import FastClient, Result, activate_many, fmt_summary, log, run_main, session, \
-    snapshot_models, summary_ms
+from bench.common import (
+    FastClient,
+    Result,
+    activate_many,
+    fmt_summary,
+    log,
+    run_main,
+    session,
+    snapshot_models,
+    summary_ms,
+)
 
 GOAL_P50_MS = 10.0
 MAX_BOOTING = 8

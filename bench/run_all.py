@@ -20,7 +20,14 @@ from collections.abc import Callable
 
 import psutil
 
-from bench import bench_crash, bench_isolation, bench_kv, bench_readiness, bench_readoption, bench_scale
+from bench import (
+    bench_crash,
+    bench_isolation,
+    bench_kv,
+    bench_readiness,
+    bench_readoption,
+    bench_scale,
+)
 from bench.common import Result, log
 
 BENCHES: dict[str, Callable[[], Result]] = {

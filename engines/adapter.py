@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from registry.record import EngineRecord
@@ -75,10 +74,3 @@ class EngineAdapter(Protocol):
 
     async def close(self) -> None:
         ...
-
-
-def local_artifact_problem(path: str) -> str | None:
-    """A local model path must exist on this node."""
-    if not Path(path).exists():
-        return f"artifact_url names a local path that does not exist on this node: {path}"
-    return None

@@ -11,52 +11,20 @@ Calls go through the official ``ollama`` client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import TypeVar
 
 import aiohttp
 import httpx
 import ollama
 
+from contract.engines import OLLAMA_ARG_ENV as ARG_ENV
+from contract.engines import ollama_tag as model_tag
 from engines.adapter import LaunchContext, Observation
 from engines.client import EngineCallError, EngineClient
 from registry.record import EngineRecord
 
-# engine_config.args keys an Ollama activation may set, and the server setting each one maps to.
-ARG_ENV = {
-    "--context-length": "OLLAMA_CONTEXT_LENGTH",
-    "--num-parallel": "OLLAMA_NUM_PARALLEL",
-    "--models": "OLLAMA_MODELS",
-    "--flash-attention": "OLLAMA_FLASH_ATTENTION",
-    "--kv-cache-type": "OLLAMA_KV_CACHE_TYPE",
-}
-_POSITIVE = ("--context-length", "--num-parallel")
 T = TypeVar("T")
-
-
-def model_tag(artifact_url: str) -> str:
-    return artifact_url.removeprefix("ollama://")
-
-
-def artifact_problem(artifact_url: str) -> str | None:
-    if "://" in artifact_url and not artifact_url.startswith("ollama://"):
-        return (f"an Ollama artifact_url is ollama://NAME[:TAG] or NAME[:TAG]; "
-                f"got {artifact_url!r}")
-    if not model_tag(artifact_url) or " " in artifact_url:
-        return f"artifact_url {artifact_url!r} names no Ollama model"
-    return None
-
-
-def args_problem(args: Mapping[str, str], simulated: bool = False) -> str | None:
-    for key, value in args.items():
-        if simulated and key.startswith("--sim-"):
-            continue
-        if key not in ARG_ENV:
-            return (f"engine_config.args key {key!r} is not an Ollama setting; use one of "
-                    f"{', '.join(sorted(ARG_ENV))}")
-        if key in _POSITIVE and (not value.isdigit() or int(value) < 1):
-            return f"{key} must be a positive whole number, got {value!r}"
-    return None
 
 
 def _loaded(names: list[str], model: str) -> bool:

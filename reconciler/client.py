@@ -19,10 +19,6 @@ from typing import Any, Protocol
 
 import aiohttp
 
-INSUFFICIENT_GPU = "InsufficientGPUMemory"
-TOO_LARGE = "TooLargeForAnyCard"
-INVALID_ENGINE_CONFIG = "InvalidEngineConfig"
-
 
 class AgentUnreachable(Exception):
     """The agent did not answer (or answered something that is not its API)."""

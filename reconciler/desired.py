@@ -24,12 +24,11 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
 from reconciler.model.manifests import (
     CLAIM_KIND,
     DUPLICATE,
     ENABLED_LABEL,
-    INVALID_ENGINE_CONFIG,
-    INVALID_PER_GPU,
     NO_AGENTS,
     POOL_LABEL,
     AgentRef,

@@ -31,7 +31,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from reconciler.client import INSUFFICIENT_GPU, AgentUnreachable, Reply
+from contract.reasons import INSUFFICIENT_GPU
+from reconciler.client import AgentUnreachable, Reply
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, claim_key
 from reconciler.model.manifests import ModelClaim

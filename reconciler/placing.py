@@ -21,14 +21,10 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from reconciler.client import (
-    INSUFFICIENT_GPU,
-    INVALID_ENGINE_CONFIG as AGENT_INVALID_CONFIG,
-    TOO_LARGE as AGENT_TOO_LARGE,
-    ActivateSpec,
-    AgentUnreachable,
-    Reply,
-)
+from contract.reasons import INSUFFICIENT_GPU
+from contract.reasons import INVALID_ENGINE_CONFIG as AGENT_INVALID_CONFIG
+from contract.reasons import TOO_LARGE as AGENT_TOO_LARGE
+from reconciler.client import ActivateSpec, AgentUnreachable, Reply
 from reconciler.context import Deps
 from reconciler.model.manifests import ModelClaim
 from reconciler.observe import Reservation, World

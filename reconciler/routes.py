@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from contract.reasons import AGENT_NOT_READY
 from reconciler.desired import ClaimKey
 from reconciler.status import (
     ACTIVATING,
@@ -34,7 +35,6 @@ from reconciler.status import (
 )
 
 WAKE_TTL_S = 300.0
-AGENT_NOT_READY = "AgentNotReady"
 
 
 @dataclass

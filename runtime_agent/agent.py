@@ -20,25 +20,25 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import disable_created_metrics
 
+from contract.phases import Phase
 from engines.process import ProcessLauncher, tail_lines, trim_log
 from registry.store import RegistryStore
 from runtime_agent import __version__
-from runtime_agent.api import make_app
+from runtime_agent.api.events import EventLog
+from runtime_agent.api.metrics import AgentMetrics, memory_families
+from runtime_agent.api.routes import make_app
+from runtime_agent.api.snapshot import build_snapshot, memory_entry, short_entry
 from runtime_agent.artifacts import ArtifactMarkers
-from runtime_agent.events import EventLog
 from runtime_agent.gpu.backend import GpuBackend, GpuUnavailable
+from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.nvml import NvmlBackend
 from runtime_agent.gpu.simulated import SimulatedGpuBackend
-from runtime_agent.memory import EngineRef, MemoryBroker
-from runtime_agent.metrics import AgentMetrics, memory_families
-from runtime_agent.owner import OwnerDeps
-from runtime_agent.phases import Phase
-from runtime_agent.pool import EnginePool
-from runtime_agent.ports import ephemeral_range, overlaps_ephemeral
-from runtime_agent.recovery import Step, recover
 from runtime_agent.settings import Settings
-from runtime_agent.snapshot import build_snapshot, memory_entry, short_entry
-from runtime_agent.views import EngineEvent, EngineView
+from runtime_agent.supervision.owner import OwnerDeps
+from runtime_agent.supervision.pool import EnginePool
+from runtime_agent.supervision.ports import ephemeral_range, overlaps_ephemeral
+from runtime_agent.supervision.recovery import Step, recover
+from runtime_agent.supervision.views import EngineEvent, EngineView
 
 log = logging.getLogger(__name__)
 

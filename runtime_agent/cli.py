@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contract.quantity import QuantityError, parse_size
 from runtime_agent.client import AgentClient, AgentError
 from runtime_agent.logs import setup_logging
 from runtime_agent.settings import DEFAULT_STATE_DIR, Settings
@@ -41,19 +42,10 @@ def _delays(text: str) -> tuple[float, ...]:
 
 
 def _size(text: str) -> int:
-    units = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6, "kib": 2**10, "b": 1}
-    lowered = text.strip().lower()
-    for unit, factor in units.items():
-        if lowered.endswith(unit):
-            try:
-                return int(float(lowered[: -len(unit)]) * factor)
-            except ValueError:
-                break
     try:
-        return int(lowered)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 1GiB or 512MiB, got {text!r}"
-                                         ) from None
+        return parse_size(text)
+    except QuantityError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def gpu_present() -> bool:

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime_agent.backoff import DEFAULT_RESTART_DELAYS
+from runtime_agent.supervision.backoff import DEFAULT_RESTART_DELAYS
 
 DEFAULT_STATE_DIR = Path("/var/run/aibrix")
 SIM_ENGINE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "engines.sim", "serve")

@@ -22,7 +22,7 @@ from typing import Any
 
 from registry.identity import scan_engines
 from runtime_agent.client import AgentClient, AgentError
-from runtime_agent.ports import ephemeral_range
+from runtime_agent.supervision.ports import ephemeral_range
 
 ROOT = Path(__file__).resolve().parent.parent
 

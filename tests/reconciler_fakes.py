@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from contract.quantity import GiB, MiB
 from reconciler.claims import ClaimReconciler
 from reconciler.client import ActivateSpec, AgentUnreachable, Reply
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, DesiredState
 from reconciler.kv import KvReconciler
-from reconciler.model.quantity import GiB, MiB
 from reconciler.observe import IdleTracker, SnapshotCache
 from reconciler.runtime.clock import FakeClock
 from reconciler.runtime.controller import Result

@@ -38,7 +38,7 @@ def test_activated_engine_becomes_active_on_a_port_in_range(agent: AgentProcess)
                                                          "name": "qwen3-0-6b", "uid": "u1"})
     assert result["status"] == "success"
     assert agent.port_low <= result["port"] <= agent.port_high
-    assert result["ipc_name"] == "qwen3-0-6b"
+    assert result["ipc_name"] == "kvc_qwen3-0-6b"
     model = agent.wait_phase("qwen3-0.6b", "active")
     assert SNAPSHOT_FIELDS <= model.keys()
     assert model["ready"] is True and model["alive"] is True

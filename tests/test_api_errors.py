@@ -81,7 +81,7 @@ def test_a_clashing_ipc_name_or_port_is_a_conflict(agent: AgentProcess) -> None:
     first = agent.activate_sim("qwen3.0")
     code, reply = post(agent, ACTIVATE, json.dumps(
         {"model_name": "qwen3-0", "artifact_url": "hf://a/b", "engine": "sim"}))
-    assert code == 409 and "ipc_name 'qwen3-0'" in reply["message"]
+    assert code == 409 and "ipc_name 'kvc_qwen3-0'" in reply["message"]
     code, reply = post(agent, ACTIVATE, json.dumps(
         {"model_name": "other", "artifact_url": "hf://a/b", "port": first["port"]}))
     assert code == 409 and "in use" in reply["message"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import aiohttp
-import pytest
 
 from engines import ollama, vllm
 from engines.adapter import LaunchContext
@@ -64,19 +63,3 @@ async def test_a_simulated_ollama_gets_the_simulator_in_ollama_mode() -> None:
         await adapter.close()
     assert argv == ["python", "-m", "engines.sim", "serve", "qwen3:0.6b", "--sim-mode", "ollama",
                     "--sim-load-seconds", "0"]
-
-
-@pytest.mark.parametrize(("args", "words"), [
-    ({"--max-model-len": "1"}, "not an Ollama setting"),
-    ({"--context-length": "0"}, "positive whole"),
-    ({"--num-parallel": "x"}, "positive whole"),
-])
-def test_invalid_ollama_settings_are_named(args: dict[str, str], words: str) -> None:
-    problem = ollama.args_problem(args)
-    assert problem is not None and words in problem
-
-
-@pytest.mark.parametrize(("url", "ok"), [("ollama://qwen3:0.6b", True), ("qwen3", True),
-                                         ("hf://Qwen/Qwen3", False), ("ollama://", False)])
-def test_ollama_artifacts(url: str, ok: bool) -> None:
-    assert (ollama.artifact_problem(url) is None) is ok

@@ -117,8 +117,8 @@ def test_long_poll_returns_as_soon_as_something_happens(agent: AgentProcess) -> 
 
 
 def test_the_ring_keeps_the_newest_events_and_reports_where_it_starts() -> None:
-    from runtime_agent.events import EventLog
-    from runtime_agent.views import EngineEvent
+    from runtime_agent.api.events import EventLog
+    from runtime_agent.supervision.views import EngineEvent
 
     log = EventLog(capacity=3)
     assert log.first_seq == 1 and log.since(0) == []

@@ -6,11 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime_agent.gpu.admission import (INSUFFICIENT_GPU, INSUFFICIENT_HOST, TOO_LARGE, Admit,
-                                         Refuse, admit, admit_sleep, claim)
+from contract.reasons import INSUFFICIENT_GPU, INSUFFICIENT_HOST, TOO_LARGE
+from runtime_agent.gpu.admission import Admit, Refuse, admit, admit_sleep, claim
 from runtime_agent.gpu.host_ledger import HostLedger
-from runtime_agent.gpu.ledger import (GpuLedger, LedgerRefusal, measure, new_ledger, observe,
-                                      reserve, set_sleeping)
+from runtime_agent.gpu.ledger import (
+    GpuLedger,
+    LedgerRefusal,
+    measure,
+    new_ledger,
+    observe,
+    reserve,
+    set_sleeping,
+)
 from runtime_agent.gpu.model import Device
 
 GIB = 1024**3

@@ -9,8 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from runtime_agent.gpu.attribution import (EngineMemory, EngineProcs, attribute, engine_memory,
-                                           unattributed_bytes)
+from runtime_agent.gpu.attribution import (
+    EngineMemory,
+    EngineProcs,
+    attribute,
+    engine_memory,
+    unattributed_bytes,
+)
 from runtime_agent.gpu.model import Device, GpuProcess, GpuSample
 from runtime_agent.gpu.proctree import process_tree, process_trees
 

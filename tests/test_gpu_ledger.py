@@ -9,11 +9,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime_agent.gpu.attribution import EngineMemory
-from runtime_agent.gpu.host_ledger import (HostLedger, HostRefusal, host_measure, host_observe,
-                                           host_release, host_reserve)
-from runtime_agent.gpu.ledger import (GpuLedger, LedgerRefusal, Reservation, declare, forget,
-                                      ledger_for, measure, new_ledger, observe, refresh, release,
-                                      reserve, set_sleeping)
+from runtime_agent.gpu.host_ledger import (
+    HostLedger,
+    HostRefusal,
+    host_measure,
+    host_observe,
+    host_release,
+    host_reserve,
+)
+from runtime_agent.gpu.ledger import (
+    GpuLedger,
+    LedgerRefusal,
+    Reservation,
+    declare,
+    forget,
+    ledger_for,
+    measure,
+    new_ledger,
+    observe,
+    refresh,
+    release,
+    reserve,
+    set_sleeping,
+)
 from runtime_agent.gpu.model import Device
 
 GIB = 1024**3

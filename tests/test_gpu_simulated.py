@@ -9,9 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from engines.sim.gpu_report import GpuReport, GpuReporter, channel_from_env, devices_from_env
+from engines.sim.gpu_report import (
+    GpuReport,
+    GpuReporter,
+    channel_from_env,
+    devices_from_env,
+)
 from runtime_agent.gpu.model import GpuProcess
-from runtime_agent.gpu.simulated import SimulatedGpuBackend, parse_spec, pid_alive, split_evenly
+from runtime_agent.gpu.simulated import (
+    SimulatedGpuBackend,
+    parse_spec,
+    pid_alive,
+    split_evenly,
+)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -34,7 +44,7 @@ def test_specs_parse(spec: str, expected: tuple[int, int, str]) -> None:
 
 @pytest.mark.parametrize("spec, words", [
     ("80GiB", "COUNTxSIZE"), ("", "COUNTxSIZE"), ("2x", "COUNTxSIZE"), ("axbGiB", "COUNTxSIZE"),
-    ("2x80XB", "unknown unit 'XB'"), ("0x80GiB", "at least one card"), ("1x0GiB", "at least one"),
+    ("2x80XB", "is not a size"), ("0x80GiB", "at least one card"), ("1x0GiB", "positive size"),
 ])
 def test_bad_specs_say_what_is_wrong(spec: str, words: str) -> None:
     with pytest.raises(ValueError, match=words):

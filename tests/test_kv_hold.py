@@ -5,8 +5,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime_agent.kv_hold import KvState, Write, after_write, new_process, on_reading, with_request
-from runtime_agent.kv_segment import SegmentInfo
+from runtime_agent.kv.hold import (
+    KvState,
+    Write,
+    after_write,
+    new_process,
+    on_reading,
+    with_request,
+)
+from runtime_agent.kv.segment import SegmentInfo
 
 GiB = 2**30
 

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from runtime_agent.client import AgentError
-from runtime_agent.kv_segment import create_segment, read_segment, write_limit
+from runtime_agent.kv.segment import create_segment, read_segment, write_limit
 from tests.harness import AgentProcess
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ def test_an_initial_limit_is_in_force_as_soon_as_the_segment_exists(agent: Agent
     """The agent writes the limit the moment the engine creates its segment (the goal, 200 ms,
     is measured by ``python -m bench.bench_kv``; here a loaded CI machine gets 1 s)."""
     seen: dict[str, float] = {}
-    path = agent.shm_dir / "m1"
+    path = agent.shm_dir / "kvc_m1"
 
     def watch() -> None:  # the test's own 1 ms look for the segment
         deadline = time.monotonic() + 20
@@ -47,10 +47,10 @@ def test_an_initial_limit_is_in_force_as_soon_as_the_segment_exists(agent: Agent
     event = kv_events(agent, "m1")[0]
     assert event["reason"] == "KVLimitSet"
     assert event["ts"] - seen["at"] < 1.0
-    info = read_segment("m1", agent.shm_dir)
+    info = read_segment("kvc_m1", agent.shm_dir)
     assert info is not None and info.total_size == GiB
     m1 = agent.model(model, "m1")
-    assert m1["kv_capacity_bytes"] == 2 * GiB and m1["kv_segment"] == {"name": "m1",
+    assert m1["kv_capacity_bytes"] == 2 * GiB and m1["kv_segment"] == {"name": "kvc_m1",
                                                                        "present": True}
 
 
@@ -61,7 +61,7 @@ def test_a_limit_change_is_confirmed_by_read_back_and_repeats_by_id(agent: Agent
     assert result["status"] == "success" and result["applied"] is True
     assert result["requested_bytes"] == result["applied_bytes"] == 512 * MiB
     assert result["clamped"] is False
-    assert read_segment("m1", agent.shm_dir).total_size == 512 * MiB
+    assert read_segment("kvc_m1", agent.shm_dir).total_size == 512 * MiB
     assert agent.client.kv_limit("m1", 512 * MiB, operation_id="kv-1") == result
     clamped = agent.client.kv_limit("m1", 64 * GiB)
     assert clamped["clamped"] is True and clamped["applied_bytes"] == 2 * GiB
@@ -86,10 +86,10 @@ def test_a_limit_asked_before_the_segment_exists_waits_for_it(agent: AgentProces
 def test_an_outside_write_is_set_back_and_counted(agent: AgentProcess) -> None:
     agent.activate_sim("m1", kv_limit_bytes=GiB)
     agent.wait_for(lambda s: agent.model(s, "m1")["kv_limit_applied_bytes"] == GiB, what="set")
-    write_limit("m1", 3 * GiB // 2, agent.shm_dir)  # someone else, e.g. kvctl
+    write_limit("kvc_m1", 3 * GiB // 2, agent.shm_dir)  # someone else, e.g. kvctl
     snap = agent.wait_for(lambda s: agent.model(s, "m1")["kv_limit_set_back_total"] == 1,
                           what="set back")
-    assert read_segment("m1", agent.shm_dir).total_size == GiB
+    assert read_segment("kvc_m1", agent.shm_dir).total_size == GiB
     m1 = agent.model(snap, "m1")
     assert m1["kv_limit_applied_bytes"] == GiB and m1["conditions"] == []
     assert [e["reason"] for e in kv_events(agent, "m1")] == ["KVLimitSet", "KVLimitSetBack"]
@@ -102,7 +102,7 @@ def test_an_engine_restart_gets_its_limit_back(agent: AgentProcess) -> None:
     agent.wait_for(lambda s: agent.model(s, "m1")["restart_count"] == 1
                    and agent.model(s, "m1")["kv_limit_applied_bytes"] == GiB, what="restored")
     # tmpfs may give the new segment the old inode number: the owner knows of the restart.
-    assert read_segment("m1", agent.shm_dir).total_size == GiB
+    assert read_segment("kvc_m1", agent.shm_dir).total_size == GiB
     assert kv_events(agent, "m1")[-1]["reason"] == "KVLimitRestored"
 
 
@@ -139,11 +139,11 @@ def test_segments_of_engines_that_stop_for_good_are_removed_and_others_kept(
     create_segment("someone-else", 4 * GiB, agent.shm_dir)
     agent.activate_sim("doomed", "--sim-crash-after=0.4")
     agent.wait_phase("doomed", "failed", timeout_s=30)
-    assert not (agent.shm_dir / "doomed").exists()
+    assert not (agent.shm_dir / "kvc_doomed").exists()
     agent.activate_sim("m1")
     agent.wait_for(lambda s: agent.model(s, "m1")["kv_segment"]["present"], what="segment")
     agent.client.deactivate("m1")
-    assert not (agent.shm_dir / "m1").exists()
+    assert not (agent.shm_dir / "kvc_m1").exists()
     assert read_segment("someone-else", agent.shm_dir).total_size == 4 * GiB
 
 
@@ -154,11 +154,11 @@ def test_a_restarted_agent_holds_the_limits_it_set(agent_factory) -> None:
     agent.activate_sim("m1", kv_limit_bytes=GiB)
     agent.wait_for(lambda s: agent.model(s, "m1")["kv_limit_applied_bytes"] == GiB, what="set")
     agent.kill()
-    write_limit("m1", 2 * GiB, agent.shm_dir)  # changed while no agent watched
+    write_limit("kvc_m1", 2 * GiB, agent.shm_dir)  # changed while no agent watched
     new = restart_agent(agent_factory, agent)
     new.wait_for(lambda s: new.model(s, "m1")["kv_limit_applied_bytes"] == GiB
                  and new.model(s, "m1")["kv_limit_set_back_total"] == 1, what="held again")
-    assert read_segment("m1", agent.shm_dir).total_size == GiB
+    assert read_segment("kvc_m1", agent.shm_dir).total_size == GiB
 
 
 def test_the_cli_snapshot_shows_the_kv_figures(agent: AgentProcess) -> None:

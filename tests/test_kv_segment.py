@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime_agent import kv_segment
-from runtime_agent.kv_segment import (
+from runtime_agent.kv import segment as kv_segment
+from runtime_agent.kv.segment import (
     SEGMENT_SIZE,
     SegmentError,
     SegmentInfo,
@@ -479,7 +479,11 @@ def test_the_non_blocking_read_matches_the_locked_read_and_never_waits(tmp_path)
 
     import pytest
 
-    from runtime_agent.kv_segment import create_segment, read_segment, read_segment_nowait
+    from runtime_agent.kv.segment import (
+        create_segment,
+        read_segment,
+        read_segment_nowait,
+    )
 
     create_segment("nb", 4096, tmp_path)
     assert read_segment_nowait("nb", tmp_path) == read_segment("nb", tmp_path)

@@ -13,8 +13,8 @@ import threading
 import time
 
 from runtime_agent.gpu.admission import Refuse
+from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.model import Device, GpuProcess, GpuSample
-from runtime_agent.memory import EngineRef, MemoryBroker
 
 GiB = 1 << 30
 PID = os.getpid()  # attribution needs a live process tree: this test's own process

@@ -8,12 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contract.phases import Phase, TransitionError, allowed, check_transition
 from engines import vllm
 from engines.client import parse_request_figures
-from runtime_agent.backoff import DEFAULT_RESTART_DELAYS, probe_delays, restart_delay
-from runtime_agent.naming import ipc_name_for, ipc_name_problem, model_name_problem
-from runtime_agent.phases import Phase, TransitionError, allowed, check_transition
-from runtime_agent.ports import choose_port
+from runtime_agent.supervision.backoff import (
+    DEFAULT_RESTART_DELAYS,
+    probe_delays,
+    restart_delay,
+)
+from runtime_agent.supervision.ports import choose_port
 
 
 def test_the_restart_schedule_is_the_seeds_and_ends_after_five() -> None:
@@ -61,28 +64,6 @@ def test_an_engine_becomes_active_only_from_booting_or_sleeping() -> None:
     assert {p for p in Phase if allowed(p, Phase.ACTIVE)} == {Phase.BOOTING, Phase.SLEEPING}
 
 
-@pytest.mark.parametrize("name", ["qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3:32b", "a", "m@v2"])
-def test_usual_model_names_are_accepted(name: str) -> None:
-    assert model_name_problem(name) is None
-
-
-@pytest.mark.parametrize("name", ["", "a b", "../x", "x/../y", "-x", ".hidden", "a//b", "a/",
-                                  "x" * 129, "tab\t", "ü"])
-def test_unsafe_model_names_are_refused(name: str) -> None:
-    assert model_name_problem(name) is not None
-
-
-@given(st.text(min_size=1, max_size=200))
-def test_ipc_names_are_always_safe_and_short(name: str) -> None:
-    ipc = ipc_name_for(name)
-    assert len(ipc) <= 64 and (ipc == "" or ipc_name_problem(ipc) is None)
-
-
-def test_ipc_names_follow_kvcached_normalisation() -> None:
-    assert ipc_name_for("Qwen/Qwen3-0.6B") == "Qwen-Qwen3-0-6B"
-    assert ipc_name_for("qwen3:32b") == "qwen3-32b"
-
-
 @given(st.sets(st.integers(100, 120)))
 def test_the_chosen_port_is_the_lowest_free_one(held: set[int]) -> None:
     port = choose_port(100, 120, held, lambda p: True)
@@ -102,42 +83,6 @@ def test_vllm_argv_puts_agent_flags_first_and_values_as_separate_items() -> None
                     "--host", "0.0.0.0", "--port", "20000", "--enable-sleep-mode",
                     "--max-model-len", "2048", "--enforce-eager", "--chat-template",
                     "a b; rm -rf /"]
-
-
-@pytest.mark.parametrize(("args", "words"), [
-    ({"--model": "x"}, "set by the runtime agent"),
-    ({"--served_model_name": "x"}, "set by the runtime agent"),
-    ({"--port=1": ""}, "set by the runtime agent"),
-    ({"--gpu-memory-utilization": "0.5"}, "kvcached"),
-    ({"--tensor-parallel-size": "0"}, "positive whole"),
-    ({"--pipeline-parallel-size": "1.5"}, "positive whole"),
-    ({"--data-parallel-size": "2"}, "data parallel"),
-    ({"max-model-len": "1"}, "not a flag"),
-])
-def test_invalid_engine_args_are_named(args: dict[str, str], words: str) -> None:
-    problem = vllm.args_problem(args)
-    assert problem is not None and words in problem
-
-
-def test_valid_engine_args_pass() -> None:
-    assert vllm.args_problem({"--tensor-parallel-size": "2", "--data-parallel-size": "1",
-                              "--max-model-len": "2048"}) is None
-
-
-@pytest.mark.parametrize(("url", "ok"), [
-    ("huggingface://Qwen/Qwen3-0.6B", True), ("hf://a/b", True), ("file:///tmp", True),
-    ("/tmp", True), ("file:///no/such/model", False), ("/no/such/model", False),
-    ("s3://bucket/x", False), ("hf://", False), ("", False)])
-def test_artifact_schemes_and_local_paths(url: str, ok: bool) -> None:
-    assert (vllm.artifact_problem(url) is None) is ok
-
-
-def test_parallel_sizes_must_fit_the_pods_gpus() -> None:
-    args = {"--tensor-parallel-size": "2", "--pipeline-parallel-size": "2"}
-    assert vllm.args_problem(args, device_count=4) is None
-    problem = vllm.args_problem(args, device_count=2)
-    assert problem is not None and "is 4" in problem and "2 GPUs" in problem
-    assert vllm.gpus_needed(args) == 4 and vllm.gpus_needed({}) == 1
 
 
 def test_request_figures_sum_vllm_series_over_labels() -> None:

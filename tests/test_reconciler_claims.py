@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.quantity import GiB
 from reconciler.client import Reply
-from reconciler.model.quantity import GiB
 from reconciler.planning.placement import RETRY_EVERY
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 

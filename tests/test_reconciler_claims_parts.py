@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
+from contract.quantity import GiB
 from reconciler.cli import describe, table
 from reconciler.desired import DesiredState
 from reconciler.metrics import ClaimMetrics
 from reconciler.model.manifests import AgentRef
-from reconciler.model.quantity import GiB
 from reconciler.observe import SnapshotCache
 from reconciler.routes import RouteHolds, WakeBook, route_table
 from reconciler.runtime.clock import FakeClock

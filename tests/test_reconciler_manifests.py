@@ -11,19 +11,15 @@ import yaml  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines import ollama as agent_ollama
-from engines import vllm as agent_vllm
+from contract.quantity import GiB, MiB, QuantityError, parse_quantity
+from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
 from reconciler.model.manifests import (
-    AGENT_OWNED_FLAGS,
     DUPLICATE,
-    INVALID_ENGINE_CONFIG,
     INVALID_NAME,
-    INVALID_PER_GPU,
     INVALID_REPLICAS,
     INVALID_SPEC,
     INVALID_YAML,
     NO_AGENTS,
-    OLLAMA_ARGS,
     AgentRef,
     ParseResult,
     PerGPU,
@@ -32,8 +28,12 @@ from reconciler.model.manifests import (
     parse_sources,
 )
 from reconciler.model.policy import POLICY_OFF, PoolPolicy, parse_pool_policy
-from reconciler.model.quantity import GiB, MiB, QuantityError, parse_quantity
-from reconciler.model.selector import LabelSelector, Requirement, SelectorError, parse_selector
+from reconciler.model.selector import (
+    LabelSelector,
+    Requirement,
+    SelectorError,
+    parse_selector,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -460,17 +460,6 @@ def test_sglang_claims_use_sglangs_parallel_flags_and_ollama_claims_need_one_gpu
     assert ol.gpus_needed == 1 and not ol.problems
     assert engine_args_problem("ollama", {"--max-model-len": "1"}) is not None
     assert engine_args_problem("ollama", {"--num-parallel": "0"}) is not None
-
-
-def test_the_claims_flag_rules_are_the_runtime_agents() -> None:
-    assert AGENT_OWNED_FLAGS == agent_vllm.AGENT_OWNED_FLAGS
-    for flag in agent_vllm.FORBIDDEN_FLAGS:
-        assert engine_args_problem("vllm", {flag: "0.9"}) is not None
-    assert OLLAMA_ARGS == set(agent_ollama.ARG_ENV)
-    for args in ({"--tensor-parallel-size": "0"}, {"--data-parallel-size": "2"},
-                 {"--model": "x"}, {"--max-model-len": "2048"}, {"--tensor-parallel-size": "2"}):
-        assert (engine_args_problem("vllm", args) is None) == (
-            agent_vllm.args_problem(args) is None)
 
 
 def test_replicas_other_than_one_leave_the_claim_out() -> None:

@@ -7,8 +7,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.quantity import GiB, MiB
 from reconciler.model.policy import PoolPolicy
-from reconciler.model.quantity import GiB, MiB
 from reconciler.planning.kv_division import (
     HYSTERESIS,
     QUANTUM,

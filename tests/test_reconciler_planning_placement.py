@@ -8,13 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.quantity import GiB, MiB
+from contract.reasons import NO_MATCHING_PODS, TOO_LARGE
 from reconciler.model.manifests import parse_manifests
 from reconciler.model.policy import PoolPolicy
-from reconciler.model.quantity import GiB, MiB
 from reconciler.model.selector import LabelSelector
 from reconciler.planning.placement import (
-    NO_MATCHING_PODS,
-    TOO_LARGE,
     ClaimNeed,
     Placed,
     Unplaced,

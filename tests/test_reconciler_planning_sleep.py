@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.quantity import GiB, MiB
 from reconciler.model.policy import PoolPolicy
-from reconciler.model.quantity import GiB, MiB
 from reconciler.model.selector import LabelSelector
 from reconciler.planning.placement import ClaimNeed, Unplaced, place
 from reconciler.planning.sleep_policy import (

@@ -15,10 +15,15 @@ import yaml
 from aiohttp import web
 
 from reconciler.runtime.clock import FakeClock
-from reconciler.runtime.sources import DirectorySource, Event, EventFeedSource, TimerSource
-from runtime_agent.api import make_app
-from runtime_agent.events import EventLog
-from runtime_agent.views import EngineEvent
+from reconciler.runtime.sources import (
+    DirectorySource,
+    Event,
+    EventFeedSource,
+    TimerSource,
+)
+from runtime_agent.api.events import EventLog
+from runtime_agent.api.routes import make_app
+from runtime_agent.supervision.views import EngineEvent
 
 pytestmark = pytest.mark.timeout(30)
 

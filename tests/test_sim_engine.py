@@ -25,7 +25,12 @@ import pytest
 
 from engines.sim.kvcache import KvCache
 from engines.sim.options import GIB, OptionsError, parse_options
-from runtime_agent.kv_segment import SegmentInfo, SegmentReplaced, read_segment, write_limit
+from runtime_agent.kv.segment import (
+    SegmentInfo,
+    SegmentReplaced,
+    read_segment,
+    write_limit,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

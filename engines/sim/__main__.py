@@ -21,8 +21,8 @@ import time
 from aiohttp import web
 from prometheus_client import disable_created_metrics
 
-from engines.sim.gpu_feed import MemoryFeed
 from engines.sim import logs
+from engines.sim.gpu_feed import MemoryFeed
 from engines.sim.ollama_api import build_ollama_app
 from engines.sim.ollama_state import OLLAMA_SIM_VERSION, OllamaState
 from engines.sim.options import OptionsError, SimOptions, parse_options

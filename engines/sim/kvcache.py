@@ -6,7 +6,7 @@ limit, ``used_size``, ``prealloc_size``), guarded by ``flock`` on the file. The 
 ``total_size``; the engine picks the new limit up lazily (on its next allocation and from a 100 ms
 watch), ignores 0, never frees live KV when the limit drops (requests simply wait for room), and
 resets the segment when it restarts. This module reproduces that behaviour with its own code, on
-purpose independent of the agent's ``runtime_agent.kv_segment``, so tests exercise the protocol
+purpose independent of the agent's ``runtime_agent.kv.segment``, so tests exercise the protocol
 between two implementations. ``KVCACHED_SHM_DIR`` (ours, not kvcached's) moves the segment for tests.
 """
 

@@ -22,7 +22,13 @@ from aiohttp import web
 
 from engines.sim import logs
 from engines.sim.ollama_config import keep_alive_from_json, normalize_model_name
-from engines.sim.ollama_state import OLLAMA_SIM_VERSION, LoadedModel, OllamaState, model_digest, rfc3339
+from engines.sim.ollama_state import (
+    OLLAMA_SIM_VERSION,
+    LoadedModel,
+    OllamaState,
+    model_digest,
+    rfc3339,
+)
 from engines.sim.textgen import chat_prompt, count_tokens, generate_tokens
 
 OLLAMA_STATE_KEY: web.AppKey[OllamaState] = web.AppKey("ollama_state", OllamaState)

@@ -25,7 +25,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from engines.sim import logs
-from engines.sim.ollama_config import FOREVER, OllamaSettings, normalize_model_name, valid_model_name
+from engines.sim.ollama_config import (
+    FOREVER,
+    OllamaSettings,
+    normalize_model_name,
+    valid_model_name,
+)
 from engines.sim.options import SimOptions
 
 OLLAMA_SIM_VERSION = "0.0.0-sim"

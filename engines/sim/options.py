@@ -20,7 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from engines.sim.kvcache import DEFAULT_SHM_DIR, ipc_name_from_env, round_up_to_pages
-from engines.sim.ollama_config import OllamaSettings, normalize_model_name, settings_from_env
+from engines.sim.ollama_config import (
+    OllamaSettings,
+    normalize_model_name,
+    settings_from_env,
+)
 
 KIB = 1024
 MIB = 1024**2

@@ -46,6 +46,11 @@ from typing import Any, Literal, cast
 
 import yaml  # type: ignore[import-untyped]
 
+from contract.engines import CLAIM_ENGINES, gpus_needed
+from contract.engines import engine_args_problem as contract_args_problem
+from contract.names import model_name_problem as contract_model_name_problem
+from contract.quantity import QuantityError, parse_quantity
+from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
 from reconciler.model.policy import (
     INVALID_POOL_POLICY,
     POLICY_ANNOTATION,
@@ -53,8 +58,12 @@ from reconciler.model.policy import (
     PoolPolicy,
     parse_pool_policy,
 )
-from reconciler.model.quantity import QuantityError, parse_quantity
-from reconciler.model.selector import LabelSelector, SelectorError, parse_selector, string_map
+from reconciler.model.selector import (
+    LabelSelector,
+    SelectorError,
+    parse_selector,
+    string_map,
+)
 
 API_VERSION = "model.aibrix.ai/v1alpha1"
 CLAIM_KIND = "ModelClaim"
@@ -63,14 +72,11 @@ POOL_LABEL = "claim.model.aibrix.ai/pool"
 ENABLED_LABEL = "claim.model.aibrix.ai/enabled"
 GPU_RESOURCE = "nvidia.com/gpu"
 MAX_CLAIM_NAME = 63
-MAX_MODEL_NAME = 128
 
 Engine = Literal["vllm", "sglang", "ollama"]
-ENGINES: tuple[Engine, ...] = ("vllm", "sglang", "ollama")
+ENGINES: tuple[Engine, ...] = cast(tuple[Engine, ...], CLAIM_ENGINES)
 
 # Reasons. The first two are the guide's; the rest name what is wrong with a manifest.
-INVALID_PER_GPU = "InvalidPerGPU"
-INVALID_ENGINE_CONFIG = "InvalidEngineConfig"
 INVALID_YAML = "InvalidYAML"
 INVALID_MANIFEST = "InvalidManifest"
 INVALID_SPEC = "InvalidSpec"
@@ -79,33 +85,11 @@ INVALID_REPLICAS = "InvalidReplicas"
 DUPLICATE = "Duplicate"
 NO_AGENTS = "NoAgents"
 
-# Engine flags the runtime agent sets itself (the guide's list; --model-path is SGLang's --model).
-AGENT_OWNED_FLAGS = frozenset(
-    {"--model", "--served-model-name", "--host", "--port", "--enable-sleep-mode"})
-_OWNED = {"vllm": AGENT_OWNED_FLAGS, "sglang": AGENT_OWNED_FLAGS | {"--model-path"}}
-# kvcached manages the KV cache, so the engine must not size it from a fraction of the GPU.
-_FORBIDDEN = {"vllm": frozenset({"--gpu-memory-utilization"}),
-              "sglang": frozenset({"--gpu-memory-utilization", "--mem-fraction-static"})}
-TENSOR = "--tensor-parallel-size"
-PIPELINE = "--pipeline-parallel-size"
-DATA = "--data-parallel-size"
-_ALIASES = {
-    "vllm": {"-tp": TENSOR, "-pp": PIPELINE, "-dp": DATA},
-    "sglang": {"--tp-size": TENSOR, "--tp": TENSOR, "--pp-size": PIPELINE, "--dp-size": DATA,
-               "--dp": DATA},
-}
-# What an Ollama claim may set (the agent maps each to a server setting); --sim-* are for the
-# simulated engine.
-OLLAMA_ARGS = frozenset(
-    {"--context-length", "--num-parallel", "--models", "--flash-attention", "--kv-cache-type"})
-_OLLAMA_POSITIVE = ("--context-length", "--num-parallel")
-
 _CLAIM_SPEC_FIELDS = frozenset(
     {"modelName", "podSelector", "artifactURL", "engine", "replicas", "perGPU", "engineConfig"})
 _POOL_SPEC_FIELDS = frozenset({"agents", "policy"})
 _AGENT_FIELDS = frozenset({"name", "url", "labels"})
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 _URL = re.compile(r"^https?://[^/\s:]+(:\d{1,5})?/?$")
 _SEPARATOR = re.compile(r"^(---|\.\.\.)(\s.*)?$")
 
@@ -507,16 +491,8 @@ def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
 
 
 def model_name_problem(name: object) -> str | None:
-    """The runtime agent's rule for model names, so a claim it would refuse is caught here."""
-    if not isinstance(name, str) or not name:
-        return "spec.modelName must be a non-empty string"
-    if len(name) > MAX_MODEL_NAME:
-        return f"spec.modelName is {len(name)} characters long; the limit is {MAX_MODEL_NAME}"
-    if not _MODEL_NAME.match(name) or ".." in name or "//" in name or name.endswith("/"):
-        return (f"spec.modelName {name!r} may contain only letters, digits and . _ : / @ + -, "
-                "must start with a letter or digit, and must not contain '..' or '//' or end "
-                "with '/'")
-    return None
+    """The one name rule (``contract.names``), worded for a claim."""
+    return contract_model_name_problem(name, "spec.modelName")
 
 
 def per_gpu_from(raw: object) -> tuple[PerGPU | None, str | None]:
@@ -567,63 +543,10 @@ def _engine_args(raw: object) -> tuple[dict[str, str], str | None]:
     return args, None
 
 
-def normalise_flag(flag: str, engine: Engine = "vllm") -> str:
-    """One spelling per flag: ``--foo_bar`` is ``--foo-bar``; short forms become long ones."""
-    norm = flag.replace("_", "-") if flag.startswith("--") else flag
-    return _ALIASES.get(engine, {}).get(norm, norm)
-
-
 def engine_args_problem(engine: Engine, args: Mapping[str, str]) -> str | None:
-    """Why these engine arguments are invalid (InvalidEngineConfig), or None."""
-    for flag, value in args.items():
-        if not flag.startswith("-") or len(flag) < 2:
-            return f"engine argument {flag!r} is not a flag: write it as '--{flag}'"
-        if "=" in flag or any(c.isspace() for c in flag):
-            return (f"engine argument {flag!r} must be the flag alone; put its value in the "
-                    "map's value")
-        if engine == "ollama":
-            if flag.startswith("--sim-"):
-                continue
-            if flag not in OLLAMA_ARGS:
-                return (f"{flag} is not an Ollama setting; use one of "
-                        f"{', '.join(sorted(OLLAMA_ARGS))}")
-            if flag in _OLLAMA_POSITIVE and not _positive_int(value):
-                return f"{flag} must be a positive whole number, got {value!r}"
-            continue
-        norm = normalise_flag(flag, engine)
-        if norm in _OWNED[engine]:
-            return f"{flag} is set by the runtime agent; leave it out of engineConfig.args"
-        if norm in _FORBIDDEN[engine]:
-            return f"{flag} is not allowed: kvcached manages the KV cache"
-        if norm in (TENSOR, PIPELINE, DATA):
-            if not _positive_int(value):
-                return f"{flag} must be a positive whole number, got {value!r}"
-            if norm == DATA and int(value) != 1:
-                return f"{flag} must be 1: data parallelism is not supported"
-    if engine != "ollama":
-        seen: dict[str, str] = {}
-        for flag in args:
-            norm = normalise_flag(flag, engine)
-            if norm in seen:
-                return f"{seen[norm]} and {flag} are the same flag; give it once"
-            seen[norm] = flag
-    return None
-
-
-def _positive_int(value: str) -> bool:
-    return value.isascii() and value.isdigit() and int(value) >= 1
-
-
-def gpus_needed(engine: Engine, args: Mapping[str, str]) -> int:
-    """Tensor x pipeline parallel size (invalid or absent sizes count as 1); 1 for Ollama."""
-    if engine == "ollama":
-        return 1
-    sizes = {TENSOR: 1, PIPELINE: 1}
-    for flag, value in args.items():
-        norm = normalise_flag(flag, engine)
-        if norm in sizes and _positive_int(value):
-            sizes[norm] = int(value)
-    return sizes[TENSOR] * sizes[PIPELINE]
+    """The contract's rule (the agent applies the same one), worded for a claim. ``--sim-*``
+    knobs pass: only an agent knows whether it simulates the engine."""
+    return contract_args_problem(engine, args, simulated=True, field="spec.engineConfig.args")
 
 
 # ---- pools ----------------------------------------------------------------------------------

@@ -35,9 +35,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from contract.quantity import MiB
 from reconciler.model.policy import POLICY_OFF, PoolPolicy
-from reconciler.model.quantity import MiB
-from reconciler.planning.state import Gpu, Resident, charge, holds_only_sleeping_footprint
+from reconciler.planning.state import (
+    Gpu,
+    Resident,
+    charge,
+    holds_only_sleeping_footprint,
+)
 
 QUANTUM = 64 * MiB
 HYSTERESIS = 256 * MiB

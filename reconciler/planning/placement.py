@@ -22,17 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reconciler.model.manifests import (
-    ENABLED_LABEL,
-    INVALID_PER_GPU,
-    ModelClaim,
-)
-from reconciler.model.quantity import gib
+from contract.quantity import gib
+from contract.reasons import INVALID_PER_GPU, NO_MATCHING_PODS, TOO_LARGE
+from reconciler.model.manifests import ENABLED_LABEL, ModelClaim
 from reconciler.model.selector import LabelSelector
 from reconciler.planning.state import Candidate, has_served
 
-TOO_LARGE = "TooLargeForAnyCard"
-NO_MATCHING_PODS = "NoMatchingPods"
 NO_CANDIDATE = "no available candidate warm pod"
 RETRY_DELAYS = (10.0, 20.0, 40.0)
 RETRY_EVERY = 60.0

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contract.quantity import GiB
 from reconciler.model.policy import PoolPolicy
-from reconciler.model.quantity import GiB
 from reconciler.planning.placement import (
     DEFAULT_MAX_SNAPSHOT_AGE,
     ClaimNeed,
@@ -33,7 +33,14 @@ from reconciler.planning.placement import (
     selected,
     unavailable,
 )
-from reconciler.planning.state import Candidate, EngineState, Gpu, Resident, charge, has_served
+from reconciler.planning.state import (
+    Candidate,
+    EngineState,
+    Gpu,
+    Resident,
+    charge,
+    has_served,
+)
 
 DEFAULT_UNKNOWN_SLEEPING_FOOTPRINT = 1 * GiB
 

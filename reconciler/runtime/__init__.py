@@ -14,7 +14,12 @@ from reconciler.runtime.controller import Controller, Reconciler, Result, Termin
 from reconciler.runtime.metrics import ControllerMetrics
 from reconciler.runtime.queue import Enqueuer, QueueShutDown, WorkQueue
 from reconciler.runtime.ratelimit import ExponentialBackoff, RateLimiter, backoff_delay
-from reconciler.runtime.sources import DirectorySource, EventFeedSource, Source, TimerSource
+from reconciler.runtime.sources import (
+    DirectorySource,
+    EventFeedSource,
+    Source,
+    TimerSource,
+)
 
 __all__ = [
     "Clock", "Controller", "ControllerMetrics", "DirectorySource", "Enqueuer", "EventFeedSource",

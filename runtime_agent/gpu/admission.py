@@ -23,12 +23,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from contract.reasons import INSUFFICIENT_GPU, INSUFFICIENT_HOST, TOO_LARGE
 from runtime_agent.gpu.host_ledger import HostLedger, HostRefusal, host_reserve
 from runtime_agent.gpu.ledger import GpuLedger, LedgerRefusal, reserve
 
-TOO_LARGE = "TooLargeForAnyCard"
-INSUFFICIENT_GPU = "InsufficientGPUMemory"
-INSUFFICIENT_HOST = "InsufficientHostMemory"
 GIB = 1024**3
 
 

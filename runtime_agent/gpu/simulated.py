@@ -17,12 +17,11 @@ from pathlib import Path
 
 import psutil
 
+from contract.quantity import QuantityError, parse_size
 from engines.sim.gpu_report import GpuReport
 from runtime_agent.gpu.model import Device, GpuProcess, GpuSample
 
-UNITS = {"B": 1, "MIB": 1024**2, "MB": 1000**2, "GIB": 1024**3, "GB": 1000**3,
-         "TIB": 1024**4, "TB": 1000**4}
-_SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
+_SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\S.*?)\s*$")
 _REPORT_NAME = re.compile(r"^(\d+)\.json$")
 
 
@@ -30,17 +29,15 @@ def parse_spec(spec: str) -> tuple[int, int, str]:
     """``"2x141GiB"`` -> (2, 141 GiB in bytes, "141GiB"). ValueError says what is wrong."""
     match = _SPEC.match(spec)
     if match is None:
-        raise ValueError(f"GPU spec {spec!r} is not COUNTxSIZE, e.g. '1x80GiB' or '8x141GB' "
-                         f"(units: B, MiB, MB, GiB, GB, TiB, TB)")
-    count, number, unit = int(match[1]), match[2], match[3]
-    factor = UNITS.get(unit.upper())
-    if factor is None:
-        raise ValueError(f"GPU spec {spec!r}: unknown unit {unit!r} (use B, MiB, MB, GiB, GB, "
-                         f"TiB or TB)")
-    size = int(float(number) * factor)
+        raise ValueError(f"GPU spec {spec!r} is not COUNTxSIZE, e.g. '1x80GiB' or '8x141GB'")
+    count, text = int(match[1]), match[2].strip()
+    try:
+        size = parse_size(text)
+    except QuantityError as exc:
+        raise ValueError(f"GPU spec {spec!r}: {exc}") from None
     if count < 1 or size < 1:
         raise ValueError(f"GPU spec {spec!r}: needs at least one card of at least one byte")
-    return count, size, f"{number}{unit}"
+    return count, size, text
 
 
 def pid_alive(pid: int) -> bool:

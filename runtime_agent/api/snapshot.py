@@ -12,8 +12,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from runtime_agent.memory import EngineHbm, MemoryBroker
-from runtime_agent.views import EngineView
+from runtime_agent.gpu.broker import EngineHbm, MemoryBroker
+from runtime_agent.supervision.views import EngineView
 
 
 def _iso(ts: float) -> str:

@@ -1,7 +1,7 @@
 """What an engine owner's helper tasks watch: each observes the engine and posts what it saw.
 
 They decide nothing and change nothing: every finding goes to the owner's inbox as a message
-tagged with the process generation it was about, and the owner (``runtime_agent.owner``) acts
+tagged with the process generation it was about, and the owner (``runtime_agent.supervision.owner``) acts
 on it with its own, current state, or drops it when that process is gone.
 
 * ``probe_ready``: probe until the engine answers, prepare it (Ollama loads its model), then
@@ -21,8 +21,8 @@ from typing import Any
 
 from engines.adapter import EngineAdapter
 from engines.client import EngineCallError
-from runtime_agent.backoff import probe_delays
 from runtime_agent.settings import Settings
+from runtime_agent.supervision.backoff import probe_delays
 
 Post = Callable[[tuple[Any, ...]], None]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.phases import Phase
 from registry.record import EngineSpec
-from runtime_agent.kv_hold import KvState
-from runtime_agent.phases import Phase
+from runtime_agent.kv.hold import KvState
 
 
 @dataclass(frozen=True)

@@ -13,20 +13,32 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from registry.record import EngineRecord, EngineSpec
-from runtime_agent.api_models import ActivateRequest
-from runtime_agent.engine_kinds import gpus_needed, spec_problem
-from runtime_agent.gpu.admission import INSUFFICIENT_GPU, TOO_LARGE, Admit, Refuse
-from runtime_agent.naming import ipc_name_for
-from runtime_agent.owner import EngineOwner, Intent, OwnerDeps
-from runtime_agent.phases import Phase
-from runtime_agent.recovery import Step
-from runtime_agent.ports import choose_port, port_is_free
-from runtime_agent.views import EngineView, OpResult
+from contract.names import ipc_name_for
+from contract.phases import Phase
+from contract.reasons import INSUFFICIENT_GPU, INVALID_ENGINE_CONFIG, TOO_LARGE
+from registry.record import EngineRecord, EngineSpec, PerGpu
+from runtime_agent.gpu.admission import Admit, Refuse
+from runtime_agent.supervision.engine_kinds import gpus_needed, spec_problem
+from runtime_agent.supervision.owner import EngineOwner, Intent, OwnerDeps
+from runtime_agent.supervision.ports import choose_port, port_is_free
+from runtime_agent.supervision.recovery import Step
+from runtime_agent.supervision.views import EngineView, OpResult
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Activation:
+    """What an activation asks for, whoever asked (the API builds it from its request)."""
+
+    spec: EngineSpec
+    port: int = 0  # 0: the pool picks one
+    kv_limit_bytes: int | None = None
+    per_gpu: PerGpu | None = None
+    wait_seconds: float = 0.0  # wait this long for GPU memory instead of refusing at once
 
 
 class EnginePool:
@@ -39,15 +51,11 @@ class EnginePool:
 
     # ---- activation -----------------------------------------------------------------------
 
-    async def activate(self, req: ActivateRequest) -> OpResult:
-        spec = EngineSpec(
-            model_name=req.model_name, artifact_url=req.artifact_url, engine=req.engine,
-            ipc_name=req.ipc_name or ipc_name_for(req.model_name), args=req.engine_config.args,
-            claim_ref=req.claim_ref,
-        )
+    async def activate(self, req: Activation) -> OpResult:
+        spec = req.spec
         problem = self._spec_problem(spec)
         if problem is not None:
-            return OpResult.error(400, problem, reason="InvalidEngineConfig")
+            return OpResult.error(400, problem, reason=INVALID_ENGINE_CONFIG)
         existing = self.owners.get(spec.model_name)
         if existing is not None:
             return await self._same_or_conflict(existing, spec, req.port, req.kv_limit_bytes)
@@ -83,7 +91,7 @@ class EnginePool:
                                   phase=owner.view.phase.value)
         return OpResult(200, self._activate_body(owner))
 
-    async def _admit(self, spec: EngineSpec, req: ActivateRequest) -> Admit | OpResult:
+    async def _admit(self, spec: EngineSpec, req: Activation) -> Admit | OpResult:
         """Claim GPU memory for the new engine, waiting for it if the request says so."""
         memory = self._deps.memory
         need = req.per_gpu.need_bytes if req.per_gpu else 0

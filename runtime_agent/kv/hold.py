@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from runtime_agent.kv_segment import SegmentInfo, clamp
+from runtime_agent.kv.segment import SegmentInfo, clamp
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import logging
 from collections import deque
 from typing import Any
 
-from runtime_agent.views import EngineEvent
+from runtime_agent.supervision.views import EngineEvent
 
-log = logging.getLogger("runtime_agent.events")
+log = logging.getLogger("runtime_agent.api.events")
 
 
 class EventLog:

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from runtime_agent.phases import Phase
-from runtime_agent.views import EngineEvent, EngineView
+from contract.phases import Phase
+from runtime_agent.supervision.views import EngineEvent, EngineView
 
 P = "aibrix:modelclaim_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

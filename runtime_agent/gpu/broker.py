@@ -24,8 +24,14 @@ from typing import Any
 
 import psutil
 
-from runtime_agent.gpu.admission import INSUFFICIENT_GPU, Admit, Refuse, admit_sleep, claim
-from runtime_agent.gpu.attribution import EngineMemory, EngineProcs, attribute, unattributed_bytes
+from contract.reasons import INSUFFICIENT_GPU
+from runtime_agent.gpu.admission import Admit, Refuse, admit_sleep, claim
+from runtime_agent.gpu.attribution import (
+    EngineMemory,
+    EngineProcs,
+    attribute,
+    unattributed_bytes,
+)
 from runtime_agent.gpu.backend import GpuBackend
 from runtime_agent.gpu.gate import DeviceGate
 from runtime_agent.gpu.host_ledger import HostLedger, host_observe, host_release

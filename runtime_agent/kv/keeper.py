@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.record import EngineRecord
-from runtime_agent.kv_hold import (
+from runtime_agent.kv.hold import (
     KvState,
     Write,
     after_write,
@@ -25,7 +25,7 @@ from runtime_agent.kv_hold import (
     on_reading,
     with_request,
 )
-from runtime_agent.kv_segment import (
+from runtime_agent.kv.segment import (
     SegmentError,
     SegmentInfo,
     SegmentMissing,

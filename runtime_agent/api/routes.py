@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from runtime_agent.api_models import (
+from runtime_agent.api.metrics import CONTENT_TYPE
+from runtime_agent.api.models import (
     ActivateRequest,
     DeactivateRequest,
     KvLimitRequest,
@@ -23,9 +24,8 @@ from runtime_agent.api_models import (
     WakeRequest,
     describe_validation_error,
 )
-from runtime_agent.metrics import CONTENT_TYPE
-from runtime_agent.owner import Intent
-from runtime_agent.views import OpResult
+from runtime_agent.supervision.owner import Intent
+from runtime_agent.supervision.views import OpResult
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -97,7 +97,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def activate(request: web.Request) -> web.Response:
     req = await parse(request, ActivateRequest)
-    return reply(await _agent(request).pool.activate(req))
+    return reply(await _agent(request).pool.activate(req.activation()))
 
 
 async def deactivate(request: web.Request) -> web.Response:

@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import aiohttp
 
+from contract.engines import (
+    artifact_problem,
+    device_count_problem,
+    engine_args_problem,
+    is_local_artifact,
+    model_argument,
+)
+from contract.engines import gpus_needed as contract_gpus_needed
 from engines import vllm
 from engines.adapter import EngineAdapter, LaunchContext
-from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, ENV_STATE_DIR, EngineRecord, EngineSpec
+from registry.record import (
+    ENV_ENGINE_ID,
+    ENV_ENGINE_SPEC,
+    ENV_STATE_DIR,
+    EngineRecord,
+    EngineSpec,
+)
 from runtime_agent.settings import Settings
 
 
@@ -23,18 +38,22 @@ def simulated(settings: Settings, spec: EngineSpec) -> bool:
 
 
 def spec_problem(settings: Settings, spec: EngineSpec, device_count: int) -> str | None:
-    """Why this activation cannot run here (reason InvalidEngineConfig), or None."""
-    if spec.engine == "ollama":
-        from engines import ollama  # imported on first use: the client library costs start-up
+    """Why this activation cannot run here (reason InvalidEngineConfig), or None.
 
-        return (ollama.artifact_problem(spec.artifact_url)
-                or ollama.args_problem(spec.args, simulated(settings, spec)))
-    return (vllm.artifact_problem(spec.artifact_url)
-            or vllm.args_problem(spec.args, device_count))
+    The rules on the text are the contract's (the reconciler applies the same ones); what only
+    this node can answer (does a local path exist, do the cards suffice) is checked here."""
+    problem = (artifact_problem(spec.engine, spec.artifact_url)
+               or engine_args_problem(spec.engine, spec.args, simulated=simulated(settings, spec))
+               or device_count_problem(spec.engine, spec.args, device_count))
+    if problem is None and spec.engine != "ollama" and is_local_artifact(spec.artifact_url):
+        path = model_argument(spec.artifact_url)
+        if not Path(path).exists():
+            return f"artifact_url names a local path that does not exist on this node: {path}"
+    return problem
 
 
 def gpus_needed(spec: EngineSpec) -> int:
-    return 1 if spec.engine == "ollama" else vllm.gpus_needed(spec.args)
+    return contract_gpus_needed(spec.engine, spec.args)
 
 
 def make_adapter(settings: Settings, session: aiohttp.ClientSession,

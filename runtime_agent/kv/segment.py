@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime_agent.naming import ipc_name_problem
+from contract.names import ipc_name_problem
 
 DEFAULT_SHM_DIR = "/dev/shm"
 SEGMENT_FORMAT = "=qqq"  # native byte order, standard sizes: three int64 (kvcached uses numpy int64)

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from contract.phases import Phase
 from registry.identity import FoundEngine, Verdict, scan_engines, verify
 from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, EngineRecord, EngineSpec
 from registry.store import LoadResult, RegistryStore
-from runtime_agent.phases import Phase
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ API handlers send the owner an intent (sleep, wake, stop) and await its outcome;
 engine does on its own (exits, becomes ready, reports request figures) reaches the owner as an
 event in the same inbox. The owner handles one message at a time, so every decision that leads
 to a start, stop, sleep or wake is made with the owner's own, current state. Long work (a 10 s
-sleep call, readiness probing, scraping: ``runtime_agent.watchers``) runs in helper tasks that
+sleep call, readiness probing, scraping: ``runtime_agent.supervision.watchers``) runs in helper tasks that
 post their results back, so the owner keeps answering (a stop, an exit) while an engine call is
 in flight. No lock exists.
 
@@ -26,21 +26,27 @@ from typing import Any
 
 import aiohttp
 
+from contract.phases import Phase, check_transition
 from engines.adapter import Observation
 from engines.client import EngineCallError
-from engines.process import EngineProcess, ExitInfo, ProcessLauncher, SpawnError, tail_lines
+from engines.process import (
+    EngineProcess,
+    ExitInfo,
+    ProcessLauncher,
+    SpawnError,
+    tail_lines,
+)
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
-from runtime_agent import watchers
-from runtime_agent.backoff import restart_delay
-from runtime_agent.engine_kinds import engine_command, make_adapter
-from runtime_agent.kv_keeper import KvKeeper
 from runtime_agent.gpu.admission import Refuse
-from runtime_agent.memory import MemoryBroker
-from runtime_agent.phases import Phase, check_transition
-from runtime_agent.ports import port_is_free
+from runtime_agent.gpu.broker import MemoryBroker
+from runtime_agent.kv.keeper import KvKeeper
 from runtime_agent.settings import Settings
-from runtime_agent.views import EngineEvent, EngineView, OpResult
+from runtime_agent.supervision import watchers
+from runtime_agent.supervision.backoff import restart_delay
+from runtime_agent.supervision.engine_kinds import engine_command, make_adapter
+from runtime_agent.supervision.ports import port_is_free
+from runtime_agent.supervision.views import EngineEvent, EngineView, OpResult
 
 log = logging.getLogger(__name__)
 

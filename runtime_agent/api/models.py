@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from registry.record import ClaimRef, PerGpu
-from runtime_agent.naming import ipc_name_problem, model_name_problem
+from contract.names import ipc_name_for, ipc_name_problem, model_name_problem
+from registry.record import ClaimRef, EngineSpec, PerGpu
+from runtime_agent.supervision.pool import Activation
 
 
 class _Request(BaseModel):
@@ -63,6 +64,12 @@ class ActivateRequest(_ModelRequest):
     per_gpu: PerGpu | None = None
     # Wait this long for GPU memory to free up instead of refusing at once (woken by changes).
     wait_seconds: float = Field(default=0, ge=0, le=3600)
+
+    def activation(self) -> Activation:
+        spec = EngineSpec(model_name=self.model_name, artifact_url=self.artifact_url,
+                          engine=self.engine, ipc_name=self.ipc_name or ipc_name_for(self.model_name),
+                          args=self.engine_config.args, claim_ref=self.claim_ref)
+        return Activation(spec, self.port, self.kv_limit_bytes, self.per_gpu, self.wait_seconds)
 
     @field_validator("ipc_name")
     @classmethod

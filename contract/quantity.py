@@ -1,9 +1,12 @@
-"""Kubernetes resource quantities as byte counts: "6Gi", "512Mi", "1G", "1.5e9", 1073741824.
+"""Sizes as byte counts, one parser for manifests, flags and the API: "6Gi", "512MiB", "1G".
 
 The grammar is Kubernetes': a signed decimal number, then either a binary suffix (Ki Mi Gi Ti Pi
-Ei), a decimal suffix (n u m k M G T P E) or a decimal exponent (e3, E-2). A fraction of a byte
-rounds up, as Kubernetes' ``Quantity.Value()`` does. Numbers from YAML (int, float) are taken as
-plain bytes; a bool is not a quantity.
+Ei), a decimal suffix (n u m k M G T P E) or a decimal exponent (e3, E-2). Operators also write
+byte units, so ``KiB MiB GiB TiB PiB`` (binary), ``kB KB MB GB TB PB`` (decimal) and ``B`` are
+taken too, in any letter case (``80GiB`` is ``80Gi``). A fraction of a byte rounds up, as
+Kubernetes' ``Quantity.Value()`` does. Numbers from YAML (int, float) are plain bytes; a bool
+is not a quantity. Manifests take Kubernetes' grammar alone (``parse_quantity``, as the CRD's
+schema does); flags and the CLI take byte units too (``parse_size``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ _QUANTITY = re.compile(
 _MAX_EXPONENT = 30
 
 
+_BYTE_UNIT = re.compile(r"^(?P<head>.*?\d\.?)\s*(?P<unit>[kKmMgGtTpP]?[iI]?[bB])$")
+
+
 class QuantityError(ValueError):
     """The value is not a Kubernetes quantity."""
 
@@ -44,10 +50,14 @@ def parse_quantity(value: object) -> int:
         return math.ceil(Fraction(value))
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity; write bytes or a value like 6Gi")
-    match = _QUANTITY.match(value.strip())
+    return _parse(value.strip(), value)
+
+
+def _parse(text: str, shown: object) -> int:
+    match = _QUANTITY.match(text)
     if match is None:
         raise QuantityError(
-            f"{value!r} is not a quantity; write bytes or a number with a suffix such as "
+            f"{shown!r} is not a quantity; write bytes or a number with a suffix such as "
             "Ki, Mi, Gi, Ti, k, M, G or T (for example 6Gi, 512Mi, 1G)")
     number = Fraction(match["number"])
     if match["binary"]:
@@ -55,11 +65,37 @@ def parse_quantity(value: object) -> int:
     elif match["exponent"] is not None:
         exponent = int(match["exponent"])
         if abs(exponent) > _MAX_EXPONENT:
-            raise QuantityError(f"{value!r}: exponent {exponent} is out of range")
+            raise QuantityError(f"{shown!r}: exponent {exponent} is out of range")
         scaled = number * Fraction(10) ** exponent
     else:
         scaled = number * _DECIMAL[match["decimal"] or ""]
     return math.ceil(scaled)
+
+
+def _kubernetes_form(text: str) -> str:
+    """``80GiB`` -> ``80Gi``, ``141GB`` -> ``141G``, ``512 b`` -> ``512``; others unchanged."""
+    match = _BYTE_UNIT.match(text)
+    if match is None:
+        return text
+    unit = match["unit"].upper()
+    prefix = unit[0] if unit != "B" else ""
+    binary = unit.endswith("IB") and prefix
+    if prefix == "K" and not binary:
+        prefix = "k"
+    return match["head"] + prefix + ("i" if binary else "")
+
+
+def parse_size(text: str) -> int:
+    """A positive size from a flag or the CLI, where byte units (``80GiB``, ``141GB``) are taken
+    as well as Kubernetes' suffixes; ``QuantityError`` says what is wrong."""
+    try:
+        value = _parse(_kubernetes_form(text.strip()), text)
+    except QuantityError:
+        raise QuantityError(f"{text!r} is not a size; write bytes or a number with a unit such as "
+                            "512MiB, 80GiB, 141GB or 6Gi") from None
+    if value <= 0:
+        raise QuantityError(f"{text!r} must be a positive size")
+    return value
 
 
 def gib(nbytes: int) -> str:
