@@ -47,9 +47,13 @@ class Reply:
         return value if isinstance(value, str) else f"HTTP {self.status}"
 
     @property
-    def applied(self) -> bool:
-        """For sleep, wake and kv-limit: the agent confirms the change is in force."""
-        return self.ok and bool(self.body.get("applied"))
+    def in_force(self) -> bool:
+        """For sleep, wake and kv-limit: the agent confirms the asked state holds now.
+
+        ``applied`` (the AIBrix sidecar's field) says only whether this call changed
+        anything; an agent without ``in_force`` is read by ``applied``."""
+        value = self.body.get("in_force", self.body.get("applied"))
+        return self.ok and bool(value)
 
 
 @dataclass(frozen=True)

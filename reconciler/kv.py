@@ -82,15 +82,15 @@ class KvReconciler:
         except (AgentUnreachable, LookupError) as err:
             log.warning("kv limit of %s on %s: %s", change.engine, agent, err)
             return False
-        pending = reply.ok and not reply.applied and not engine.kv_present
-        if not (reply.applied or pending):
+        pending = reply.ok and not reply.in_force and not engine.kv_present
+        if not (reply.in_force or pending):
             log.warning("kv limit of %s on %s not confirmed: %s", change.engine, agent,
                         reply.message)
             return False
         st = self._status(engine)
         if st is not None:
             was = f" (was {gib(change.old)})" if change.old is not None else ""
-            held = "" if reply.applied else "; applied once the engine's KV cache exists"
+            held = "" if reply.in_force else "; applied once the engine's KV cache exists"
             applied = reply.body.get("applied_bytes")
             clamped = f", held at {gib(applied)} (its capacity)" \
                 if reply.body.get("clamped") and isinstance(applied, int) else ""

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.phases import Phase
+
 RECORD_VERSION = 1
 
 # Environment variables the agent puts into every engine it starts. Re-adoption reads them back
@@ -74,7 +76,7 @@ class EngineRecord(BaseModel):
     sleep_level: int | None = None
     pid: int | None = None
     pid_start_time: int | None = None
-    phase: str = "activating"
+    phase: Phase = Phase.ACTIVATING
     restart_count: int = 0
     last_error: str | None = None
     last_transition: float = 0.0

@@ -34,6 +34,8 @@ from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.nvml import NvmlBackend
 from runtime_agent.gpu.simulated import SimulatedGpuBackend
 from runtime_agent.settings import Settings
+from runtime_agent.supervision.engine_kinds import make_adapter
+from runtime_agent.supervision.messages import StartMode
 from runtime_agent.supervision.owner import OwnerDeps
 from runtime_agent.supervision.pool import EnginePool
 from runtime_agent.supervision.ports import ephemeral_range, overlaps_ephemeral
@@ -73,8 +75,10 @@ class Agent:
                                    s.host_reserve_bytes, s.gpu_sample_interval_s)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=8)
         self._session = aiohttp.ClientSession(connector=connector)
+        session = self._session
         deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd()),
-                         session=self._session, on_event=self._on_event,
+                         adapter_for=lambda record: make_adapter(s, session, record),
+                         on_event=self._on_event,
                          on_view=self._on_view, memory=self.memory)
         self.pool = EnginePool(deps)
         await self.memory.start()
@@ -82,10 +86,10 @@ class Agent:
         loaded, steps = await recover(store, str(s.state_dir))
         for step in steps:  # taken-over engines keep their place on their cards
             rec = step.record
-            if step.mode in ("adopt", "restart") and rec.devices:
+            if step.mode in (StartMode.ADOPT, StartMode.RESTART) and rec.devices:
                 self.memory.adopt(rec.spec.model_name, tuple(rec.devices),
                                   rec.per_gpu.need_bytes if rec.per_gpu else 0,
-                                  rec.phase == "sleeping")
+                                  rec.phase is Phase.SLEEPING)
         self.pool.adopt(steps)
         self.metrics.count_readoptions(_readoption_result(step) for step in steps)
         log.info("registry: %d records, %d quarantined; %d engines taken over",
@@ -173,9 +177,9 @@ def make_gpu_backend(settings: Settings) -> tuple[GpuBackend, Path | None]:
 
 
 def _readoption_result(step: Step) -> str:
-    if step.mode == "adopt":
+    if step.mode is StartMode.ADOPT:
         return "rebuilt" if step.rebuilt else "adopted"
-    return {"restart": "restarted", "idle": "failed"}.get(step.mode, "stopped")
+    return {StartMode.RESTART: "restarted", StartMode.IDLE: "failed"}.get(step.mode, "stopped")
 
 
 async def serve(settings: Settings) -> None:

@@ -75,13 +75,13 @@ def test_sleep_and_wake_move_the_engine_and_repeat_by_operation_id(agent: AgentP
     agent.wait_phase("m1", "active")
     slept = agent.client.sleep("m1", 1, operation_id="op-1")
     assert slept == {"status": "success", "model_name": "m1", "operation_id": "op-1",
-                     "applied": True, "phase": "sleeping"}
+                     "applied": True, "in_force": True, "phase": "sleeping"}
     assert agent.model(agent.client.snapshot(), "m1")["phase"] == "sleeping"
     status, body = complete(port, "m1")
     assert status == 503
-    # The same operation id gives the first answer and does nothing more.
+    # The same operation id does nothing more, and says so (applied: false, as AIBrix reads it).
     events_before = agent.client.events(0)["cursor"]
-    assert agent.client.sleep("m1", 1, operation_id="op-1") == slept
+    assert agent.client.sleep("m1", 1, operation_id="op-1") == {**slept, "applied": False}
     assert agent.client.events(0)["cursor"] == events_before
     woke = agent.client.wake("m1", operation_id="op-2")
     assert woke["applied"] is True and woke["phase"] == "active"

@@ -62,7 +62,7 @@ def test_a_limit_change_is_confirmed_by_read_back_and_repeats_by_id(agent: Agent
     assert result["requested_bytes"] == result["applied_bytes"] == 512 * MiB
     assert result["clamped"] is False
     assert read_segment("kvc_m1", agent.shm_dir).total_size == 512 * MiB
-    assert agent.client.kv_limit("m1", 512 * MiB, operation_id="kv-1") == result
+    assert agent.client.kv_limit("m1", 512 * MiB, operation_id="kv-1") == {**result, "applied": False}
     clamped = agent.client.kv_limit("m1", 64 * GiB)
     assert clamped["clamped"] is True and clamped["applied_bytes"] == 2 * GiB
     assert "clamped" in clamped["message"]
@@ -78,7 +78,7 @@ def test_a_limit_change_is_confirmed_by_read_back_and_repeats_by_id(agent: Agent
 def test_a_limit_asked_before_the_segment_exists_waits_for_it(agent: AgentProcess) -> None:
     agent.activate_sim("m1", "--sim-startup-seconds=1.0")
     result = agent.client.kv_limit("m1", GiB)
-    assert result["applied"] is False and "not created its KV segment" in result["message"]
+    assert result["in_force"] is False and "not created its KV segment" in result["message"]
     agent.wait_for(lambda s: agent.model(s, "m1")["kv_limit_applied_bytes"] == GiB,
                    what="limit applied once the segment appears")
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract.phases import Phase
 from registry.record import MAX_OPERATIONS, ClaimRef, EngineRecord, EngineSpec
 from registry.store import LoadResult, RegistryStore, validate_engine_id
 
@@ -35,7 +36,7 @@ def store(tmp_path: Path) -> RegistryStore:
 
 
 def test_a_saved_record_loads_back_equal(store: RegistryStore) -> None:
-    record = make_record(pid=1234, pid_start_time=99, phase="running", created_at=5.5)
+    record = make_record(pid=1234, pid_start_time=99, phase="active", created_at=5.5)
     record.remember_operation("op-1", {"status": "ok", "code": 200})
     store.save(record)
     assert store.load_all() == LoadResult(records=[record], quarantined=[])
@@ -44,8 +45,8 @@ def test_a_saved_record_loads_back_equal(store: RegistryStore) -> None:
 
 def test_saving_again_replaces_the_record(store: RegistryStore) -> None:
     store.save(make_record(phase="activating"))
-    store.save(make_record(phase="running"))
-    assert [r.phase for r in store.load_all().records] == ["running"]
+    store.save(make_record(phase="active"))
+    assert [r.phase for r in store.load_all().records] == [Phase.ACTIVE]
     assert engine_files(store) == ["abcdef12.json"]
 
 
@@ -122,7 +123,7 @@ def test_a_failed_replace_keeps_the_old_record_and_leaves_no_temp_file(
 
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk on fire"):
-        store.save(make_record(phase="running"))
+        store.save(make_record(phase="active"))
     monkeypatch.undo()
     assert engine_files(store) == ["abcdef12.json"]
     assert [r.phase for r in store.load_all().records] == ["activating"]
@@ -138,7 +139,7 @@ def test_a_failed_temp_write_keeps_the_old_record(
 
     monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="EIO"):
-        store.save(make_record(phase="running"))
+        store.save(make_record(phase="active"))
     monkeypatch.undo()
     assert engine_files(store) == ["abcdef12.json"]
     assert [r.phase for r in store.load_all().records] == ["activating"]
@@ -318,7 +319,7 @@ records = st.builds(
     sleep_level=st.none() | small_int,
     pid=st.none() | small_int,
     pid_start_time=st.none() | small_int,
-    phase=text,
+    phase=st.sampled_from(list(Phase)),
     restart_count=small_int,
     last_error=st.none() | text,
     last_transition=finite,
@@ -339,3 +340,15 @@ def test_any_record_saved_then_loaded_compares_equal(record: EngineRecord) -> No
     assert result.quarantined == []
     assert result.records == [record]
     assert result.records[0].model_dump() == record.model_dump()
+
+
+def test_a_record_with_a_phase_the_code_does_not_know_is_quarantined(tmp_path: Path) -> None:
+    store = RegistryStore(tmp_path)
+    store.save(make_record(phase="active"))
+    path = store.path_for(make_record().engine_id)
+    data = json.loads(path.read_text())
+    data["phase"] = "hibernating"  # written by a newer agent, or by hand
+    path.write_text(json.dumps(data))
+    loaded = store.load_all()
+    assert loaded.records == [] and len(loaded.quarantined) == 1
+    assert "phase" in loaded.quarantined[0].reason

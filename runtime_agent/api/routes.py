@@ -24,8 +24,8 @@ from runtime_agent.api.models import (
     WakeRequest,
     describe_validation_error,
 )
-from runtime_agent.supervision.owner import Intent
-from runtime_agent.supervision.views import OpResult
+from runtime_agent.api.replies import reply
+from runtime_agent.supervision.messages import SetKvLimit, Sleep, Wake
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -83,10 +83,6 @@ async def parse(request: web.Request, model: type[M]) -> M:
         raise BadRequest(describe_validation_error(exc)) from exc
 
 
-def reply(result: OpResult) -> web.Response:
-    return web.json_response(result.body, status=result.status)
-
-
 def _agent(request: web.Request) -> Any:
     return request.app[AGENT_KEY]
 
@@ -107,19 +103,19 @@ async def deactivate(request: web.Request) -> web.Response:
 
 async def sleep(request: web.Request) -> web.Response:
     req = await parse(request, SleepRequest)
-    intent = Intent("sleep", req.operation_id, req.level)
+    intent = Sleep(req.level, req.operation_id)
     return reply(await _agent(request).pool.lifecycle(req.model_name, intent))
 
 
 async def wake(request: web.Request) -> web.Response:
     req = await parse(request, WakeRequest)
-    intent = Intent("wake", req.operation_id)
+    intent = Wake(req.operation_id)
     return reply(await _agent(request).pool.lifecycle(req.model_name, intent, req.wait_seconds))
 
 
 async def kv_limit(request: web.Request) -> web.Response:
     req = await parse(request, KvLimitRequest)
-    intent = Intent("kv_limit", req.operation_id, limit_bytes=req.limit_bytes)
+    intent = SetKvLimit(req.limit_bytes, req.operation_id)
     return reply(await _agent(request).pool.lifecycle(req.model_name, intent))
 
 

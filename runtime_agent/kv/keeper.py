@@ -86,8 +86,14 @@ class KvKeeper:
     def _durable(self) -> tuple[int | None, int | None, int | None]:
         return self.state.capacity, self.state.inode, self.state.applied
 
+    def holds(self, limit: int) -> bool:
+        """The segment is known to hold ``limit`` (clamped) as the limit in force now."""
+        st = self.state
+        return (st.present and st.requested == limit and st.target is not None
+                and st.applied == st.target)
+
     async def request(self, limit: int) -> dict[str, Any]:
-        """Set the limit the controller asked for; the API body (less status fields)."""
+        """Set the limit the controller asked for; what the answer reports about it."""
         self._record.kv_limit_bytes = limit
         self.state, write, clamped = with_request(self.state, limit)
         if write is not None:
@@ -109,7 +115,7 @@ class KvKeeper:
                         "nothing, use drops as requests finish")
         self._record.count_operation("kv_limit", "applied" if applied else
                                      ("pending" if not st.present else "failed"))
-        return {"applied": applied, "requested_bytes": limit, "applied_bytes": st.applied,
+        return {"in_force": applied, "requested_bytes": limit, "applied_bytes": st.applied,
                 "clamped": clamped, "capacity_bytes": st.capacity, "used_bytes": st.used,
                 "message": message}
 

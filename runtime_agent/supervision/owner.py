@@ -1,12 +1,14 @@
 """The engine owner: one asyncio task per engine that alone changes that engine's state.
 
-API handlers send the owner an intent (sleep, wake, stop) and await its outcome; everything the
-engine does on its own (exits, becomes ready, reports request figures) reaches the owner as an
-event in the same inbox. The owner handles one message at a time, so every decision that leads
-to a start, stop, sleep or wake is made with the owner's own, current state. Long work (a 10 s
-sleep call, readiness probing, scraping: ``runtime_agent.supervision.watchers``) runs in helper tasks that
-post their results back, so the owner keeps answering (a stop, an exit) while an engine call is
-in flight. No lock exists.
+API handlers send the owner an intent (sleep, wake, stop, a KV limit) and await its outcome;
+everything the engine does on its own (exits, becomes ready, answers or misses a health probe,
+reports request figures) reaches the owner as an event in the same inbox. Messages are typed
+(``runtime_agent.supervision.messages``) and handled one at a time, so every decision that
+leads to a start, stop, sleep or wake is made with the owner's own, current state. Long work
+(a 10 s sleep call, probing, scraping: ``runtime_agent.supervision.watchers``) runs in helper
+tasks that post their results back, so the owner keeps answering (a stop, an exit) while an
+engine call is in flight. No lock exists. Sleep, wake and KV-limit intents are handled by
+``runtime_agent.supervision.intents``.
 
 Readers (the snapshot, the metrics) read ``owner.view``: an immutable value replaced on every
 change.
@@ -20,15 +22,13 @@ import logging
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from contract.phases import Phase, check_transition
-from engines.adapter import Observation
-from engines.client import EngineCallError
+from contract.reasons import RESTART_BUDGET_EXHAUSTED, START_FAILED
+from engines.adapter import EngineAdapter, Observation
 from engines.process import (
     EngineProcess,
     ExitInfo,
@@ -38,15 +38,33 @@ from engines.process import (
 )
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
-from runtime_agent.gpu.admission import Refuse
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.kv.keeper import KvKeeper
 from runtime_agent.settings import Settings
-from runtime_agent.supervision import watchers
+from runtime_agent.supervision import intents, watchers
 from runtime_agent.supervision.backoff import restart_delay
-from runtime_agent.supervision.engine_kinds import engine_command, make_adapter
+from runtime_agent.supervision.engine_kinds import engine_command
+from runtime_agent.supervision.intents import resolve
+from runtime_agent.supervision.messages import (
+    Exited,
+    Figures,
+    FromProcess,
+    Health,
+    Intent,
+    KvReading,
+    Message,
+    OpDone,
+    Ready,
+    Request,
+    RestartDue,
+    StartMode,
+    Stop,
+    TurnGranted,
+    Unusable,
+)
+from runtime_agent.supervision.outcomes import NotFound, Outcome
 from runtime_agent.supervision.ports import port_is_free
-from runtime_agent.supervision.views import EngineEvent, EngineView, OpResult
+from runtime_agent.supervision.views import EngineEvent, EngineView
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +74,11 @@ class OwnerDeps:
     settings: Settings
     store: RegistryStore
     launcher: ProcessLauncher
-    session: aiohttp.ClientSession
+    adapter_for: Callable[[EngineRecord], EngineAdapter]
     on_event: Callable[[EngineEvent], None]
     on_view: Callable[[EngineView], None]
     memory: MemoryBroker
     clock: Callable[[], float] = time.time
-
-
-@dataclass(frozen=True)
-class Intent:
-    action: str  # "sleep" | "wake" | "stop" | "kv_limit"
-    operation_id: str | None = None
-    level: int = 1
-    limit_bytes: int = 0
 
 
 class EngineOwner:
@@ -76,15 +86,15 @@ class EngineOwner:
         self.record = record
         self._deps = deps
         self._settings = deps.settings
-        self._inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-        self._adapter = make_adapter(self._settings, deps.session, record)
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._adapter = deps.adapter_for(record)
         self._exit_cause: str | None = None  # why the agent itself killed the process
         self._proc: EngineProcess | None = None
         self._gen = 0  # bumps with every process; events from older processes are dropped
         self._helpers: set[asyncio.Task[None]] = set()
-        # The sleep or wake in flight: its task, action and the caller waiting for it (if any).
-        self._op: tuple[asyncio.Task[None], str, asyncio.Future[OpResult] | None] | None = None
-        self._deferred: deque[tuple[Intent, asyncio.Future[OpResult]]] = deque()
+        # The sleep or wake in flight: its task, action and the request waiting for it (if any).
+        self._op: tuple[asyncio.Task[None], str, Request | None] | None = None
+        self._deferred: deque[Request] = deque()
         self._restart_timer: asyncio.TimerHandle | None = None
         self._turn_task: asyncio.Task[None] | None = None
         self._turn_token = 0
@@ -102,10 +112,9 @@ class EngineOwner:
 
     # ---- public surface -------------------------------------------------------------------
 
-    def start(self, mode: str, pid: int | None = None) -> None:
-        """Run the owner. mode: "spawn" (new engine), "adopt" (pid verified by the caller),
-        "restart" (its process is gone: restart now, counted), or "idle" (failed: keep it)."""
-        if mode == "adopt":  # the recovery verified the process: readers know it at once
+    def start(self, mode: StartMode, pid: int | None = None) -> None:
+        """Run the owner; ``mode`` says what the pool or the recovery found."""
+        if mode is StartMode.ADOPT:  # the recovery verified the process: readers know it at once
             self._adopted = True
             self.view = self._make_view()
         self._task = asyncio.create_task(self._run(mode, pid), name=f"owner:{self.name}")
@@ -118,12 +127,12 @@ class EngineOwner:
     def spec(self) -> EngineSpec:
         return self.record.spec
 
-    async def request(self, intent: Intent) -> OpResult:
+    async def request(self, intent: Intent) -> Outcome:
         if self._task is None or self._task.done():
-            return OpResult.error(404, f"model {self.name!r} is not running on this agent")
-        future: asyncio.Future[OpResult] = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(("intent", intent, future))
-        return await future
+            return NotFound(self.name, f"model {self.name!r} is not running on this agent")
+        reply: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait(Request(intent, reply))
+        return await reply
 
     async def detach(self) -> None:
         """Stop supervising without touching the engine: the agent is shutting down."""
@@ -139,27 +148,14 @@ class EngineOwner:
 
     # ---- the loop -------------------------------------------------------------------------
 
-    async def _run(self, mode: str, pid: int | None) -> None:
+    async def _run(self, mode: StartMode, pid: int | None) -> None:
         try:
-            if mode == "adopt" and pid is not None:
-                await self._adopt(pid)
-            elif mode == "restart":
-                await self._after_exit(None, "its process was gone when the agent started",
-                                       restart_now=True)
-            elif mode == "stop":  # the previous agent died while stopping this engine
-                if pid is not None and (proc := self._deps.launcher.attach(pid)) is not None:
-                    self._proc = proc
-                self._inbox.put_nowait(("intent", Intent("stop"),
-                                        asyncio.get_running_loop().create_future()))
-            elif mode == "spawn":
-                await self._persist()  # the record is durable before any process starts
-                await self._spawn("activated")
-            if mode != "spawn" and not self.spawned.done():
+            await self._begin(mode, pid)
+            if mode is not StartMode.SPAWN and not self.spawned.done():
                 self.spawned.set_result(None)
             self._publish()  # readers see the start-up's outcome (adopted, say) at once
             while self.view.phase is not Phase.STOPPED:
-                message = await self._inbox.get()
-                await self._handle(message)
+                await self._handle(await self._inbox.get())
                 self._publish()
         except asyncio.CancelledError:
             raise
@@ -169,41 +165,56 @@ class EngineOwner:
             self._publish()
             raise
 
-    async def _handle(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "intent":
-            await self._on_intent(message[1], message[2])
-            return
-        if kind == "turn":
-            phase = self.view.phase
-            if (message[1] == self._turn_token and self._proc is None
-                    and phase in (Phase.ACTIVATING, Phase.RESTARTING)):
-                await self._spawn_now(message[2])
-            else:
-                self._end_turn()
-            return
-        if message[1] != self._gen:
+    async def _begin(self, mode: StartMode, pid: int | None) -> None:
+        match mode:
+            case StartMode.ADOPT if pid is not None:
+                await self._adopt(pid)
+            case StartMode.RESTART:
+                await self._after_exit(None, "its process was gone when the agent started",
+                                       restart_now=True)
+            case StartMode.STOP:  # the previous agent died while stopping this engine
+                if pid is not None and (proc := self._deps.launcher.attach(pid)) is not None:
+                    self._proc = proc
+                reply: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+                self._inbox.put_nowait(Request(Stop(), reply))
+            case StartMode.SPAWN:
+                await self._persist()  # the record is durable before any process starts
+                await self._spawn("activated")
+
+    async def _handle(self, message: Message) -> None:
+        if isinstance(message, FromProcess) and message.gen != self._gen:
             return  # from a process that is gone
-        if kind == "exit":
-            await self._after_exit(message[2], None)
-        elif kind == "unusable":  # stuck or unloadable: end this process; the exit decides
-            self._exit_cause = message[2]
-            if self._proc is not None:
-                self._proc.signal_group(signal.SIGKILL)
-        elif kind == "ready":
-            await self._on_ready(message[2])
-        elif kind == "kv":
-            if await self._kv.reading(message[2]):
-                await self._persist()
-        elif kind == "figures":
-            self._figures, self._figures_at = message[2], self._deps.clock()
-        elif kind == "op_done":
-            await self._on_op_done(*message[2:])
-        elif kind == "restart_due":
-            self._restart_timer = None
-            if self.view.phase is Phase.RESTARTING:
-                self.record.restart_count += 1
-                await self._spawn(f"restart {self.record.restart_count}")
+        match message:
+            case Request():
+                await intents.on_request(self, message)
+            case TurnGranted(token=token, reason=reason):
+                if (token == self._turn_token and self._proc is None
+                        and self.view.phase in (Phase.ACTIVATING, Phase.RESTARTING)):
+                    await self._spawn_now(reason)
+                else:
+                    self._end_turn()
+            case Exited(info=info):
+                await self._after_exit(info, None)
+            case Unusable(why=why):  # stuck or unloadable: end this process; the exit decides
+                self._exit_cause = why
+                if self._proc is not None:
+                    self._proc.signal_group(signal.SIGKILL)
+            case Ready(sleeping=sleeping):
+                await self._on_ready(sleeping)
+            case Health():
+                pass  # probes arrive with the fault work; nothing acts on them yet
+            case KvReading(info=info):
+                if await self._kv.reading(info):
+                    await self._persist()
+            case Figures(observation=observation):
+                self._figures, self._figures_at = observation, self._deps.clock()
+            case OpDone():
+                await intents.on_op_done(self, message)
+            case RestartDue():
+                self._restart_timer = None
+                if self.view.phase is Phase.RESTARTING:
+                    self.record.restart_count += 1
+                    await self._spawn(f"restart {self.record.restart_count}")
 
     # ---- process lifecycle ----------------------------------------------------------------
 
@@ -219,7 +230,7 @@ class EngineOwner:
 
         async def hold() -> None:
             async with self._deps.memory.gate.turn(devices):
-                self._inbox.put_nowait(("turn", token, reason))
+                self._inbox.put_nowait(TurnGranted(token, reason))
                 await asyncio.Event().wait()  # held until the start is over (cancelled)
 
         self._turn_task = asyncio.create_task(hold(), name=f"turn:{self.name}")
@@ -244,7 +255,7 @@ class EngineOwner:
             self.record.last_error = f"cannot start engine: {exc}"
             self._end_turn()
             self._deps.memory.stopped(self.name)
-            await self._transition(Phase.FAILED, "StartFailed", self.record.last_error)
+            await self._transition(Phase.FAILED, START_FAILED, self.record.last_error)
             if not self.spawned.done():
                 self.spawned.set_result(self.record.last_error)
             return
@@ -282,14 +293,14 @@ class EngineOwner:
 
         def exited(fut: asyncio.Future[ExitInfo]) -> None:
             if not fut.cancelled():
-                self._inbox.put_nowait(("exit", gen, fut.result()))
+                self._inbox.put_nowait(Exited(gen, fut.result()))
 
         proc.exited.add_done_callback(exited)
         post = self._inbox.put_nowait
         self._helper(watchers.probe_ready(self._adapter, self._settings, post, gen, prepare))
         self._helper(watchers.watch_progress(self.log_path, self._settings, post, gen,
                                              lambda: self._ready))
-        self._helper(self._kv.watch(lambda info: self._inbox.put_nowait(("kv", gen, info)),
+        self._helper(self._kv.watch(lambda info: self._inbox.put_nowait(KvReading(gen, info)),
                                     self._settings.kv_watch_s, self._settings.kv_hold_s))
 
     async def _after_exit(self, info: ExitInfo | None, why: str | None,
@@ -302,7 +313,7 @@ class EngineOwner:
         self._cancel_helpers()
         self._end_turn()
         self._gen += 1  # results already queued by the dead process's helpers are void
-        self._fail_op("the engine exited during the operation")
+        intents.fail_op(self, "the engine exited during the operation")
         self._proc, self._ready, self._figures = None, False, None
         cause = why or (info.describe() if info else "exited")
         if self._exit_cause is not None:
@@ -315,16 +326,15 @@ class EngineOwner:
             self.record.budget_exhausted += 1
             self._deps.memory.stopped(self.name)
             msg = f"{cause}; restart budget of {len(self._settings.restart_delays)} spent"
-            await self._transition(Phase.FAILED, "RestartBudgetExhausted", msg, persist=False)
+            await self._transition(Phase.FAILED, RESTART_BUDGET_EXHAUSTED, msg, persist=False)
         else:
             self._deps.memory.exited(self.name)
             if restart_now:
                 delay = 0.0  # the agent was down for longer than any backoff already
             await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s",
                                    persist=False)
-            gen = self._gen
             self._restart_timer = asyncio.get_running_loop().call_later(
-                delay, self._inbox.put_nowait, ("restart_due", gen))
+                delay, self._inbox.put_nowait, RestartDue(self._gen))
             await self._add_log_tail(cause)
         await self._kv.remove_leftover()
         await self._persist()
@@ -350,162 +360,16 @@ class EngineOwner:
         self._helper(watchers.scrape(self._adapter, self._settings, self._inbox.put_nowait,
                                      self._gen))
         if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:
-            level = self.record.sleep_level or 1
-            refused = self._deps.memory.admit_sleep(self.name, level)
-            if refused is None:
-                self._start_op("sleep", level, None, None)
-            else:
-                self._emit(refused.reason, f"stays awake after its restart: {refused.message}")
+            intents.sleep_after_restart(self)
 
-    # ---- intents --------------------------------------------------------------------------
+    # ---- stopping -------------------------------------------------------------------------
 
-    async def _on_intent(self, intent: Intent, future: asyncio.Future[OpResult]) -> None:
-        if intent.action == "stop":
-            await self._stop(future)
-            return
-        if intent.operation_id and intent.operation_id in self.record.operations:
-            _resolve(future, OpResult(200, self.record.operations[intent.operation_id]))
-            return
-        if intent.action == "kv_limit":
-            await self._set_kv_limit(intent, future)
-            return
-        if self._op is not None:
-            self._deferred.append((intent, future))
-            return
-        phase = self.view.phase
-        want_sleep = intent.action == "sleep"
-        if (want_sleep and phase is Phase.SLEEPING) or (not want_sleep and phase is Phase.ACTIVE):
-            _resolve(future, OpResult(200, self._op_body(intent, applied=False)))
-            return
-        if phase not in (Phase.ACTIVE, Phase.SLEEPING):
-            _resolve(future, OpResult.error(
-                409, f"model {self.name!r} is {phase.value}; it can {intent.action} once it is "
-                "active or sleeping", phase=phase.value))
-            return
-        if want_sleep and (why := self._adapter.sleep_unsupported()) is not None:
-            _resolve(future, OpResult.error(409, f"model {self.name!r} cannot sleep: {why}",
-                                            phase=phase.value))
-            return
-        level = intent.level if want_sleep else (self.record.sleep_level or 1)
-        memory = self._deps.memory
-        refused = memory.admit_sleep(self.name, level) if want_sleep else None
-        if not want_sleep:
-            claimed = memory.claim_wake(self.name)
-            refused = claimed if isinstance(claimed, Refuse) else None
-        if refused is not None:
-            _resolve(future, OpResult.error(
-                409, f"model {self.name!r} cannot {intent.action} now: {refused.message}",
-                reason=refused.reason, phase=phase.value, needed_bytes=refused.needed,
-                free_bytes=refused.free,
-                holders=[{"model_name": k, "bytes": b} for k, b in refused.holders]))
-            return
-        self._start_op(intent.action, level, intent, future)
-
-    def _start_op(self, action: str, level: int, intent: Intent | None,
-                  future: asyncio.Future[OpResult] | None) -> None:
-        gen = self._gen
-        started = time.monotonic()
-
-        memory = self._deps.memory
-        if action == "sleep":
-            memory.set_sleeping(self.name, True)  # figures from here on are not its awake size
-
-        async def run() -> None:
-            error: str | None = None
-            try:
-                if action == "sleep":
-                    await self._adapter.sleep(level, self._settings.lifecycle_timeout_s)
-                else:
-                    async with memory.gate.turn(self.record.devices):
-                        await self._adapter.wake(level, self._settings.lifecycle_timeout_s)
-            except EngineCallError as exc:
-                error = str(exc)
-            sleeping = await self._adapter.is_sleeping(self._settings.probe_timeout_s)
-            self._inbox.put_nowait(("op_done", gen, action, level, error, sleeping, intent, future,
-                                    time.monotonic() - started))
-
-        task = asyncio.create_task(run(), name=f"{action}:{self.name}")
-        self._op = (task, action, future)
-        self._publish()
-
-    async def _on_op_done(self, action: str, level: int, error: str | None,
-                          sleeping: bool | None, intent: Intent | None,
-                          future: asyncio.Future[OpResult] | None, seconds: float) -> None:
-        self._op = None
-        want_sleeping = action == "sleep"
-        if sleeping is None:  # no confirmation: trust the call's own result
-            sleeping = want_sleeping if error is None else not want_sleeping
-        ok = error is None and sleeping == want_sleeping
-        if not sleeping:
-            self._deps.memory.set_sleeping(self.name, False)
-        if not ok and not want_sleeping:
-            self._deps.memory.release_claim(self.name)
-        if ok:
-            self.record.desired = "asleep" if want_sleeping else "awake"
-            self.record.sleep_level = level if want_sleeping else None
-        self.record.count_operation(action, "success" if ok else "failure")
-        target = Phase.SLEEPING if sleeping else Phase.ACTIVE
-        reason = ("Slept" if want_sleeping else "Woken") if ok else f"{action.capitalize()}Failed"
-        detail = f"{action} took {seconds:.3f} s" if ok else (error or f"engine did not {action}")
-        if target is not self.view.phase:
-            await self._transition(target, reason, detail, persist=False, duration_s=seconds)
-        else:
-            self._emit(reason, detail, to=target, duration_s=seconds)
-        if intent is not None and future is not None:
-            if ok:
-                body = self._op_body(intent, applied=True)
-                if intent.operation_id:
-                    self.record.remember_operation(intent.operation_id, body)
-                await self._persist()
-                _resolve(future, OpResult(200, body))
-            else:
-                await self._persist()
-                _resolve(future, OpResult.error(
-                    502, f"{action} of {self.name!r} failed: {detail}", phase=target.value,
-                    operation_id=intent.operation_id, applied=False))
-        else:
-            await self._persist()
-        while self._deferred and self._op is None:
-            await self._on_intent(*self._deferred.popleft())
-
-    async def _set_kv_limit(self, intent: Intent, future: asyncio.Future[OpResult]) -> None:
-        phase = self.view.phase
-        if phase in (Phase.FAILED, Phase.STOPPING, Phase.STOPPED):
-            _resolve(future, OpResult.error(409, f"model {self.name!r} is {phase.value}; its KV "
-                                            "limit cannot be set", phase=phase.value))
-            return
-        detail = await self._kv.request(intent.limit_bytes)
-        body = {"status": "success", "model_name": self.name,
-                "operation_id": intent.operation_id, "phase": phase.value, **detail}
-        if detail["applied"] and intent.operation_id:
-            self.record.remember_operation(intent.operation_id, body)
-        await self._persist()
-        self._publish()
-        _resolve(future, OpResult(200, body))
-
-    def _op_body(self, intent: Intent, applied: bool) -> dict[str, Any]:
-        return {"status": "success", "model_name": self.name, "operation_id": intent.operation_id,
-                "applied": applied, "phase": self.view.phase.value}
-
-    def _fail_op(self, why: str) -> None:
-        """Cancel the operation in flight and answer everyone waiting on one: ``why``."""
-        waiting = [future for _, future in self._deferred]
-        self._deferred.clear()
-        if self._op is not None:
-            task, _, future = self._op
-            task.cancel()
-            self._op = None
-            if future is not None:
-                waiting.insert(0, future)
-        for future in waiting:
-            _resolve(future, OpResult.error(409, f"{why}; try again", phase=self.view.phase.value))
-
-    async def _stop(self, future: asyncio.Future[OpResult]) -> None:
+    async def _stop(self, request: Request) -> None:
         if self._restart_timer is not None:
             self._restart_timer.cancel()
             self._restart_timer = None
         self._cancel_helpers()
-        self._fail_op(f"model {self.name!r} is being stopped")
+        intents.fail_op(self, f"model {self.name!r} is being stopped")
         await self._transition(Phase.STOPPING, "Deactivate", "stop requested")
         proc, self._proc = self._proc, None
         self._gen += 1
@@ -523,12 +387,12 @@ class EngineOwner:
         await self._transition(Phase.STOPPED, "Stopped", detail, persist=False)
         await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
         await self._adapter.close()
-        _resolve(future, OpResult(200, {"status": "success", "model_name": self.name,
-                                        "phase": Phase.STOPPED.value, "message": detail}))
+        resolve(request.reply, intents.done(self, Phase.STOPPED, request.intent, details={
+            "message": detail}))
         while not self._inbox.empty():  # intents that raced with the stop
             message = self._inbox.get_nowait()
-            if message[0] == "intent":
-                _resolve(message[2], OpResult.error(404, f"model {self.name!r} was stopped"))
+            if isinstance(message, Request):
+                resolve(message.reply, NotFound(self.name, f"model {self.name!r} was stopped"))
 
     # ---- state changes --------------------------------------------------------------------
 
@@ -537,7 +401,7 @@ class EngineOwner:
         src = self.view.phase
         if to is not src:
             check_transition(src, to)
-            self.record.phase = to.value
+            self.record.phase = to
             self.record.last_transition = self._deps.clock()
             self._publish()
             self._emit(reason, message, src=src, to=to, duration_s=duration_s)
@@ -563,8 +427,8 @@ class EngineOwner:
     def _make_view(self) -> EngineView:
         r, f = self.record, self._figures
         return EngineView(
-            engine_id=r.engine_id, spec=r.spec, port=r.port, phase=Phase(r.phase), pid=r.pid,
-            alive=self._proc is not None, ready=self._ready and r.phase == Phase.ACTIVE.value,
+            engine_id=r.engine_id, spec=r.spec, port=r.port, phase=r.phase, pid=r.pid,
+            alive=self._proc is not None, ready=self._ready and r.phase is Phase.ACTIVE,
             adopted=self._adopted, desired=r.desired, sleep_level=r.sleep_level,
             operation=self._op[1] if self._op else None, restart_count=r.restart_count,
             last_error=r.last_error, last_transition=r.last_transition, created_at=r.created_at,
@@ -576,7 +440,7 @@ class EngineOwner:
             budget_exhausted=r.budget_exhausted, kv=self._kv.state, devices=tuple(r.devices),
         )
 
-    def _helper(self, coro: Any) -> None:
+    def _helper(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._helpers.add(task)
         task.add_done_callback(self._helpers.discard)
@@ -585,8 +449,3 @@ class EngineOwner:
         for task in list(self._helpers):
             task.cancel()
         self._helpers.clear()
-
-
-def _resolve(future: asyncio.Future[OpResult], result: OpResult) -> None:
-    if not future.done():
-        future.set_result(result)

@@ -3,7 +3,8 @@
 It turns an activation into a record and an owner, routes intents to the right owner, removes
 owners whose engines stopped, and keeps the latest view of every engine for readers. It holds
 no lock: the checks and inserts that must not interleave (one owner per model name, one port
-and one IPC name per engine) run without an await between them.
+and one IPC name per engine) run without an await between them. It answers with outcomes
+(``runtime_agent.supervision.outcomes``); the API decides what they look like on the wire.
 """
 
 from __future__ import annotations
@@ -14,18 +15,27 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from contract.names import ipc_name_for
 from contract.phases import Phase
-from contract.reasons import INSUFFICIENT_GPU, INVALID_ENGINE_CONFIG, TOO_LARGE
+from contract.reasons import INSUFFICIENT_GPU, INVALID_ENGINE_CONFIG
 from registry.record import EngineRecord, EngineSpec, PerGpu
 from runtime_agent.gpu.admission import Admit, Refuse
 from runtime_agent.supervision.engine_kinds import gpus_needed, spec_problem
-from runtime_agent.supervision.owner import EngineOwner, Intent, OwnerDeps
+from runtime_agent.supervision.intents import no_room
+from runtime_agent.supervision.messages import Intent, SetKvLimit, StartMode, Stop, Wake
+from runtime_agent.supervision.outcomes import (
+    Done,
+    EngineFailed,
+    NotFound,
+    Outcome,
+    Refusal,
+    Refused,
+)
+from runtime_agent.supervision.owner import EngineOwner, OwnerDeps
 from runtime_agent.supervision.ports import choose_port, port_is_free
 from runtime_agent.supervision.recovery import Step
-from runtime_agent.supervision.views import EngineView, OpResult
+from runtime_agent.supervision.views import EngineView
 
 log = logging.getLogger(__name__)
 
@@ -51,47 +61,47 @@ class EnginePool:
 
     # ---- activation -----------------------------------------------------------------------
 
-    async def activate(self, req: Activation) -> OpResult:
+    async def activate(self, req: Activation) -> Outcome:
         spec = req.spec
+        name = spec.model_name
         problem = self._spec_problem(spec)
         if problem is not None:
-            return OpResult.error(400, problem, reason=INVALID_ENGINE_CONFIG)
-        existing = self.owners.get(spec.model_name)
+            return Refused(Refusal.INVALID, problem, INVALID_ENGINE_CONFIG, name)
+        existing = self.owners.get(name)
         if existing is not None:
             return await self._same_or_conflict(existing, spec, req.port, req.kv_limit_bytes)
-        if spec.model_name in self._admitting:
-            return OpResult.error(409, f"model {spec.model_name!r} is already being activated "
-                                  "(waiting for GPU memory)", model_name=spec.model_name)
+        if name in self._admitting:
+            return Refused(Refusal.CONFLICT, f"model {name!r} is already being activated "
+                           "(waiting for GPU memory)", model_name=name)
         clash = next((o for o in self.owners.values() if o.spec.ipc_name == spec.ipc_name), None)
         if clash is not None:
-            return OpResult.error(409, f"ipc_name {spec.ipc_name!r} is already used by model "
-                                  f"{clash.name!r}; pass a distinct ipc_name")
-        port_or_error = self._pick_port(req.port)
-        if isinstance(port_or_error, OpResult):
-            return port_or_error
+            return Refused(Refusal.CONFLICT, f"ipc_name {spec.ipc_name!r} is already used by "
+                           f"model {clash.name!r}; pass a distinct ipc_name", model_name=name)
+        port = self._pick_port(req.port, name)
+        if isinstance(port, Refused):
+            return port
         admitted = await self._admit(spec, req)
-        if isinstance(admitted, OpResult):
+        if isinstance(admitted, Refused):
             return admitted
-        if spec.model_name in self.owners:  # activated by a concurrent call while we waited
-            self._deps.memory.release_claim(spec.model_name)
-            return await self._same_or_conflict(self.owners[spec.model_name], spec, req.port,
+        if name in self.owners:  # activated by a concurrent call while we waited
+            self._deps.memory.release_claim(name)
+            return await self._same_or_conflict(self.owners[name], spec, req.port,
                                                 req.kv_limit_bytes)
         now = self._deps.clock()
-        record = EngineRecord(engine_id=uuid.uuid4().hex, spec=spec, port=port_or_error,
-                              phase=Phase.ACTIVATING.value, created_at=now, last_transition=now,
+        record = EngineRecord(engine_id=uuid.uuid4().hex, spec=spec, port=port,
+                              phase=Phase.ACTIVATING, created_at=now, last_transition=now,
                               kv_limit_bytes=req.kv_limit_bytes, per_gpu=req.per_gpu,
                               devices=list(admitted.devices))
-        owner = self._add(record, "spawn")
+        owner = self._add(record, StartMode.SPAWN)
         try:  # a start that waits for its turn on a busy card answers while it waits
             error = await asyncio.wait_for(asyncio.shield(owner.spawned), 2.0)
         except TimeoutError:
             error = None
         if error is not None:
-            return OpResult.error(500, error, model_name=spec.model_name, port=record.port,
-                                  phase=owner.view.phase.value)
-        return OpResult(200, self._activate_body(owner))
+            return EngineFailed(name, error, owner.view.phase)
+        return self._activated(owner)
 
-    async def _admit(self, spec: EngineSpec, req: Activation) -> Admit | OpResult:
+    async def _admit(self, spec: EngineSpec, req: Activation) -> Admit | Refused:
         """Claim GPU memory for the new engine, waiting for it if the request says so."""
         memory = self._deps.memory
         need = req.per_gpu.need_bytes if req.per_gpu else 0
@@ -106,50 +116,53 @@ class EnginePool:
         finally:
             self._admitting.discard(spec.model_name)
         if isinstance(result, Refuse):
-            return refusal(result, spec.model_name)
+            return no_room(result, f"{spec.model_name!r} {result.message}",
+                           model_name=spec.model_name)
         return result
 
     def _spec_problem(self, spec: EngineSpec) -> str | None:
         return spec_problem(self._settings, spec, len(self._deps.memory.ledger.devices) or 1)
 
     async def _same_or_conflict(self, owner: EngineOwner, spec: EngineSpec, port: int,
-                                kv_limit: int | None) -> OpResult:
+                                kv_limit: int | None) -> Outcome:
         diffs = [k for k, v in spec.model_dump().items() if getattr(owner.spec, k) != getattr(spec, k)
                  and not (k == "ipc_name" and spec.ipc_name == ipc_name_for(spec.model_name))]
         if port and port != owner.record.port:
             diffs.append("port")
         if diffs:
-            return OpResult.error(
-                409, f"model {spec.model_name!r} already runs with a different "
-                f"{', '.join(diffs)}; deactivate it first to change them",
-                model_name=spec.model_name, port=owner.record.port)
+            return Refused(Refusal.CONFLICT, f"model {spec.model_name!r} already runs with a "
+                           f"different {', '.join(diffs)}; deactivate it first to change them",
+                           model_name=spec.model_name, details={"port": owner.record.port})
         await owner.spawned
         if kv_limit is not None and kv_limit != owner.record.kv_limit_bytes:
-            await owner.request(Intent("kv_limit", limit_bytes=kv_limit))
-        return OpResult(200, self._activate_body(owner))
+            await owner.request(SetKvLimit(kv_limit))
+        return self._activated(owner, changed=False)
 
-    def _activate_body(self, owner: EngineOwner) -> dict[str, Any]:
+    def _activated(self, owner: EngineOwner, changed: bool = True) -> Done:
         view = owner.view
-        return {"status": "success", "model_name": owner.name, "port": view.port,
-                "ipc_name": owner.spec.ipc_name, "phase": view.phase.value, "pid": view.pid,
-                "engine_id": view.engine_id}
+        return Done(owner.name, view.phase, changed, details={
+            "port": view.port, "ipc_name": owner.spec.ipc_name, "pid": view.pid,
+            "engine_id": view.engine_id})
 
-    def _pick_port(self, requested: int) -> int | OpResult:
+    def _pick_port(self, requested: int, name: str) -> int | Refused:
         s = self._settings
         held = {o.record.port for o in self.owners.values()}
         if requested == 0:
             port = choose_port(s.port_low, s.port_high, held, self._is_port_free)
             if port is None:
-                return OpResult.error(503, f"no free engine port in {s.port_low}-{s.port_high}")
+                return Refused(Refusal.UNAVAILABLE, f"no free engine port in "
+                               f"{s.port_low}-{s.port_high}", model_name=name)
             return port
         if not s.port_low <= requested <= s.port_high:
-            return OpResult.error(400, f"port {requested} is outside the engine port range "
-                                  f"{s.port_low}-{s.port_high}; pass 0 to let the agent pick")
+            return Refused(Refusal.INVALID, f"port {requested} is outside the engine port range "
+                           f"{s.port_low}-{s.port_high}; pass 0 to let the agent pick",
+                           model_name=name)
         if requested in held or not self._is_port_free(requested):
-            return OpResult.error(409, f"port {requested} is already in use")
+            return Refused(Refusal.CONFLICT, f"port {requested} is already in use",
+                           model_name=name)
         return requested
 
-    def _add(self, record: EngineRecord, mode: str, pid: int | None = None) -> EngineOwner:
+    def _add(self, record: EngineRecord, mode: StartMode, pid: int | None = None) -> EngineOwner:
         owner = EngineOwner(record, self._deps)
         self.owners[record.spec.model_name] = owner
         owner.start(mode, pid)
@@ -157,39 +170,42 @@ class EnginePool:
 
     # ---- intents --------------------------------------------------------------------------
 
-    async def deactivate(self, model_name: str) -> OpResult:
+    async def deactivate(self, model_name: str) -> Outcome:
         owner = self.owners.get(model_name)
         if owner is None:
-            return OpResult(200, {"status": "success", "model_name": model_name,
-                                  "message": "not running on this agent; nothing to do"})
-        result = await owner.request(Intent("stop"))
+            return Done(model_name, None, changed=False, details={
+                "message": "not running on this agent; nothing to do"})
+        outcome = await owner.request(Stop())
         if self.owners.get(model_name) is owner and owner.view.phase is Phase.STOPPED:
             del self.owners[model_name]
-        if result.status == 404:  # stopped by a concurrent deactivate: the same outcome
-            return OpResult(200, {"status": "success", "model_name": model_name,
-                                  "phase": Phase.STOPPED.value})
-        return result
+        if isinstance(outcome, NotFound):  # stopped by a concurrent deactivate: the same end
+            return Done(model_name, Phase.STOPPED, changed=False)
+        return outcome
 
     async def lifecycle(self, model_name: str, intent: Intent,
-                        wait_seconds: float = 0) -> OpResult:
+                        wait_seconds: float = 0) -> Outcome:
         """Send an intent; a wake refused for want of GPU memory is retried, when the caller
         asked to wait, each time memory changes, until ``wait_seconds`` have passed."""
         owner = self.owners.get(model_name)
         if owner is None:
-            return OpResult.error(404, f"model {model_name!r} is not running on this agent",
-                                  model_name=model_name)
+            return NotFound(model_name, f"model {model_name!r} is not running on this agent")
         deadline = time.monotonic() + wait_seconds
         while True:
-            result = await owner.request(intent)
+            outcome = await owner.request(intent)
             left = deadline - time.monotonic()
-            if result.body.get("reason") != INSUFFICIENT_GPU or left <= 0:
-                return result
+            if (not isinstance(intent, Wake) or not isinstance(outcome, Refused)
+                    or outcome.reason != INSUFFICIENT_GPU or left <= 0):
+                return outcome
             await self._deps.memory.changed(left)
 
     # ---- reading --------------------------------------------------------------------------
 
     def views(self) -> list[EngineView]:
         return [o.view for o in self.owners.values()]
+
+    def view_of(self, model_name: str) -> EngineView | None:
+        owner = self.owners.get(model_name)
+        return owner.view if owner is not None else None
 
     async def close(self) -> None:
         """Stop supervising; engines keep running, to be re-adopted by the next agent."""
@@ -200,13 +216,3 @@ class EnginePool:
     def adopt(self, steps: list[Step]) -> None:
         for step in steps:
             self._add(step.record, step.mode, step.pid)
-
-
-
-def refusal(refused: Refuse, model_name: str) -> OpResult:
-    """An admission refusal as the API returns it: what was needed, what is free, who holds it."""
-    status = 400 if refused.reason == TOO_LARGE else 409
-    return OpResult.error(status, f"{model_name!r} {refused.message}", reason=refused.reason,
-                          model_name=model_name, needed_bytes=refused.needed,
-                          free_bytes=refused.free,
-                          holders=[{"model_name": k, "bytes": b} for k, b in refused.holders])

@@ -28,6 +28,7 @@ from contract.phases import Phase
 from registry.identity import FoundEngine, Verdict, scan_engines, verify
 from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, EngineRecord, EngineSpec
 from registry.store import LoadResult, RegistryStore
+from runtime_agent.supervision.messages import StartMode
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Step:
     record: EngineRecord
-    mode: str  # "adopt" | "restart" | "idle" | "stop"
+    mode: StartMode
     pid: int | None
     note: str
     rebuilt: bool = False  # the record was rebuilt from the process environment
@@ -51,7 +52,7 @@ def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
         return None
     return EngineRecord(engine_id=found.environ[ENV_ENGINE_ID], spec=spec, port=port,
                         pid=found.pid, pid_start_time=found.start_time,
-                        phase=Phase.BOOTING.value, created_at=now, last_transition=now)
+                        phase=Phase.BOOTING, created_at=now, last_transition=now)
 
 
 def plan(records: list[EngineRecord], found: list[FoundEngine],
@@ -70,23 +71,23 @@ def plan(records: list[EngineRecord], found: list[FoundEngine],
         if verdict is not Verdict.MATCH and proc is not None:
             record.pid, record.pid_start_time = proc.pid, proc.start_time
             verdict = Verdict.MATCH
-        phase = Phase(record.phase)
+        phase = record.phase
         if phase is Phase.STOPPING:
-            steps.append(Step(record, "stop", record.pid if verdict is Verdict.MATCH else None,
+            steps.append(Step(record, StartMode.STOP, record.pid if verdict is Verdict.MATCH else None,
                               "finishing a stop the previous agent began"))
         elif phase is Phase.FAILED:
-            steps.append(Step(record, "idle", None, "failed before the agent restarted"))
+            steps.append(Step(record, StartMode.IDLE, None, "failed before the agent restarted"))
         elif verdict is Verdict.MATCH:
-            steps.append(Step(record, "adopt", record.pid, f"pid {record.pid} verified"))
+            steps.append(Step(record, StartMode.ADOPT, record.pid, f"pid {record.pid} verified"))
         else:
-            steps.append(Step(record, "restart", None, f"process {verdict.value}"))
+            steps.append(Step(record, StartMode.RESTART, None, f"process {verdict.value}"))
     for proc in by_id.values():
         rebuilt = record_from_process(proc, now)
         if rebuilt is None or rebuilt.spec.model_name in names:
             log.warning("engine process %d carries no usable spec; left alone", proc.pid)
             continue
         names.add(rebuilt.spec.model_name)
-        steps.append(Step(rebuilt, "adopt", proc.pid, "rebuilt from the process environment",
+        steps.append(Step(rebuilt, StartMode.ADOPT, proc.pid, "rebuilt from the process environment",
                           rebuilt=True))
     return steps
 

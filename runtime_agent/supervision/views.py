@@ -1,4 +1,4 @@
-"""Immutable values that owners hand to readers: engine views, transition events, op results."""
+"""Immutable values that owners hand to readers: engine views and transition events."""
 
 from __future__ import annotations
 
@@ -58,15 +58,3 @@ class EngineEvent:
     def as_dict(self) -> dict[str, Any]:
         return {"ts": self.at, "model": self.model_name, "engine_id": self.engine_id,
                 "from": self.src, "to": self.dst, "reason": self.reason, "message": self.message}
-
-
-@dataclass(frozen=True)
-class OpResult:
-    """An HTTP status and the JSON body the API returns for an intent."""
-
-    status: int
-    body: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def error(cls, status: int, message: str, **extra: Any) -> OpResult:
-        return cls(status, {"status": "error", "message": message, **extra})

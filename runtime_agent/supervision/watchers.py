@@ -5,10 +5,10 @@ tagged with the process generation it was about, and the owner (``runtime_agent.
 on it with its own, current state, or drops it when that process is gone.
 
 * ``probe_ready``: probe until the engine answers, prepare it (Ollama loads its model), then
-  ask whether it sleeps -> ``("ready", gen, sleeping)`` or ``("unusable", gen, why)``.
+  ask whether it sleeps -> ``Ready`` or ``Unusable``.
 * ``watch_progress``: a booting engine that neither answers nor logs for ``start_stall_s`` is
-  stuck -> ``("unusable", gen, why)``.
-* ``scrape``: request figures every ``scrape_interval_s`` -> ``("figures", gen, figures)``.
+  stuck -> ``Unusable``.
+* ``scrape``: request figures every ``scrape_interval_s`` -> ``Figures``.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from engines.adapter import EngineAdapter
 from engines.client import EngineCallError
 from runtime_agent.settings import Settings
 from runtime_agent.supervision.backoff import probe_delays
+from runtime_agent.supervision.messages import Figures, Message, Ready, Unusable
 
-Post = Callable[[tuple[Any, ...]], None]
+Post = Callable[[Message], None]
 
 
 async def probe_ready(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
@@ -40,10 +40,10 @@ async def probe_ready(adapter: EngineAdapter, settings: Settings, post: Post, ge
         try:
             await adapter.prepare(s.lifecycle_timeout_s)
         except EngineCallError as exc:
-            post(("unusable", gen, f"start-up failed: {exc}"))
+            post(Unusable(gen, f"start-up failed: {exc}"))
             return
     sleeping = await adapter.is_sleeping(s.probe_timeout_s)
-    post(("ready", gen, sleeping))
+    post(Ready(gen, sleeping))
 
 
 async def watch_progress(log_path: Path, settings: Settings, post: Post, gen: int,
@@ -60,8 +60,8 @@ async def watch_progress(log_path: Path, settings: Settings, post: Post, gen: in
         if size != last_size:
             last_size, last_change = size, now
         elif now - last_change >= stall:
-            post(("unusable", gen, f"start-up made no progress (no port, no log output) for "
-                  f"{stall:g} s"))
+            post(Unusable(gen, f"start-up made no progress (no port, no log output) for "
+                           f"{stall:g} s"))
             return
         await asyncio.sleep(min(1.0, stall / 4))
 
@@ -70,5 +70,5 @@ async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: in
     while True:
         figures = await adapter.observe(settings.probe_timeout_s)
         if figures is not None:
-            post(("figures", gen, figures))
+            post(Figures(gen, figures))
         await asyncio.sleep(settings.scrape_interval_s)

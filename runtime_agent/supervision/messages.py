@@ -1,0 +1,156 @@
+"""What reaches an engine's owner: intents from callers and events from its helpers, as types.
+
+An owner's inbox takes one message at a time, and each message says what it carries: a frozen
+dataclass per kind, dispatched with ``match``. Events from the engine's helpers carry the
+generation of the process they were about; the owner drops those of a process that is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+
+from engines.adapter import Observation
+from engines.process import ExitInfo
+from runtime_agent.kv.segment import SegmentInfo
+from runtime_agent.supervision.outcomes import Outcome
+
+
+class Action(enum.StrEnum):
+    SLEEP = "sleep"
+    WAKE = "wake"
+    STOP = "stop"
+    KV_LIMIT = "kv_limit"
+
+
+class StartMode(enum.StrEnum):
+    """How an owner begins: what the pool or the recovery found."""
+
+    SPAWN = "spawn"  # a new engine: write the record, then start the process
+    ADOPT = "adopt"  # a running engine, verified by the caller (PID, start time, engine id)
+    RESTART = "restart"  # its process is gone: restart now, counted against the budget
+    IDLE = "idle"  # it had failed for good: keep it as it is
+    STOP = "stop"  # the previous agent died while stopping it: finish the stop
+
+
+# ---- intents: what a caller asks of an engine ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sleep:
+    level: int = 1
+    operation_id: str | None = None
+    action: Action = Action.SLEEP
+
+
+@dataclass(frozen=True)
+class Wake:
+    operation_id: str | None = None
+    action: Action = Action.WAKE
+
+
+@dataclass(frozen=True)
+class Stop:
+    operation_id: str | None = None
+    action: Action = Action.STOP
+
+
+@dataclass(frozen=True)
+class SetKvLimit:
+    limit_bytes: int
+    operation_id: str | None = None
+    action: Action = Action.KV_LIMIT
+
+
+Intent = Sleep | Wake | Stop | SetKvLimit
+
+
+# ---- the inbox ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """An intent and the future its caller awaits."""
+
+    intent: Intent
+    reply: asyncio.Future[Outcome]
+
+
+@dataclass(frozen=True)
+class TurnGranted:
+    """The device gate gave this engine its turn to start on its cards."""
+
+    token: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class FromProcess:
+    """An event about one process of the engine: ``gen`` names which."""
+
+    gen: int
+
+
+@dataclass(frozen=True)
+class Exited(FromProcess):
+    info: ExitInfo
+
+
+@dataclass(frozen=True)
+class Unusable(FromProcess):
+    """Stuck, unloadable or unresponsive: end this process; its exit decides what follows."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Ready(FromProcess):
+    """The engine answered its health endpoint; ``sleeping`` is its own word, if it gave one."""
+
+    sleeping: bool | None
+
+
+@dataclass(frozen=True)
+class Health(FromProcess):
+    """One periodic probe: did the engine answer, and what did it say about sleep."""
+
+    answered: bool
+    sleeping: bool | None
+    failures: int  # consecutive probes without an answer, this one included
+
+
+@dataclass(frozen=True)
+class KvReading(FromProcess):
+    info: SegmentInfo | None
+
+
+@dataclass(frozen=True)
+class Figures(FromProcess):
+    observation: Observation
+
+
+@dataclass(frozen=True)
+class OpDone(FromProcess):
+    """A sleep or wake call returned (or failed); ``sleeping`` is the engine's word after it."""
+
+    action: Action
+    level: int
+    error: str | None
+    sleeping: bool | None
+    request: Request | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RestartDue(FromProcess):
+    """The backoff delay before a restart has passed."""
+
+
+@dataclass(frozen=True)
+class PersistDue:
+    """Time to try a record write that failed again."""
+
+
+Message = (Request | TurnGranted | Exited | Unusable | Ready | Health | KvReading | Figures
+           | OpDone | RestartDue | PersistDue)
