@@ -24,9 +24,9 @@ from contract.phases import Phase
 from engines.process import ProcessLauncher, tail_lines, trim_log
 from registry.store import RegistryStore
 from runtime_agent import __version__
+from runtime_agent.api.app import make_app
 from runtime_agent.api.events import EventLog
 from runtime_agent.api.metrics import AgentMetrics, memory_families
-from runtime_agent.api.routes import make_app
 from runtime_agent.api.snapshot import build_snapshot, memory_entry, short_entry
 from runtime_agent.artifacts import ArtifactMarkers
 from runtime_agent.gpu.backend import GpuBackend, GpuUnavailable
@@ -57,13 +57,17 @@ class Agent:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._recovered_at: float | None = None  # monotonic time re-adoption was planned
+        self._taken_over: list[str] = []  # models whose engines the previous agent left
         self.pool: EnginePool
         self.memory: MemoryBroker
 
     async def start(self) -> None:
         s = self.settings
         for path in (s.state_dir, s.engines_dir, s.logs_dir):
-            path.mkdir(parents=True, exist_ok=True)
+            # Private: records hold activation credentials, logs hold what engines print.
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.chmod(0o700)
         if overlaps_ephemeral(s.port_low, s.port_high, ephemeral_range()):
             log.warning("engine ports %d-%d overlap the kernel's ephemeral port range %s: an "
                         "outgoing connection can take an engine's port; pick a range below it",
@@ -91,6 +95,8 @@ class Agent:
                                   rec.per_gpu.need_bytes if rec.per_gpu else 0,
                                   rec.phase is Phase.SLEEPING)
         self.pool.adopt(steps)
+        self._taken_over = [step.record.spec.model_name for step in steps]
+        self._recovered_at = time.monotonic()
         self.metrics.count_readoptions(_readoption_result(step) for step in steps)
         log.info("registry: %d records, %d quarantined; %d engines taken over",
                  len(loaded.records), len(loaded.quarantined), len(steps))
@@ -120,6 +126,19 @@ class Agent:
         agent = {"version": __version__, "state_dir": str(self.settings.state_dir),
                  "started_at": self.started_at, "simulated_engines": self.settings.simulate_engines}
         return build_snapshot(self.pool.views(), self.markers.listing(), agent, self.memory)
+
+    def not_ready_reason(self) -> str | None:
+        """Why ``/ready`` is not 200 yet: the registry unread, or engines still being taken
+        over (each until its first state is known, at most ``settle_timeout_s``)."""
+        if self._recovered_at is None:
+            return "reading the registry"
+        if time.monotonic() - self._recovered_at >= self.settings.settle_timeout_s:
+            return None
+        pending = sorted(name for name in self._taken_over
+                         if (o := self.pool.owners.get(name)) is not None and not o.settled.done())
+        if pending:
+            return f"re-adopting {len(pending)} engine(s): {', '.join(pending[:8])}"
+        return None
 
     def model_list(self) -> dict[str, Any]:
         views = sorted(self.pool.views(), key=lambda v: v.spec.model_name)

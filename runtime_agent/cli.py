@@ -68,6 +68,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         gpu_sample_interval_s=args.gpu_sample_interval, host_reserve_bytes=args.host_reserve,
         vllm_command=tuple(args.vllm_command.split()),
         ollama_command=tuple(args.ollama_command.split()),
+        sglang_command=tuple(args.sglang_command.split()),
         vllm_sleep_mode=(args.vllm_sleep_mode == "on" or (args.vllm_sleep_mode == "auto"
                                                           and (gpu_present() or engines == "sim"))),
         simulate_engines=engines == "sim",
@@ -206,6 +207,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--vllm-command", default="vllm serve",
                    help="how to run vLLM, before MODEL and its flags (split on spaces)")
     s.add_argument("--ollama-command", default="ollama serve")
+    s.add_argument("--sglang-command", default="python3 -m sglang.launch_server",
+                   help="how to run SGLang, before --model-path and its flags (split on spaces)")
     s.add_argument("--vllm-sleep-mode", choices=("auto", "on", "off"), default="auto",
                    help="auto: on with a GPU or simulated engines (vLLM on CPU refuses "
                    "--enable-sleep-mode)")

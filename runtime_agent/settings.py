@@ -14,6 +14,7 @@ from runtime_agent.supervision.backoff import DEFAULT_RESTART_DELAYS
 DEFAULT_STATE_DIR = Path("/var/run/aibrix")
 SIM_ENGINE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "engines.sim", "serve")
 VLLM_ENGINE_COMMAND: tuple[str, ...] = ("vllm", "serve")
+SGLANG_ENGINE_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Settings:
     # Engine commands: the argv prefix for each engine kind, before "MODEL --flags".
     vllm_command: tuple[str, ...] = VLLM_ENGINE_COMMAND
     ollama_command: tuple[str, ...] = ("ollama", "serve")
+    sglang_command: tuple[str, ...] = SGLANG_ENGINE_COMMAND
     # Real vLLM can sleep only on GPU platforms; on CPU it refuses --enable-sleep-mode.
     vllm_sleep_mode: bool = True
     # GPU memory: "auto" (NVML if it finds a GPU, else simulated), "nvml" or "sim".
@@ -69,6 +71,8 @@ class Settings:
     kv_watch_s: float = 0.01
     kv_hold_s: float = 1.0
     extra_engine_env: dict[str, str] = field(default_factory=dict)
+    # /ready waits this long at most for re-adopted engines to show their first state.
+    settle_timeout_s: float = 60.0
 
     @property
     def engines_dir(self) -> Path:

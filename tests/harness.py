@@ -8,6 +8,7 @@ agent's state directory in its environment (whole process groups), so nothing ou
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -15,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,27 @@ from runtime_agent.client import AgentClient, AgentError
 from runtime_agent.supervision.ports import ephemeral_range
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def http_json(url: str, method: str = "GET", body: bytes | str | dict[str, Any] | None = None,
+              timeout: float = 30) -> tuple[int, Any]:
+    """One HTTP call; the status and the JSON answer (``{}`` for an empty one), errors too."""
+    if isinstance(body, dict):
+        body = json.dumps(body)
+    data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def complete(port: int, model: str) -> tuple[int, Any]:
+    """A short completion from the engine on ``port`` for ``model``: status and answer."""
+    return http_json(f"http://127.0.0.1:{port}/v1/completions", "POST",
+                     {"model": model, "prompt": "hello", "max_tokens": 4})
 
 
 def free_port() -> int:

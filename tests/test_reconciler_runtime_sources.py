@@ -21,11 +21,11 @@ from reconciler.runtime.sources import (
     EventFeedSource,
     TimerSource,
 )
+from runtime_agent.api.app import make_app
 from runtime_agent.api.events import EventLog
-from runtime_agent.api.routes import make_app
 from runtime_agent.supervision.views import EngineEvent
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 
 
 async def settle(rounds: int = 20) -> None:

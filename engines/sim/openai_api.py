@@ -64,7 +64,8 @@ async def _read_body(request: web.Request) -> dict[str, Any]:
 def _parse_job(kind: str, body: dict[str, Any], state: EngineState) -> Job:
     options = state.options
     model = body.get("model")
-    if model is not None and model not in options.served_model_names:
+    if (model is not None and model not in options.served_model_names
+            and model not in state.lora_adapters):
         raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError")
     if kind == "chat":
         messages = body.get("messages")

@@ -44,8 +44,10 @@ _EVENT_REASONS = {"initial": "KVLimitSet", "requested": "KVLimitSet",
 
 class KvKeeper:
     def __init__(self, record: EngineRecord, shm_dir: Path,
-                 emit: Callable[[str, str], None]) -> None:
+                 emit: Callable[[str, str], None],
+                 writer: Callable[..., SegmentInfo] = write_limit) -> None:
         self._record = record
+        self._writer = writer  # the segment write that returns its read-back
         self._ipc = record.spec.ipc_name
         self._shm_dir = shm_dir
         self._emit = emit
@@ -93,7 +95,10 @@ class KvKeeper:
                 and st.applied == st.target)
 
     async def request(self, limit: int) -> dict[str, Any]:
-        """Set the limit the controller asked for; what the answer reports about it."""
+        """Set the limit the controller asked for (0: lift it back to the engine's capacity,
+        as kvcached reads a limit of 0); what the answer reports about it."""
+        if limit == 0:
+            return await self._lift()
         self._record.kv_limit_bytes = limit
         self.state, write, clamped = with_request(self.state, limit)
         if write is not None:
@@ -119,9 +124,21 @@ class KvKeeper:
                 "clamped": clamped, "capacity_bytes": st.capacity, "used_bytes": st.used,
                 "message": message}
 
+    async def _lift(self) -> dict[str, Any]:
+        capacity = self.state.capacity
+        if capacity is not None and self.state.present:
+            detail = await self.request(capacity)
+        else:
+            detail = {"in_force": True, "applied_bytes": self.state.applied, "clamped": False,
+                      "capacity_bytes": capacity, "used_bytes": self.state.used}
+        self._record.kv_limit_bytes = None
+        self.state = replace(self.state, requested=None, target=None)
+        return {**detail, "requested_bytes": 0,
+                "message": "no limit: the engine may use its whole KV capacity"}
+
     async def _write(self, write: Write) -> None:
         try:
-            readback = await asyncio.to_thread(write_limit, self._ipc, write.value,
+            readback = await asyncio.to_thread(self._writer, self._ipc, write.value,
                                                self._shm_dir, write.expected_inode)
         except SegmentReplaced:
             return  # the engine restarted: the next reading sees the new segment

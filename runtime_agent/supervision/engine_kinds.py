@@ -21,7 +21,7 @@ from contract.engines import (
     model_argument,
 )
 from contract.engines import gpus_needed as contract_gpus_needed
-from engines import vllm
+from engines import sglang, vllm
 from engines.adapter import EngineAdapter, LaunchContext
 from registry.record import (
     ENV_ENGINE_ID,
@@ -64,7 +64,20 @@ def make_adapter(settings: Settings, session: aiohttp.ClientSession,
         from engines import ollama
 
         return ollama.OllamaAdapter(session, host, record.port, spec.artifact_url)
+    if spec.engine == "sglang":
+        return sglang.SglangAdapter(session, host, record.port)
     return vllm.VllmAdapter(session, host, record.port, sleep_mode=settings.vllm_sleep_mode)
+
+
+def carried_spec(record: EngineRecord) -> str:
+    """The JSON an engine carries in its environment (see ``recovery.record_from_process``):
+    credentials by name only; their values are the engine's own environment."""
+    return json.dumps({
+        "spec": record.spec.model_dump(mode="json"), "port": record.port,
+        "devices": list(record.devices),
+        "per_gpu": record.per_gpu.model_dump() if record.per_gpu else None,
+        "kv_limit_bytes": record.kv_limit_bytes, "desired": record.desired,
+        "sleep_level": record.sleep_level, "credential_keys": sorted(record.credentials)})
 
 
 def engine_command(settings: Settings, record: EngineRecord,
@@ -74,12 +87,14 @@ def engine_command(settings: Settings, record: EngineRecord,
     if sim:
         command = settings.sim_command
     else:
-        command = settings.ollama_command if spec.engine == "ollama" else settings.vllm_command
+        command = {"ollama": settings.ollama_command,
+                   "sglang": settings.sglang_command}.get(spec.engine, settings.vllm_command)
     identity = {
         ENV_ENGINE_ID: record.engine_id,
         ENV_STATE_DIR: str(settings.state_dir),
-        # The engine carries its own spec, so it can be re-adopted even if its record is lost.
-        ENV_ENGINE_SPEC: json.dumps({"spec": spec.model_dump(mode="json"), "port": record.port}),
+        # The engine carries what a rebuild of its record needs, so it can be re-adopted with
+        # its place, limits and sleep state even if its record file is lost.
+        ENV_ENGINE_SPEC: carried_spec(record),
         # vLLM renames its processes with setproctitle, which can overwrite the environment
         # block /proc/<pid>/environ shows; this keeps the engine id readable for re-adoption.
         "SPT_NOENV": "1",
@@ -95,5 +110,6 @@ def engine_command(settings: Settings, record: EngineRecord,
     if str(settings.kv_shm_dir) != "/dev/shm":
         identity["KVCACHED_SHM_DIR"] = str(settings.kv_shm_dir)  # the simulated engine's knob
     ctx = LaunchContext(command=command, simulated=sim, bind_host=settings.engine_bind_host,
-                        base_env=os.environ, extra_env={**settings.extra_engine_env, **identity})
+                        base_env=os.environ,
+                        extra_env={**settings.extra_engine_env, **record.credentials, **identity})
     return adapter.command(record, ctx)

@@ -20,11 +20,13 @@ from runtime_agent.gpu.admission import Refuse
 from runtime_agent.supervision.messages import (
     Action,
     Intent,
+    LoadAdapter,
     OpDone,
     Request,
     SetKvLimit,
     Sleep,
     Stop,
+    UnloadAdapter,
 )
 from runtime_agent.supervision.outcomes import (
     Done,
@@ -71,6 +73,14 @@ async def on_request(owner: EngineOwner, request: Request) -> None:
     if owner._op is not None:
         owner._deferred.append(request)
         return
+    if isinstance(intent, LoadAdapter | UnloadAdapter):
+        from runtime_agent.supervision import adapters  # it uses this module's helpers
+
+        if isinstance(intent, LoadAdapter):
+            await adapters.on_load(owner, request, intent)
+        else:
+            await adapters.on_unload(owner, request, intent)
+        return
     phase = owner.view.phase
     want_sleep = isinstance(intent, Sleep)
     if (want_sleep and phase is Phase.SLEEPING) or (not want_sleep and phase is Phase.ACTIVE):
@@ -88,6 +98,8 @@ async def on_request(owner: EngineOwner, request: Request) -> None:
                                        operation_id=intent.operation_id))
         return
     level = intent.level if isinstance(intent, Sleep) else (owner.record.sleep_level or 1)
+    if owner.spec.engine == "sglang":
+        level = 1  # SGLang keeps its weights in host memory on every sleep (engines/sglang.py)
     memory = owner._deps.memory
     refused = memory.admit_sleep(owner.name, level) if want_sleep else None
     if not want_sleep:
@@ -174,6 +186,10 @@ async def on_op_done(owner: EngineOwner, finished: OpDone) -> None:
                 intent.operation_id))
     else:
         await owner._persist()
+    if ok and action is Action.WAKE:
+        from runtime_agent.supervision import adapters
+
+        adapters.sync_after_ready(owner)  # an engine woken after a restart gets its adapters
     while owner._deferred and owner._op is None:
         await on_request(owner, owner._deferred.popleft())
 

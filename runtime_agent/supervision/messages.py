@@ -22,6 +22,8 @@ class Action(enum.StrEnum):
     WAKE = "wake"
     STOP = "stop"
     KV_LIMIT = "kv_limit"
+    LOAD_ADAPTER = "load_adapter"
+    UNLOAD_ADAPTER = "unload_adapter"
 
 
 class StartMode(enum.StrEnum):
@@ -63,7 +65,23 @@ class SetKvLimit:
     action: Action = Action.KV_LIMIT
 
 
-Intent = Sleep | Wake | Stop | SetKvLimit
+@dataclass(frozen=True)
+class LoadAdapter:
+    name: str
+    path: str
+    artifact_url: str | None = None
+    operation_id: str | None = None
+    action: Action = Action.LOAD_ADAPTER
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    name: str
+    operation_id: str | None = None
+    action: Action = Action.UNLOAD_ADAPTER
+
+
+Intent = Sleep | Wake | Stop | SetKvLimit | LoadAdapter | UnloadAdapter
 
 
 # ---- the inbox ----------------------------------------------------------------------------
@@ -143,6 +161,25 @@ class OpDone(FromProcess):
 
 
 @dataclass(frozen=True)
+class AdapterDone(FromProcess):
+    """A LoRA load or unload returned: ``error`` and the engine's ``status`` when it failed."""
+
+    action: Action
+    name: str
+    error: str | None
+    status: int | None
+    request: Request | None
+
+
+@dataclass(frozen=True)
+class AdaptersSynced(FromProcess):
+    """After a start or a re-adoption: what the engine serves now, and what failed to load."""
+
+    loaded: frozenset[str]
+    failed: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class RestartDue(FromProcess):
     """The backoff delay before a restart has passed."""
 
@@ -153,4 +190,4 @@ class PersistDue:
 
 
 Message = (Request | TurnGranted | Exited | Unusable | Ready | Health | KvReading | Figures
-           | OpDone | RestartDue | PersistDue)
+           | OpDone | AdapterDone | AdaptersSynced | RestartDue | PersistDue)

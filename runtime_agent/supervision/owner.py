@@ -41,11 +41,13 @@ from registry.store import RegistryStore
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.kv.keeper import KvKeeper
 from runtime_agent.settings import Settings
-from runtime_agent.supervision import intents, watchers
+from runtime_agent.supervision import adapters, intents, watchers
 from runtime_agent.supervision.backoff import restart_delay
 from runtime_agent.supervision.engine_kinds import engine_command
 from runtime_agent.supervision.intents import resolve
 from runtime_agent.supervision.messages import (
+    AdapterDone,
+    AdaptersSynced,
     Exited,
     Figures,
     FromProcess,
@@ -79,6 +81,7 @@ class OwnerDeps:
     on_view: Callable[[EngineView], None]
     memory: MemoryBroker
     clock: Callable[[], float] = time.time
+    port_free: Callable[[int, str], bool] = port_is_free
 
 
 class EngineOwner:
@@ -103,7 +106,10 @@ class EngineOwner:
         self._converge = True  # after a spawn, steer the engine to the desired sleep state
         self._figures: Observation | None = None
         self._figures_at: float | None = None
+        self._adapters_loaded: set[str] = set()  # LoRA adapters the current process serves
         self.spawned: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        # Done once the engine's first state is known: ready, gone, failed or stopped.
+        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.log_path = self._settings.logs_dir / f"{record.engine_id}.log"
         self._kv = KvKeeper(record, self._settings.kv_shm_dir, lambda reason, message:
                             self._emit(reason, message))
@@ -154,9 +160,13 @@ class EngineOwner:
             if mode is not StartMode.SPAWN and not self.spawned.done():
                 self.spawned.set_result(None)
             self._publish()  # readers see the start-up's outcome (adopted, say) at once
+            if self.view.phase in (Phase.FAILED, Phase.RESTARTING):
+                self._settle()
             while self.view.phase is not Phase.STOPPED:
                 await self._handle(await self._inbox.get())
                 self._publish()
+                if self.view.phase not in (Phase.ACTIVATING, Phase.BOOTING):
+                    self._settle()
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug: record it where an operator looks, keep the agent alive
@@ -210,10 +220,13 @@ class EngineOwner:
                 self._figures, self._figures_at = observation, self._deps.clock()
             case OpDone():
                 await intents.on_op_done(self, message)
+            case AdapterDone():
+                await adapters.on_adapter_done(self, message)
+            case AdaptersSynced():
+                adapters.on_synced(self, message)
             case RestartDue():
                 self._restart_timer = None
                 if self.view.phase is Phase.RESTARTING:
-                    self.record.restart_count += 1
                     await self._spawn(f"restart {self.record.restart_count}")
 
     # ---- process lifecycle ----------------------------------------------------------------
@@ -242,7 +255,7 @@ class EngineOwner:
 
     async def _spawn_now(self, reason: str) -> None:
         spec = self.record.spec
-        if not port_is_free(self.record.port, self._settings.engine_bind_host):
+        if not self._deps.port_free(self.record.port, self._settings.engine_bind_host):
             # The engine keeps its port for life; something else listens on it or holds it.
             self._end_turn()
             await self._after_exit(None, f"port {self.record.port} is held by another process, "
@@ -290,6 +303,7 @@ class EngineOwner:
         self._proc = proc
         self._ready = False
         self._figures = None
+        self._adapters_loaded = set()
 
         def exited(fut: asyncio.Future[ExitInfo]) -> None:
             if not fut.cancelled():
@@ -297,7 +311,9 @@ class EngineOwner:
 
         proc.exited.add_done_callback(exited)
         post = self._inbox.put_nowait
-        self._helper(watchers.probe_ready(self._adapter, self._settings, post, gen, prepare))
+        asleep = self.record.phase is Phase.SLEEPING  # a re-adopted engine that was asleep
+        self._helper(watchers.probe_ready(self._adapter, self._settings, post, gen, prepare,
+                                          asleep))
         self._helper(watchers.watch_progress(self.log_path, self._settings, post, gen,
                                              lambda: self._ready))
         self._helper(self._kv.watch(lambda info: self._inbox.put_nowait(KvReading(gen, info)),
@@ -315,6 +331,7 @@ class EngineOwner:
         self._gen += 1  # results already queued by the dead process's helpers are void
         intents.fail_op(self, "the engine exited during the operation")
         self._proc, self._ready, self._figures = None, False, None
+        self._adapters_loaded = set()
         cause = why or (info.describe() if info else "exited")
         if self._exit_cause is not None:
             cause, self._exit_cause = f"{self._exit_cause} (then {cause})", None
@@ -331,6 +348,7 @@ class EngineOwner:
             self._deps.memory.exited(self.name)
             if restart_now:
                 delay = 0.0  # the agent was down for longer than any backoff already
+            self.record.restart_count += 1  # counted when scheduled, as AIBrix reads it
             await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s",
                                    persist=False)
             self._restart_timer = asyncio.get_running_loop().call_later(
@@ -348,6 +366,8 @@ class EngineOwner:
     async def _on_ready(self, sleeping: bool | None) -> None:
         self._ready = True
         self._end_turn()
+        if sleeping is None:  # the engine does not say (SGLang): a new process is awake, a
+            sleeping = self._adopted and self.record.phase is Phase.SLEEPING  # re-adopted as recorded
         target = Phase.SLEEPING if sleeping else Phase.ACTIVE
         # The engine's own word: a re-adopted engine may have finished a sleep its record
         # never saw (the agent died during the call), and the ledger must charge it so.
@@ -360,7 +380,9 @@ class EngineOwner:
         self._helper(watchers.scrape(self._adapter, self._settings, self._inbox.put_nowait,
                                      self._gen))
         if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:
-            intents.sleep_after_restart(self)
+            intents.sleep_after_restart(self)  # its adapters come back when it is woken
+        elif target is Phase.ACTIVE:
+            adapters.sync_after_ready(self)
 
     # ---- stopping -------------------------------------------------------------------------
 
@@ -438,7 +460,12 @@ class EngineOwner:
             context_length=f.context_length if f else None,
             log_path=str(self.log_path), op_counts=dict(r.op_counts),
             budget_exhausted=r.budget_exhausted, kv=self._kv.state, devices=tuple(r.devices),
+            adapters=tuple((a.name, a.path, a.name in self._adapters_loaded) for a in r.adapters),
         )
+
+    def _settle(self) -> None:
+        if not self.settled.done():
+            self.settled.set_result(None)
 
     def _helper(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

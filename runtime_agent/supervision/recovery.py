@@ -43,16 +43,21 @@ class Step:
 
 
 def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
-    """Rebuild a record from the spec an engine carries in its environment."""
+    """Rebuild a record from what an engine carries in its environment: its spec, port, cards,
+    declared need, KV limit and sleep state at its start, and its credentials by name."""
     try:
         carried = json.loads(found.environ.get(ENV_ENGINE_SPEC, ""))
-        spec = EngineSpec.model_validate(carried["spec"])
-        port = int(carried["port"])
-    except (ValueError, KeyError, TypeError, ValidationError):
+        keys = carried.get("credential_keys") or []
+        return EngineRecord(
+            engine_id=found.environ[ENV_ENGINE_ID],
+            spec=EngineSpec.model_validate(carried["spec"]), port=int(carried["port"]),
+            pid=found.pid, pid_start_time=found.start_time, phase=Phase.BOOTING,
+            created_at=now, last_transition=now, devices=carried.get("devices") or [],
+            per_gpu=carried.get("per_gpu"), kv_limit_bytes=carried.get("kv_limit_bytes"),
+            desired=carried.get("desired") or "awake", sleep_level=carried.get("sleep_level"),
+            credentials={k: found.environ[k] for k in keys if k in found.environ})
+    except (ValueError, KeyError, TypeError, AttributeError, ValidationError):
         return None
-    return EngineRecord(engine_id=found.environ[ENV_ENGINE_ID], spec=spec, port=port,
-                        pid=found.pid, pid_start_time=found.start_time,
-                        phase=Phase.BOOTING, created_at=now, last_transition=now)
 
 
 def plan(records: list[EngineRecord], found: list[FoundEngine],

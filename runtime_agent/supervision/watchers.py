@@ -28,13 +28,13 @@ Post = Callable[[Message], None]
 
 
 async def probe_ready(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
-                      prepare: bool) -> None:
+                      prepare: bool, asleep: bool = False) -> None:
     """Probe until the engine answers; a started engine is then prepared unless it is meant
     to sleep; then its own word on sleep decides."""
     s = settings
     for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
         await asyncio.sleep(delay)
-        if await adapter.healthy(s.probe_timeout_s):
+        if await adapter.healthy(s.probe_timeout_s, asleep):
             break
     if prepare:
         try:

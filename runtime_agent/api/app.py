@@ -1,0 +1,26 @@
+"""The agent's HTTP application: its middlewares and every route, in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from runtime_agent.api import routes, sidecar
+from runtime_agent.api.openapi import openapi_document
+from runtime_agent.api.context import AGENT_KEY
+from runtime_agent.api.errors import MAX_BODY, errors
+
+
+def make_app(agent: Any) -> web.Application:
+    app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
+    app[AGENT_KEY] = agent
+    routes.add_routes(app)
+    sidecar.add_routes(app)
+    described = openapi_document()  # built once: it depends on the code alone
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.json_response(described)
+
+    app.router.add_get("/openapi.json", openapi)
+    return app
