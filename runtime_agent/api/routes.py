@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from runtime_agent.api import artifacts as artifact_routes
 from runtime_agent.api.metrics import CONTENT_TYPE
 from runtime_agent.api.models import (
     ActivateRequest,
@@ -208,4 +209,5 @@ def make_app(agent: Any) -> web.Application:
     app.router.add_get("/v1/runtime/events", events)
     app.router.add_get("/v1/runtime/events/stream", event_stream)
     app.router.add_get("/metrics", metrics)
+    artifact_routes.register(app, agent)  # issue 14 hook: /v1/model/download, list, delete
     return app

@@ -54,7 +54,9 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "kv_used_bytes": view.kv.used,
         "kv_segment": {"name": spec.ipc_name, "present": view.kv.present},
         "kv_limit_set_back_total": view.kv.set_back_total,
-        "conditions": ["KVLimitNotHeld"] if view.kv.not_held else [],
+        "conditions": (["KVLimitNotHeld"] if view.kv.not_held else [])
+        + (["Staging"] if view.staging else []),  # issue 14 hook: Staging and its progress
+        "staging": view.staging.as_dict() if view.staging else None,
         "engine_args": dict(spec.args),
         "log_path": view.log_path,
     }

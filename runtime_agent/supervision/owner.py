@@ -38,6 +38,7 @@ from engines.process import (
 )
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
+from runtime_agent.artifacts.staging import EngineStager, StagingFailed, StagingView
 from runtime_agent.gpu.admission import Refuse
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.kv.keeper import KvKeeper
@@ -61,6 +62,8 @@ class OwnerDeps:
     on_view: Callable[[EngineView], None]
     memory: MemoryBroker
     clock: Callable[[], float] = time.time
+    # Issue 14 hook: the weight cache (None: off). See _stage_first.
+    stager: EngineStager | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,10 @@ class EngineOwner:
         self._converge = True  # after a spawn, steer the engine to the desired sleep state
         self._figures: Observation | None = None
         self._figures_at: float | None = None
+        # Issue 14 hook: the cached copy the engine starts on, and the staging it waits for.
+        self._model_path: str | None = None
+        self._staging: StagingView | None = None
+        self._stage_token = 0
         self.spawned: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.log_path = self._settings.logs_dir / f"{record.engine_id}.log"
         self._kv = KvKeeper(record, self._settings.kv_shm_dir, lambda reason, message:
@@ -174,6 +181,9 @@ class EngineOwner:
         if kind == "intent":
             await self._on_intent(message[1], message[2])
             return
+        if kind in ("staging", "staged"):  # issue 14 hook: from the staging helper
+            await self._on_staging(*message)
+            return
         if kind == "turn":
             phase = self.view.phase
             if (message[1] == self._turn_token and self._proc is None
@@ -209,6 +219,8 @@ class EngineOwner:
 
     async def _spawn(self, reason: str) -> None:
         """Start the engine once it has its turn on its cards (one start or wake at a time)."""
+        if self._stage_first(reason):  # issue 14 hook: weights first, then the turn
+            return
         devices = tuple(self.record.devices)
         if not devices:
             await self._spawn_now(reason)
@@ -238,7 +250,8 @@ class EngineOwner:
                                    "so the engine could not listen on it")
             return
         try:
-            argv, env = engine_command(self._settings, self.record, self._adapter)
+            argv, env = engine_command(self._settings, self.record, self._adapter,
+                                       model_path=self._model_path)  # issue 14 hook
             proc = await self._deps.launcher.spawn(argv, env, self.log_path)
         except (SpawnError, ValueError, OSError) as exc:
             self.record.last_error = f"cannot start engine: {exc}"
@@ -356,6 +369,51 @@ class EngineOwner:
                 self._start_op("sleep", level, None, None)
             else:
                 self._emit(refused.reason, f"stays awake after its restart: {refused.message}")
+
+    # ---- weights (issue 14 hook: the whole section) ---------------------------------------
+
+    def _stage_first(self, reason: str) -> bool:
+        """Whether the start waits for the weight cache: the artifact is not staged and the
+        engine cannot fetch it itself (or the cache fetches it right now). Then a helper waits
+        for it and posts "staged"; the phase stays, with the Staging condition and progress."""
+        stager = self._deps.stager
+        if stager is None:
+            return False
+        self._model_path = stager.model_path(self.spec)
+        if self._model_path is not None or not stager.must_stage(self.spec):
+            return False
+        self._stage_token += 1
+        token, post = self._stage_token, self._inbox.put_nowait
+
+        async def stage() -> None:
+            try:
+                path, error = await stager.stage(
+                    self.spec, lambda view: post(("staging", token, view))), None
+            except StagingFailed as exc:
+                path, error = None, str(exc)
+            post(("staged", token, reason, path, error))
+
+        self._helper(stage())
+        return True
+
+    async def _on_staging(self, kind: str, token: int, *rest: Any) -> None:
+        waiting = self._proc is None and self.view.phase in (Phase.ACTIVATING, Phase.RESTARTING)
+        if token != self._stage_token or not waiting:
+            return  # stopped (or started otherwise) meanwhile
+        if kind == "staging":
+            self._staging = rest[0]
+            self._emit("Staging", f"waiting for {self.spec.artifact_url} in the weight cache")
+            return
+        reason, path, error = rest
+        self._staging = None
+        if path is not None:
+            await self._spawn(reason)
+            return
+        self.record.last_error = f"staging {self.spec.artifact_url} failed: {error}"
+        self._deps.memory.stopped(self.name)
+        await self._transition(Phase.FAILED, "StagingFailed", self.record.last_error)
+        if not self.spawned.done():
+            self.spawned.set_result(self.record.last_error)
 
     # ---- intents --------------------------------------------------------------------------
 
@@ -574,6 +632,7 @@ class EngineOwner:
             context_length=f.context_length if f else None,
             log_path=str(self.log_path), op_counts=dict(r.op_counts),
             budget_exhausted=r.budget_exhausted, kv=self._kv.state, devices=tuple(r.devices),
+            staging=self._staging,  # issue 14 hook
         )
 
     def _helper(self, coro: Any) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from contract.phases import Phase
 from registry.record import EngineSpec
+from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.hold import KvState
 
 
@@ -40,6 +41,7 @@ class EngineView:
     devices: tuple[int, ...] = ()
     observed_footprint_bytes: int | None = None
     context_length: int | None = None
+    staging: StagingView | None = None  # weights being staged before the start (issue 14)
 
 
 @dataclass(frozen=True)
