@@ -114,7 +114,8 @@ class FakeHub:
     def gets(self, suffix: str) -> list[str | None]:
         """The Range headers of the GETs whose path ends with ``suffix``."""
         with self._lock:
-            return [r for m, p, r in self.requests if m == "GET" and p.endswith(suffix)]
+            return [r for m, p, r in self.requests
+                    if m == "GET" and urlsplit(p).path.endswith(suffix)]
 
     # ---- serving ----------------------------------------------------------------------------
 
@@ -231,10 +232,10 @@ class FakeHub:
         if blob is None:
             req.error(404, "EntryNotFound", "no such blob")
             return
-        if self.outage:
+        name = parse_qs(path.query).get("name", [""])[0]
+        if self.outage and name not in self.cut_after:  # a pending cut is served first
             req.error(503, "ServiceUnavailable", "the CDN is down")
             return
-        name = parse_qs(path.query).get("name", [""])[0]
         self._serve(req, head, blob, name, {"ETag": f'"{digest}"'})
 
     def _serve(self, req: _Handler, head: bool, blob: Blob, name: str,
