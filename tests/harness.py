@@ -176,14 +176,15 @@ class AgentProcess:
 
         return self.model(self.wait_for(has_phase, timeout_s, f"{name} {phase}"), name)
 
-    def activate_sim(self, name: str, *sim_flags: str, **extra: Any) -> dict[str, Any]:
+    def activate_sim(self, name: str, *sim_flags: str, artifact_url: str | None = None,
+                     **extra: Any) -> dict[str, Any]:
         """Activate a simulated engine; ``sim_flags`` like "--sim-startup-seconds=0.1"."""
         args: dict[str, str] = {"--sim-startup-seconds": "0.05"}
         for flag in sim_flags:
             key, _, value = flag.partition("=")
             args[key] = value
-        return self.client.activate(name, f"huggingface://test/{name}", "vllm", args=args,
-                                    **extra)
+        return self.client.activate(name, artifact_url or f"huggingface://test/{name}", "vllm",
+                                    args=args, **extra)
 
 
 @dataclass
