@@ -129,6 +129,7 @@ class Agent:
                               self.memory)
         # Strings stay strings for AIBrix's decoder; sizes and revisions go beside them.
         snap["cached_artifact_details"] = cache.ready_sizes() if cache else []
+        snap["artifacts_staging"] = cache.downloading_urls() if cache else []
         return snap
 
     def model_list(self) -> dict[str, Any]:

@@ -219,6 +219,10 @@ class ArtifactCache:
     def ready_urls(self) -> list[str]:
         return sorted({e.ref.url for e in self._entries.values() if e.state is EntryState.READY})
 
+    def downloading_urls(self) -> list[str]:
+        return sorted({e.ref.url for e in self._entries.values()
+                       if e.state is EntryState.DOWNLOADING})
+
     def ready_sizes(self) -> list[dict[str, Any]]:
         return [{"artifact_url": e.ref.url, "revision": e.ref.revision,
                  "resolved_revision": e.manifest.resolved_revision, "artifact_id": e.entry_id,
