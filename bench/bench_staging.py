@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Result
-from tests.harness import AgentProcess, wait_until
+from tests.harness import AgentProcess
 from tests.hubserver import FakeHub
 
 GOAL = 1.10  # staging takes at most 10% longer than a plain copy
@@ -49,18 +49,18 @@ def plain_s3(client: Any, bucket: str, key: str, dest: Path) -> None:
 
 
 def staged(agent: AgentProcess, url: str, credentials: dict[str, str] | None = None) -> float:
+    cursor = agent.client.events()["cursor"]
     t0 = time.perf_counter()
     artifact = agent.client.download(url, credentials=credentials)["artifact_id"]
-    state: dict[str, Any] = {}
-
-    def done() -> bool:
-        e = next(e for e in agent.client.artifacts() if e["artifact_id"] == artifact)
-        state.update(e)
-        return bool(e["state"] != "downloading")
-
-    assert wait_until(done, 600, 0.01), state
+    while True:  # woken by the entry's events (no polling that would load the agent)
+        page = agent.client.events(cursor, wait=30)
+        cursor = page["cursor"]
+        ends = [e for e in page["events"] if e.get("artifact_id") == artifact
+                and e["to"] in ("ready", "failed")]
+        if ends:
+            break
     elapsed = time.perf_counter() - t0
-    assert state["state"] == "ready", state
+    assert ends[-1]["to"] == "ready", ends
     agent.client.delete_artifact(artifact)
     return elapsed
 

@@ -45,6 +45,7 @@ class Blob:
 
     data: bytes | None = None
     path: Path | None = None
+    _sha256: str | None = None  # computed once: the server must not be the bottleneck
 
     @property
     def size(self) -> int:
@@ -59,6 +60,11 @@ class Blob:
             return f.read(end - start)
 
     def sha256(self) -> str:
+        if self._sha256 is None:
+            self._sha256 = self._digest()
+        return self._sha256
+
+    def _digest(self) -> str:
         if self.data is not None:
             return hashlib.sha256(self.data).hexdigest()
         h = hashlib.sha256()

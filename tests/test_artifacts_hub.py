@@ -140,7 +140,8 @@ def test_a_checksum_mismatch_leaves_nothing_and_says_so(
     assert not [p for p in tree(cache / "staging") if "model.safetensors" in p]
     hub.corrupt.clear()
     agent.client.download("hf://org/bad")
-    assert wait_entry(agent, first["artifact_id"])["state"] == "ready"
+    again = wait_entry(agent, first["artifact_id"])
+    assert again["state"] == "ready", again["error"]
 
 
 def test_a_sigkill_mid_download_leaves_a_consistent_cache_that_resumes(

@@ -89,6 +89,8 @@ def _one(source: Source, f: PlannedFile, final: Path, progress: Progress,
             if exc.kind is FetchKind.CHANGED:
                 part.unlink(missing_ok=True)
             raise
+        finally:
+            writer.close()
         fh.flush()
         os.fsync(fh.fileno())
         size, digest = writer.pos, writer.hexdigest()

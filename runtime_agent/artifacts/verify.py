@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import queue
 import threading
 import zlib
 from typing import Any, BinaryIO, Protocol
@@ -40,6 +41,32 @@ class _Crc32:
 
     def hexdigest(self) -> str:
         return f"{self._value:08x}"
+
+
+class _Pipelined:
+    """A hasher fed through a queue by a thread of its own: hashlib and zlib release the GIL on
+    large buffers, so the checksum runs beside the network and disk instead of after them."""
+
+    def __init__(self, inner: _Hasher) -> None:
+        self._inner = inner
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=16)
+        self._thread = threading.Thread(target=self._run, name="hash", daemon=True)
+        self._thread.start()
+        self._digest: str | None = None
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            self._inner.update(data)
+
+    def update(self, data: bytes, /) -> None:
+        self._queue.put(bytes(data))
+
+    def hexdigest(self) -> str:
+        if self._digest is None:
+            self._queue.put(None)
+            self._thread.join()
+            self._digest = self._inner.hexdigest()
+        return self._digest
 
 
 def choose(checksums: dict[str, str]) -> str | None:
@@ -83,14 +110,16 @@ class HashingWriter:
         self._size = size
         self._progress = progress
         self._cancelled = cancelled
-        self._hasher: _Hasher | None = None
+        self._hasher: _Pipelined | None = None
         self.pos = 0
         self._rehash(offset)
         progress.add(offset)
 
     def _rehash(self, upto: int) -> None:
         """Hash the file's first ``upto`` bytes again (a resumed prefix, or after a rewind)."""
-        self._hasher = new_hasher(self._algorithm, self._size) if self._algorithm else None
+        self.close()
+        self._hasher = _Pipelined(new_hasher(self._algorithm, self._size)) \
+            if self._algorithm else None
         self._fh.seek(0)
         left = upto
         while left > 0:
@@ -132,6 +161,11 @@ class HashingWriter:
 
     def hexdigest(self) -> str | None:
         return self._hasher.hexdigest() if self._hasher is not None else None
+
+    def close(self) -> None:
+        """End the hashing thread (also when the download failed)."""
+        if self._hasher is not None:
+            self._hasher.hexdigest()
 
     def __getattr__(self, name: str) -> Any:  # fileno, closed, ... from the real file
         return getattr(self._fh, name)

@@ -4,8 +4,11 @@ The plan pins a branch or tag to the commit it resolves to (the model info API),
 file's resolve URL at that commit for its metadata, as ``hf_hub_download`` does: ``ETag`` or
 ``X-Linked-Etag`` (an LFS file's sha256, a small file's git blob id), ``X-Linked-Size``,
 ``X-Repo-Commit``, following the Hub's redirects. Both answers must agree, and the ETag becomes
-the file's checksum. Bytes come through the library's ``http_get``, which resumes with a Range
-request from the partial file's length and rewinds when a server ignores the Range.
+the file's checksum. The bytes are then streamed from the location the library resolved (the
+CDN for an LFS file) with a Range request from the partial file's length, rewinding when a
+server ignores the Range; the token goes only to the Hub's own origin. (The library's own
+``http_get`` ran at about a third of a plain stream's speed here: its HTTP client, not the
+network, was the bottleneck; see bench/RESULTS.md, figure 8.)
 
 The endpoint and token are passed in (``HF_ENDPOINT`` and ``HF_TOKEN`` are read by the CLI
 into the settings, a request's credentials may carry its own ``HF_TOKEN``): the library is
@@ -15,8 +18,12 @@ never left to find a token on its own.
 from __future__ import annotations
 
 import errno
+import http.client
 import re
+import urllib.error
+import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 from runtime_agent.artifacts.manifest import Plan, PlannedFile
 from runtime_agent.artifacts.sources.base import FetchError, FetchKind
@@ -25,6 +32,24 @@ from runtime_agent.artifacts.verify import Cancelled, HashingWriter
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+CHUNK = 1 << 20
+TIMEOUT_S = 30.0
+
+
+class _NoAuthOffOrigin(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but never carry the token to another origin."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> Any:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc.lower()
 
 
 def etag_checksum(etag: str | None) -> dict[str, str]:
@@ -50,6 +75,8 @@ class HubSource:
         self._endpoint = endpoint.rstrip("/") if endpoint else None
         self._token: str | bool = token or False  # False: no token, never one found elsewhere
         self._commit: str | None = None
+        self._locations: dict[str, str] = {}  # file -> where its bytes are (from its metadata)
+        self._opener = urllib.request.build_opener(_NoAuthOffOrigin())
 
     def _url(self, filename: str) -> str:
         from huggingface_hub import hf_hub_url
@@ -95,28 +122,40 @@ class HubSource:
             if checksums.setdefault(algorithm, value) != value:
                 raise FetchError(FetchKind.CHANGED, f"{name}: the file's ETag ({meta.etag}) is "
                                  f"not the {algorithm} the repository lists ({value})")
+        self._locations[name] = meta.location or self._url(name)
         return PlannedFile(name, int(size), checksums, locator=name, etag=meta.etag)
 
     def fetch(self, file: PlannedFile, writer: HashingWriter, offset: int) -> None:
-        from huggingface_hub.file_download import http_get
-        from huggingface_hub.utils import (  # type: ignore[attr-defined,unused-ignore]
-            build_hf_headers,
-        )
-
         if self._commit is None:
             raise FetchError(FetchKind.NETWORK, "fetch before plan")
-        headers = build_hf_headers(token=self._token)
+        url = self._locations.get(file.locator) or self._url(file.locator)
+        headers = {"Accept-Encoding": "identity", "User-Agent": "warm-pool-runtime-agent"}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        hub = self._endpoint or "https://huggingface.co"
+        if self._token and _origin(url) == _origin(hub):
+            headers["Authorization"] = f"Bearer {self._token}"
         try:
-            http_get(self._url(file.locator), writer,  # type: ignore[arg-type]
-                     resume_size=offset, headers=headers, expected_size=file.size)
+            with self._opener.open(urllib.request.Request(url, headers=headers),
+                                   timeout=TIMEOUT_S) as resp:
+                if offset and resp.status != 206:  # the server ignored the Range: start over
+                    writer.seek(0)
+                    writer.truncate()
+                while chunk := resp.read(CHUNK):
+                    writer.write(chunk)
         except (Cancelled, FetchError):
             raise
+        except urllib.error.HTTPError as exc:
+            kind = FetchKind.AUTH if exc.code in (401, 403) else (
+                FetchKind.NOT_FOUND if exc.code == 404 else FetchKind.NETWORK)
+            raise FetchError(kind, f"{file.path}: the Hub answered {exc.code} {exc.reason}") \
+                from None
         except OSError as exc:
             if exc.errno in DISK_ERRNOS:
                 raise
-            raise hub_error(exc, file.path) from None
-        except Exception as exc:  # noqa: BLE001
-            raise hub_error(exc, file.path) from None
+            raise FetchError(FetchKind.NETWORK, f"{file.path}: {exc}") from None
+        except http.client.HTTPException as exc:  # IncompleteRead: the connection broke
+            raise FetchError(FetchKind.NETWORK, f"{file.path}: {exc!r}") from None
 
     def set_commit(self, commit: str) -> None:
         """Resume at the commit an earlier plan resolved to (so no second plan is needed)."""
