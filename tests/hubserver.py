@@ -173,14 +173,10 @@ class FakeHub:
             return
         repo_id, rest = parts
         revision, _, filename = rest.partition("/")
-        repo = self.repos.get(repo_id)
-        if repo is None or not self._authorised(req, repo):
-            req.error(401, "RepoNotFound", "Repository not found")
+        found = self._commit(req, repo_id, revision)
+        if found is None:
             return
-        sha = repo.resolve(revision)
-        if sha is None:
-            req.error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-            return
+        repo, sha = found
         blob = repo.commits[sha].get(filename)
         if blob is None:
             req.error(404, "EntryNotFound", f"{filename} does not exist", {"X-Repo-Commit": sha})
@@ -196,19 +192,28 @@ class FakeHub:
                 req.send_header(k, v)
             req.end_headers()
             return
-        self._serve(req, head, blob, filename, {"ETag": f'"{git_blob_id(blob.read(0, blob.size))}"',
-                                                "X-Repo-Commit": sha})
+        etag = git_blob_id(blob.read(0, blob.size))
+        self._serve(req, head, blob, filename, {"ETag": f'"{etag}"', "X-Repo-Commit": sha})
 
-    def _model_info(self, req: _Handler, repo_id: str, revision: str,
-                    query: dict[str, list[str]]) -> None:
+    def _commit(self, req: _Handler, repo_id: str, revision: str) -> tuple[Repo, str] | None:
+        """The repository and the commit ``revision`` names, or None once the error is sent
+        (401 RepoNotFound for a missing or private one without its token, as the Hub does)."""
         repo = self.repos.get(repo_id)
         if repo is None or not self._authorised(req, repo):
             req.error(401, "RepoNotFound", "Repository not found")
-            return
+            return None
         sha = repo.resolve(revision)
         if sha is None:
             req.error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+            return None
+        return repo, sha
+
+    def _model_info(self, req: _Handler, repo_id: str, revision: str,
+                    query: dict[str, list[str]]) -> None:
+        found = self._commit(req, repo_id, revision)
+        if found is None:
             return
+        repo, sha = found
         blobs = query.get("blobs") == ["True"] or query.get("blobs") == ["true"]
         siblings: list[dict[str, Any]] = []
         for name, blob in sorted(repo.commits[sha].items()):
