@@ -35,6 +35,7 @@ class LaunchContext:
     bind_host: str
     base_env: Mapping[str, str]
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    model_path: str | None = None  # a local copy of the artifact to start on (the weight cache)
 
 
 class EngineAdapter(Protocol):

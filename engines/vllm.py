@@ -64,7 +64,8 @@ class VllmAdapter:
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:
         spec = record.spec
-        argv = build_argv(ctx.command, spec.artifact_url, spec.model_name, ctx.bind_host,
+        argv = build_argv(ctx.command, ctx.model_path or spec.artifact_url, spec.model_name,
+                          ctx.bind_host,
                           record.port, spec.args, sleep_mode=self._sleep_mode)
         return argv, build_env(ctx.base_env, ctx.extra_env, lora_enabled(spec.engine, spec.args))
 

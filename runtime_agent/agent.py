@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,8 @@ from runtime_agent.api.app import make_app
 from runtime_agent.api.events import EventLog
 from runtime_agent.api.metrics import AgentMetrics, memory_families
 from runtime_agent.api.snapshot import build_snapshot, memory_entry, short_entry
-from runtime_agent.artifacts import ArtifactMarkers
+from runtime_agent.artifacts.cache import ArtifactCache, CacheConfig
+from runtime_agent.artifacts.staging import EngineStager, engine_users
 from runtime_agent.gpu.backend import GpuBackend, GpuUnavailable
 from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.nvml import NvmlBackend
@@ -49,11 +52,13 @@ class Agent:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.events = EventLog()
-        self.markers = ArtifactMarkers(settings.weight_cache_dir)
+        # The weight cache (issue 14); None when AIBRIX_WEIGHT_CACHE_DIR is not set.
+        self.artifacts = make_cache(settings, self.events, self._artifact_users)
         self.started_at = time.time()
         # The agent's own process: no *_created series, as vLLM does.
         disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.metrics = AgentMetrics(lambda: self.pool.views(), lambda: memory_families(self))
+        self.metrics = AgentMetrics(lambda: self.pool.views(), lambda: itertools.chain(
+            memory_families(self), self.artifacts.metric_families() if self.artifacts else ()))
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -82,11 +87,12 @@ class Agent:
         session = self._session
         deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd()),
                          adapter_for=lambda record: make_adapter(s, session, record),
-                         on_event=self._on_event,
-                         on_view=self._on_view, memory=self.memory)
+                         on_event=self._on_event, on_view=self._on_view, memory=self.memory,
+                         stager=EngineStager(self.artifacts) if self.artifacts else None)
         self.pool = EnginePool(deps)
         await self.memory.start()
-        await asyncio.to_thread(self.markers.load)
+        if self.artifacts is not None:
+            await self.artifacts.start()
         loaded, steps = await recover(store, str(s.state_dir))
         for step in steps:  # taken-over engines keep their place on their cards
             rec = step.record
@@ -116,6 +122,8 @@ class Agent:
         for task in self._tasks:
             task.cancel()
         await self.pool.close()
+        if self.artifacts is not None:
+            await self.artifacts.close()
         await self.memory.close()
         if self._session is not None:
             await self._session.close()
@@ -125,7 +133,13 @@ class Agent:
     def snapshot(self) -> dict[str, Any]:
         agent = {"version": __version__, "state_dir": str(self.settings.state_dir),
                  "started_at": self.started_at, "simulated_engines": self.settings.simulate_engines}
-        return build_snapshot(self.pool.views(), self.markers.listing(), agent, self.memory)
+        cache = self.artifacts
+        snap = build_snapshot(self.pool.views(), cache.ready_urls() if cache else [], agent,
+                              self.memory)
+        # Strings stay strings for AIBrix's decoder; sizes and revisions go beside them.
+        snap["cached_artifact_details"] = cache.ready_sizes() if cache else []
+        snap["artifacts_staging"] = cache.downloading_urls() if cache else []
+        return snap
 
     def not_ready_reason(self) -> str | None:
         """Why ``/ready`` is not 200 yet: the registry unread, or engines still being taken
@@ -168,11 +182,14 @@ class Agent:
         return refs
 
     def _on_view(self, view: EngineView) -> None:
-        url = view.spec.artifact_url
-        if view.phase is Phase.ACTIVE and self.markers.note(url):
-            task = asyncio.create_task(asyncio.to_thread(self.markers.write, url))
-            self._tasks.append(task)  # keep a reference until it finishes
-            task.add_done_callback(self._tasks.remove)
+        return None
+
+    def _artifact_users(self) -> list[tuple[str, str, str | None]]:
+        """Engines that may read their weights now: their cache entries are never evicted."""
+        if not hasattr(self, "pool"):
+            return []
+        return engine_users((v.spec.model_name, v.spec) for v in self.pool.views()
+                            if v.phase not in (Phase.STOPPED, Phase.FAILED))
 
     async def _trim_logs(self) -> None:
         while True:
@@ -193,6 +210,16 @@ def make_gpu_backend(settings: Settings) -> tuple[GpuBackend, Path | None]:
             log.info("no GPU through NVML (%s); simulating %s", exc, settings.simulate_gpus)
     channel = settings.state_dir / "sim-gpu"
     return SimulatedGpuBackend(settings.simulate_gpus, channel), channel
+
+
+def make_cache(settings: Settings, events: EventLog,
+               users: Callable[[], list[tuple[str, str, str | None]]]) -> ArtifactCache | None:
+    if settings.weight_cache_dir is None:
+        return None
+    config = CacheConfig(settings.weight_cache_dir, settings.artifact_reserve_bytes,
+                         settings.artifact_local_roots, settings.hf_endpoint, settings.hf_token,
+                         settings.s3_endpoint_url)
+    return ArtifactCache(config, users=users, on_event=events.append)
 
 
 def _readoption_result(step: Step) -> str:

@@ -48,6 +48,10 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _size_or_zero(text: str) -> int:
+    return 0 if text.strip() == "0" else _size(text)
+
+
 def gpu_present() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
@@ -56,7 +60,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     engines = args.engines
     if engines == "auto":
         engines = "vllm" if gpu_present() and shutil.which("vllm") else "sim"
-    cache = os.environ.get("AIBRIX_WEIGHT_CACHE_DIR")
+    cache = args.weight_cache_dir
+    env = os.environ
     low, high = args.engine_ports
     return Settings(
         host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
@@ -73,6 +78,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
                                                           and (gpu_present() or engines == "sim"))),
         simulate_engines=engines == "sim",
         weight_cache_dir=Path(cache) if cache else None,
+        artifact_reserve_bytes=args.artifact_reserve,
+        artifact_local_roots=tuple(Path(os.path.abspath(p)) for p in args.artifact_local_root),
+        hf_endpoint=env.get("HF_ENDPOINT") or None, hf_token=env.get("HF_TOKEN") or None,
+        s3_endpoint_url=args.s3_endpoint_url,
     )
 
 
@@ -175,7 +184,8 @@ def _follow(client: AgentClient, follow: bool) -> int:
         page = client.events(cursor, wait=30 if follow else 0)
         for item in page["events"]:
             when = time.strftime("%H:%M:%S", time.localtime(item["ts"]))
-            print(f"{when} {item['model']}: {item['from']} -> {item['to']} "
+            who = item["model"] or item.get("artifact_url", "")
+        print(f"{when} {who}: {item['from']} -> {item['to']} "
                   f"({item['reason']}) {item['message'].splitlines()[0] if item['message'] else ''}",
                   flush=True)
         cursor = page["cursor"]
@@ -225,6 +235,15 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds between checks that each KV limit still holds")
     s.add_argument("--kv-shm-dir", default="/dev/shm",
                    help="where kvcached segments live (tests point it at a temp dir)")
+    s.add_argument("--weight-cache-dir", default=os.environ.get("AIBRIX_WEIGHT_CACHE_DIR"),
+                   help="the weight cache (default: $AIBRIX_WEIGHT_CACHE_DIR; unset: off)")
+    s.add_argument("--artifact-reserve", type=_size_or_zero, default=1 << 30,
+                   help="disk space the weight cache always leaves free (default 1GiB)")
+    s.add_argument("--artifact-local-root", action="append", default=[],
+                   help="a directory whose files the cache may copy (repeatable)")
+    s.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL_S3")
+                   or os.environ.get("AWS_ENDPOINT_URL"),
+                   help="an S3-compatible endpoint for s3:// artifacts")
     s.add_argument("--log-format", choices=("json", "text"), default="json")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=_serve)
@@ -265,6 +284,9 @@ def parser() -> argparse.ArgumentParser:
     c = client_parser("events", "print engine events (-f to follow)")
     c.add_argument("-f", "--follow", action="store_true")
     add_commands(sub)  # reconcile --claims DIR --pool FILE; claims get|describe
+    from runtime_agent.artifacts.commands import add_commands as add_artifact_commands
+
+    add_artifact_commands(sub)  # download URL; artifacts
     return p
 
 

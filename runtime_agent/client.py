@@ -76,3 +76,18 @@ class AgentClient:
 
     def events(self, since: int = 0, wait: int = 0) -> dict[str, Any]:
         return self._call("GET", f"/v1/runtime/events?since={since}&wait={wait}")
+
+    # ---- the weight cache -------------------------------------------------------------------
+
+    def download(self, artifact_url: str, revision: str | None = None,
+                 credentials: dict[str, str] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"artifact_url": artifact_url, "credentials": credentials or {}}
+        if revision is not None:
+            body["revision"] = revision
+        return self._call("POST", "/v1/model/download", body)
+
+    def artifacts(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/model/list")["data"])
+
+    def delete_artifact(self, artifact_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/model/{urllib.parse.quote(artifact_id, safe='')}")

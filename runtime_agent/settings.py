@@ -64,8 +64,13 @@ class Settings:
     sim_command: tuple[str, ...] = SIM_ENGINE_COMMAND
     # Run simulated engines in place of vLLM (the embedded default on a machine without a GPU).
     simulate_engines: bool = False
-    # Where engines keep weights; served artifacts leave a marker here.
+    # The weight cache (AIBRIX_WEIGHT_CACHE_DIR): artifacts staged before engines need them.
     weight_cache_dir: Path | None = None
+    artifact_reserve_bytes: int = 1 << 30  # kept free on the cache's disk
+    artifact_local_roots: tuple[Path, ...] = ()  # local paths the cache may copy from
+    hf_endpoint: str | None = None  # HF_ENDPOINT
+    hf_token: str | None = field(default=None, repr=False)  # HF_TOKEN
+    s3_endpoint_url: str | None = None  # an S3-compatible store (AWS_ENDPOINT_URL_S3)
     # kvcached segments: their directory, how often to look for a new one, how often to check it.
     kv_shm_dir: Path = Path("/dev/shm")
     kv_watch_s: float = 0.01

@@ -104,13 +104,15 @@ def _free(port: int) -> bool:
 
 class AgentProcess:
     def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
-                 ports: int = 100, extra_args: Sequence[str] = ()) -> None:
+                 ports: int = 100, extra_args: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> None:
         self.state_dir = state_dir
         self.port = free_port()
         self.port_low = free_port_block(ports)
         self.port_high = self.port_low + ports - 1
         self.restart_delays = restart_delays
         self.extra_args = list(extra_args)
+        self.env = dict(env or {})  # over the test's own environment
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = AgentClient(self.url, timeout_s=60)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -127,7 +129,7 @@ class AgentProcess:
                 "--kv-shm-dir", str(self.shm_dir), "--kv-hold-interval", "0.2",
                 *self.extra_args]
         log = self.log_path.open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log, env=env,
                                      start_new_session=True)
         log.close()
@@ -198,14 +200,15 @@ class AgentProcess:
 
         return self.model(self.wait_for(has_phase, timeout_s, f"{name} {phase}"), name)
 
-    def activate_sim(self, name: str, *sim_flags: str, **extra: Any) -> dict[str, Any]:
+    def activate_sim(self, name: str, *sim_flags: str, artifact_url: str | None = None,
+                     **extra: Any) -> dict[str, Any]:
         """Activate a simulated engine; ``sim_flags`` like "--sim-startup-seconds=0.1"."""
         args: dict[str, str] = {"--sim-startup-seconds": "0.05"}
         for flag in sim_flags:
             key, _, value = flag.partition("=")
             args[key] = value
-        return self.client.activate(name, f"huggingface://test/{name}", "vllm", args=args,
-                                    **extra)
+        return self.client.activate(name, artifact_url or f"huggingface://test/{name}", "vllm",
+                                    args=args, **extra)
 
 
 @dataclass

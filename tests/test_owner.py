@@ -62,7 +62,8 @@ async def test_the_record_is_durable_before_the_process_starts(rig: OwnerRig) ->
     rig.launcher.spawn = spying  # type: ignore[method-assign]
     await active(rig)
     assert saves_at_spawn[0] >= 1
-    assert next(iter(rig.store.records.values())).phase is Phase.ACTIVE
+    await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.ACTIVE,
+                    "the active phase on disk")
 
 
 async def test_a_ready_engine_is_active_and_ready(rig: OwnerRig) -> None:

@@ -201,6 +201,11 @@ async def run(options: SimOptions) -> int:
                     "utils.py")
     if options.ignored_args:
         logs.engine_log("DEBUG", f"simulator ignores: {' '.join(options.ignored_args)}", "sim_engine.py")
+    if options.model.startswith("/") and not os.path.isdir(options.model):
+        # As vLLM: an absolute path that is no directory is no model (nor a Hub repo id).
+        logs.engine_log("ERROR", f"Invalid repository ID or local directory specified: "
+                        f"'{options.model}'.", "config.py")
+        return 1
     child = _spawn_child() if options.spawn_child else None
     try:
         logs.engine_log("INFO", f"Loading model {options.model} (simulated, {options.memory_bytes} bytes).",

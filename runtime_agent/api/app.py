@@ -6,10 +6,10 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime_agent.api import routes, sidecar
-from runtime_agent.api.openapi import openapi_document
+from runtime_agent.api import artifacts, routes, sidecar
 from runtime_agent.api.context import AGENT_KEY
 from runtime_agent.api.errors import MAX_BODY, errors
+from runtime_agent.api.openapi import openapi_document
 
 
 def make_app(agent: Any) -> web.Application:
@@ -17,6 +17,7 @@ def make_app(agent: Any) -> web.Application:
     app[AGENT_KEY] = agent
     routes.add_routes(app)
     sidecar.add_routes(app)
+    artifacts.add_routes(app)
     described = openapi_document()  # built once: it depends on the code alone
 
     async def openapi(request: web.Request) -> web.Response:

@@ -12,6 +12,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from runtime_agent.artifacts.entries import ArtifactEvent
 from runtime_agent.supervision.views import EngineEvent
 
 log = logging.getLogger("runtime_agent.api.events")
@@ -27,13 +28,18 @@ class EventLog:
     def last_seq(self) -> int:
         return self._seq
 
-    def append(self, event: EngineEvent) -> None:
+    def append(self, event: EngineEvent | ArtifactEvent) -> None:
+        """An engine's event, or a weight-cache entry's (``kind: artifact``, ``model`` empty)."""
         self._seq += 1
         item = {"seq": self._seq, **event.as_dict()}
         self._ring.append((self._seq, item))
-        log.info("%s: %s -> %s (%s) %s", event.model_name, event.src, event.dst, event.reason,
-                 event.message.splitlines()[0] if event.message else "",
-                 extra={"model": event.model_name, "event": item})
+        first = event.message.splitlines()[0] if event.message else ""
+        if isinstance(event, ArtifactEvent):
+            log.info("artifact %s: %s -> %s (%s) %s", event.artifact_url, event.src, event.dst,
+                     event.reason, first, extra={"event": item})
+        else:
+            log.info("%s: %s -> %s (%s) %s", event.model_name, event.src, event.dst,
+                     event.reason, first, extra={"model": event.model_name, "event": item})
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -66,7 +66,9 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "kv_used_bytes": view.kv.used,
         "kv_segment": {"name": spec.ipc_name, "present": view.kv.present},
         "kv_limit_set_back_total": view.kv.set_back_total,
-        "conditions": [KV_LIMIT_NOT_HELD] if view.kv.not_held else [],
+        "conditions": ([KV_LIMIT_NOT_HELD] if view.kv.not_held else [])
+        + (["Staging"] if view.staging else []),  # the weight cache stages it before its start
+        "staging": view.staging.as_dict() if view.staging else None,
         "engine_args": dict(spec.args),
         "lora_adapters": [{"name": n, "path": p, "loaded": loaded} for n, p, loaded in view.adapters],
         "log_path": view.log_path,

@@ -32,6 +32,9 @@ from registry.record import (
 )
 from runtime_agent.settings import Settings
 
+# Schemes engines cannot fetch themselves; the weight cache stages them before the start.
+STAGED_SCHEMES = ("s3://",)
+
 
 def simulated(settings: Settings, spec: EngineSpec) -> bool:
     return spec.engine == "sim" or settings.simulate_engines
@@ -42,7 +45,8 @@ def spec_problem(settings: Settings, spec: EngineSpec, device_count: int) -> str
 
     The rules on the text are the contract's (the reconciler applies the same ones); what only
     this node can answer (does a local path exist, do the cards suffice) is checked here."""
-    problem = (artifact_problem(spec.engine, spec.artifact_url)
+    staged = STAGED_SCHEMES if settings.weight_cache_dir is not None else ()
+    problem = (artifact_problem(spec.engine, spec.artifact_url, staged)
                or engine_args_problem(spec.engine, spec.args, simulated=simulated(settings, spec))
                or device_count_problem(spec.engine, spec.args, device_count))
     if problem is None and spec.engine != "ollama" and is_local_artifact(spec.artifact_url):
@@ -80,8 +84,10 @@ def carried_spec(record: EngineRecord) -> str:
         "sleep_level": record.sleep_level, "credential_keys": sorted(record.credentials)})
 
 
-def engine_command(settings: Settings, record: EngineRecord,
-                   adapter: EngineAdapter) -> tuple[list[str], dict[str, str]]:
+def engine_command(settings: Settings, record: EngineRecord, adapter: EngineAdapter,
+                   model_path: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """argv and env; ``model_path``: the weight cache's copy to start on, in place of the
+    artifact URL."""
     spec = record.spec
     sim = simulated(settings, spec)
     if sim:
@@ -111,5 +117,6 @@ def engine_command(settings: Settings, record: EngineRecord,
         identity["KVCACHED_SHM_DIR"] = str(settings.kv_shm_dir)  # the simulated engine's knob
     ctx = LaunchContext(command=command, simulated=sim, bind_host=settings.engine_bind_host,
                         base_env=os.environ,
-                        extra_env={**settings.extra_engine_env, **record.credentials, **identity})
+                        extra_env={**settings.extra_engine_env, **record.credentials, **identity},
+                        model_path=model_path)
     return adapter.command(record, ctx)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from engines.adapter import Observation
 from engines.process import ExitInfo
+from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.segment import SegmentInfo
 from runtime_agent.supervision.outcomes import Outcome
 
@@ -104,6 +105,25 @@ class TurnGranted:
 
 
 @dataclass(frozen=True)
+class StagingProgress:
+    """The weight cache's progress on the artifact this engine waits for (``token``: which
+    wait)."""
+
+    token: int
+    view: StagingView
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The wait for the weight cache ended: the local path to start on, or why it failed."""
+
+    token: int
+    reason: str
+    path: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
 class FromProcess:
     """An event about one process of the engine: ``gen`` names which."""
 
@@ -189,5 +209,5 @@ class PersistDue:
     """Time to try a record write that failed again."""
 
 
-Message = (Request | TurnGranted | Exited | Unusable | Ready | Health | KvReading | Figures
+Message = (Request | TurnGranted | StagingProgress | Staged | Exited | Unusable | Ready | Health | KvReading | Figures
            | OpDone | AdapterDone | AdaptersSynced | RestartDue | PersistDue)

@@ -38,10 +38,11 @@ from engines.process import (
 )
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
+from runtime_agent.artifacts.staging import EngineStager, StagingView
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.kv.keeper import KvKeeper
 from runtime_agent.settings import Settings
-from runtime_agent.supervision import adapters, intents, watchers
+from runtime_agent.supervision import adapters, intents, staging, watchers
 from runtime_agent.supervision.backoff import restart_delay
 from runtime_agent.supervision.engine_kinds import engine_command
 from runtime_agent.supervision.intents import resolve
@@ -59,6 +60,8 @@ from runtime_agent.supervision.messages import (
     Ready,
     Request,
     RestartDue,
+    Staged,
+    StagingProgress,
     StartMode,
     Stop,
     TurnGranted,
@@ -82,6 +85,7 @@ class OwnerDeps:
     memory: MemoryBroker
     clock: Callable[[], float] = time.time
     port_free: Callable[[int, str], bool] = port_is_free
+    stager: EngineStager | None = None  # the weight cache (None: off); see staging.py
 
 
 class EngineOwner:
@@ -107,6 +111,10 @@ class EngineOwner:
         self._figures: Observation | None = None
         self._figures_at: float | None = None
         self._adapters_loaded: set[str] = set()  # LoRA adapters the current process serves
+        # The weight cache's copy the engine starts on, and the staging it waits for.
+        self._model_path: str | None = None
+        self._staging: StagingView | None = None
+        self._stage_token = 0
         self.spawned: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         # Done once the engine's first state is known: ready, gone, failed or stopped.
         self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -197,6 +205,10 @@ class EngineOwner:
         match message:
             case Request():
                 await intents.on_request(self, message)
+            case StagingProgress():
+                staging.on_progress(self, message)
+            case Staged():
+                await staging.on_staged(self, message)
             case TurnGranted(token=token, reason=reason):
                 if (token == self._turn_token and self._proc is None
                         and self.view.phase in (Phase.ACTIVATING, Phase.RESTARTING)):
@@ -233,6 +245,8 @@ class EngineOwner:
 
     async def _spawn(self, reason: str) -> None:
         """Start the engine once it has its turn on its cards (one start or wake at a time)."""
+        if staging.stage_first(self, reason):  # weights first (the cache), then the turn
+            return
         devices = tuple(self.record.devices)
         if not devices:
             await self._spawn_now(reason)
@@ -262,7 +276,8 @@ class EngineOwner:
                                    "so the engine could not listen on it")
             return
         try:
-            argv, env = engine_command(self._settings, self.record, self._adapter)
+            argv, env = engine_command(self._settings, self.record, self._adapter,
+                                       model_path=self._model_path)
             proc = await self._deps.launcher.spawn(argv, env, self.log_path)
         except (SpawnError, ValueError, OSError) as exc:
             self.record.last_error = f"cannot start engine: {exc}"
@@ -461,6 +476,7 @@ class EngineOwner:
             log_path=str(self.log_path), op_counts=dict(r.op_counts),
             budget_exhausted=r.budget_exhausted, kv=self._kv.state, devices=tuple(r.devices),
             adapters=tuple((a.name, a.path, a.name in self._adapters_loaded) for a in r.adapters),
+            staging=self._staging,
         )
 
     def _settle(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from contract.phases import Phase
 from registry.record import EngineSpec
+from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.hold import KvState
 
 
@@ -41,6 +42,7 @@ class EngineView:
     observed_footprint_bytes: int | None = None
     context_length: int | None = None
     adapters: tuple[tuple[str, str, bool], ...] = ()  # LoRA: (name, path, loaded now)
+    staging: StagingView | None = None  # weights being staged before the start (issue 14)
 
 
 @dataclass(frozen=True)
