@@ -54,6 +54,11 @@ class EngineAdapter(Protocol):
         engine sleeps (SGLang's /health must not be asked then)."""
         ...
 
+    async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
+        """One health probe of a running engine: did it answer, and its word on sleep (None:
+        it does not say). Cheap: one request, bounded by ``timeout_s``."""
+        ...
+
     async def prepare(self, timeout_s: float) -> None:
         """After the first health answer of a started engine and before it counts as ready
         (Ollama loads its model here). Raises EngineCallError."""

@@ -63,6 +63,10 @@ class OllamaAdapter:
     async def healthy(self, timeout_s: float, asleep: bool = False) -> bool:
         return await self._http.health(timeout_s, "/")  # "Ollama is running"
 
+    async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
+        found = await self._names(timeout_s)
+        return (False, None) if found is None else (True, not _loaded(found[0], self._model))
+
     async def prepare(self, timeout_s: float) -> None:
         await self._load(timeout_s)
 

@@ -72,6 +72,9 @@ class SglangAdapter:
         # /health generates a token: it would hang on a released engine.
         return await self._client.health(timeout_s, "/ready" if asleep else "/health")
 
+    async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
+        return await self.healthy(timeout_s, asleep), None
+
     async def prepare(self, timeout_s: float) -> None:
         return None
 

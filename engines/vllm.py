@@ -75,6 +75,14 @@ class VllmAdapter:
     async def healthy(self, timeout_s: float, asleep: bool = False) -> bool:
         return await self._client.health(timeout_s)
 
+    async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
+        if not self._sleep_mode:
+            return await self._client.health(timeout_s), False
+        # /is_sleeping asks the engine core, so an answer shows the core works, not only the
+        # API server (vLLM's /health reads a flag the core may never set when it hangs).
+        sleeping = await self._client.is_sleeping(timeout_s)
+        return sleeping is not None, sleeping
+
     async def prepare(self, timeout_s: float) -> None:
         return None
 

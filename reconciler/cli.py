@@ -27,6 +27,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Awaitable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
@@ -46,6 +47,8 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--host", default="0.0.0.0")
     r.add_argument("--port", type=int, default=DEFAULT_PORT)
     r.add_argument("--log-level", default="info")
+    r.add_argument("--agent-token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
+                   help="the agents' bearer token (or RUNTIME_AGENT_TOKEN)")
     r.set_defaults(func=_reconcile)
     c = sub.add_parser("claims", help="show ModelClaims of a reconciler")
     csub = c.add_subparsers(dest="claims_command", required=True)
@@ -71,7 +74,8 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
-                            claims_dir: str, listen_host: str, listen_port: int) -> None:
+                            claims_dir: str, listen_host: str, listen_port: int,
+                            agent_token: str | None = None) -> None:
     """Run ``agent_main`` (the agent's ``serve`` coroutine) with an embedded reconciler whose
     pool is that agent; the reconciler stops when the agent does (its engines keep running)."""
     agent = asyncio.ensure_future(agent_main)
@@ -79,7 +83,7 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
     host = f"[{host}]" if ":" in host else host
     try:
         handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
-                                      listen_port)
+                                      listen_port, agent_token)
     except BaseException:
         agent.cancel()
         raise
@@ -92,7 +96,11 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
 def _reconcile(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_reconciler(args.claims, args.pool, args.host, args.port)
+    token = None
+    if args.agent_token_file:
+        token = Path(args.agent_token_file).read_text().strip() or None
+    run_reconciler(args.claims, args.pool, args.host, args.port,
+                   token or os.environ.get("RUNTIME_AGENT_TOKEN") or None)
     return 0
 
 

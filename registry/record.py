@@ -75,6 +75,18 @@ class LoraAdapter(BaseModel):
     artifact_url: str | None = None  # where it came from, when it was named by URL
 
 
+class InFlight(BaseModel):
+    """A sleep or wake the agent started and had not seen end: written before the engine is
+    called, cleared when the call returns. An agent that finds one after a restart resolves it
+    by asking the engine, never by assuming the call went through."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action: Literal["sleep", "wake"]
+    level: int = 1
+    started_at: float = 0.0
+
+
 class EngineRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -106,6 +118,11 @@ class EngineRecord(BaseModel):
     # Environment variables for the engine alone (HF_TOKEN, AWS_*): kept only here (a 0600
     # file in a 0700 directory) and in the engine's own environment; never shown or logged.
     credentials: dict[str, str] = Field(default_factory=dict, repr=False)
+    # The sleep or wake in flight (None: none): resolved by observation after an agent restart.
+    operation: InFlight | None = None
+    # When the engine last became ready without a crash since: its restart budget starts
+    # again after it served for a while (``budget_reset_s``).
+    healthy_since: float | None = None
     # LoRA adapters to serve: loaded again after every restart and checked after re-adoption.
     adapters: list[LoraAdapter] = Field(default_factory=list)
 

@@ -28,6 +28,7 @@ from registry.store import RegistryStore
 from runtime_agent import __version__
 from runtime_agent.api.app import make_app
 from runtime_agent.api.events import EventLog
+from runtime_agent.api.limits import Slots
 from runtime_agent.api.metrics import AgentMetrics, memory_families
 from runtime_agent.api.snapshot import build_snapshot, memory_entry, short_entry
 from runtime_agent.artifacts.cache import ArtifactCache, CacheConfig
@@ -36,7 +37,10 @@ from runtime_agent.gpu.backend import GpuBackend, GpuUnavailable
 from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.nvml import NvmlBackend
 from runtime_agent.gpu.simulated import SimulatedGpuBackend
+from runtime_agent.loops import Throttled, keep_running
 from runtime_agent.settings import Settings
+from runtime_agent.statelock import StateLock
+from runtime_agent.supervision.durability import StorageHealth
 from runtime_agent.supervision.engine_kinds import make_adapter
 from runtime_agent.supervision.messages import StartMode
 from runtime_agent.supervision.owner import OwnerDeps
@@ -52,6 +56,9 @@ class Agent:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.events = EventLog()
+        self.storage = StorageHealth()  # what owners last found writing the state directory
+        self.streams = Slots(64, "event streams")
+        self.waiters = Slots(512, "event long-polls")
         # The weight cache (issue 14); None when AIBRIX_WEIGHT_CACHE_DIR is not set.
         self.artifacts = make_cache(settings, self.events, self._artifact_users)
         self.started_at = time.time()
@@ -62,6 +69,7 @@ class Agent:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._lock = StateLock(settings.state_dir)
         self._recovered_at: float | None = None  # monotonic time re-adoption was planned
         self._taken_over: list[str] = []  # models whose engines the previous agent left
         self.pool: EnginePool
@@ -73,6 +81,11 @@ class Agent:
             # Private: records hold activation credentials, logs hold what engines print.
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.chmod(0o700)
+        self._lock.acquire()  # before the registry is read: one agent per state directory
+        if s.api_token is None and s.host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning("the control API on %s:%d needs no token: anyone who reaches this "
+                        "address can start and stop engines; set --token-file (or "
+                        "RUNTIME_AGENT_TOKEN), or bind 127.0.0.1", s.host, s.port)
         if overlaps_ephemeral(s.port_low, s.port_high, ephemeral_range()):
             log.warning("engine ports %d-%d overlap the kernel's ephemeral port range %s: an "
                         "outgoing connection can take an engine's port; pick a range below it",
@@ -88,7 +101,8 @@ class Agent:
         deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd()),
                          adapter_for=lambda record: make_adapter(s, session, record),
                          on_event=self._on_event, on_view=self._on_view, memory=self.memory,
-                         stager=EngineStager(self.artifacts) if self.artifacts else None)
+                         stager=EngineStager(self.artifacts) if self.artifacts else None,
+                         storage=self.storage, throttled=Throttled(log))
         self.pool = EnginePool(deps)
         await self.memory.start()
         if self.artifacts is not None:
@@ -106,7 +120,9 @@ class Agent:
         self.metrics.count_readoptions(_readoption_result(step) for step in steps)
         log.info("registry: %d records, %d quarantined; %d engines taken over",
                  len(loaded.records), len(loaded.quarantined), len(steps))
-        self._tasks.append(asyncio.create_task(self._trim_logs(), name="trim-logs"))
+        self._tasks.append(asyncio.create_task(
+            keep_running("engine-log trimming", self._trim_logs, Throttled(log)),
+            name="trim-logs"))
         self._runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
@@ -127,6 +143,7 @@ class Agent:
         await self.memory.close()
         if self._session is not None:
             await self._session.close()
+        self._lock.release()
 
     # ---- readers ----------------------------------------------------------------------------
 
@@ -140,6 +157,16 @@ class Agent:
         snap["cached_artifact_details"] = cache.ready_sizes() if cache else []
         snap["artifacts_staging"] = cache.downloading_urls() if cache else []
         return snap
+
+    def health(self) -> dict[str, Any]:
+        """``/healthz``: ok, or degraded with what is wrong (still 200: a restart of the agent
+        would not mend a full disk, and the engines are still supervised)."""
+        problem = self.storage.problem
+        if problem is None:
+            return {"status": "ok", "boot_id": self.events.boot_id}
+        return {"status": "degraded", "boot_id": self.events.boot_id, "conditions": [
+            {"type": "StorageUnavailable", "message": f"the state directory cannot be written: "
+             f"{problem}; engines are still supervised, changes are refused until it can"}]}
 
     def not_ready_reason(self) -> str | None:
         """Why ``/ready`` is not 200 yet: the registry unread, or engines still being taken

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.quantity import QuantityError, parse_size
-from runtime_agent.client import AgentClient, AgentError
+from runtime_agent.client import AgentClient, AgentError, read_token
 from runtime_agent.logs import setup_logging
 from runtime_agent.settings import DEFAULT_STATE_DIR, Settings
 
@@ -78,6 +78,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
                                                           and (gpu_present() or engines == "sim"))),
         simulate_engines=engines == "sim",
         weight_cache_dir=Path(cache) if cache else None,
+        api_token=read_token(args.token_file), auth_reads=args.auth_reads,
+        health_interval_s=args.health_interval, unresponsive_after=args.unresponsive_after,
+        unresponsive_grace_s=args.unresponsive_grace, budget_reset_s=args.budget_reset,
+        allow_trust_remote_code=args.allow_trust_remote_code,
         artifact_reserve_bytes=args.artifact_reserve,
         artifact_local_roots=tuple(Path(os.path.abspath(p)) for p in args.artifact_local_root),
         hf_endpoint=env.get("HF_ENDPOINT") or None, hf_token=env.get("HF_TOKEN") or None,
@@ -85,18 +89,26 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+EXIT_STATE_DIR_BUSY = 3
+
+
 def _serve(args: argparse.Namespace) -> int:
     from runtime_agent.agent import serve
+    from runtime_agent.statelock import StateDirBusy
 
     setup_logging(args.log_format, args.log_level)
     settings = settings_from(args)
-    if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
-        from reconciler.cli import serve_with_claims
+    try:
+        if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
+            from reconciler.cli import serve_with_claims
 
-        asyncio.run(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
-                                      args.host, args.claims_port))
-    else:
-        asyncio.run(serve(settings))
+            asyncio.run(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
+                                          args.host, args.claims_port, settings.api_token))
+        else:
+            asyncio.run(serve(settings))
+    except StateDirBusy as exc:
+        print(f"runtime-agent: {exc}", file=sys.stderr)
+        return EXIT_STATE_DIR_BUSY
     return 0
 
 
@@ -139,7 +151,7 @@ def _num(value: Any) -> str:
 
 
 def _client_command(args: argparse.Namespace) -> int:
-    client = AgentClient(args.url)
+    client = AgentClient(args.url, token=read_token(args.token_file))
     try:
         if args.command == "snapshot":
             snap = client.snapshot()
@@ -197,7 +209,25 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="runtime-agent", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the agent daemon")
-    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--host", default="0.0.0.0",
+                   help="address of the control API (0.0.0.0: every interface; set a token)")
+    s.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
+                   help="a file holding the API's bearer token (or RUNTIME_AGENT_TOKEN): every "
+                   "call that changes something must carry it")
+    s.add_argument("--auth-reads", action="store_true",
+                   help="reads need the token too (/healthz, /ready and /metrics stay open)")
+    s.add_argument("--health-interval", type=float, default=1.0,
+                   help="seconds between health probes of a ready engine")
+    s.add_argument("--unresponsive-after", type=int, default=3,
+                   help="missed probes in a row before an engine is not ready")
+    s.add_argument("--unresponsive-grace", type=float, default=30.0,
+                   help="seconds an unresponsive engine is given before it is restarted")
+    s.add_argument("--budget-reset", type=float, default=600.0,
+                   help="seconds an engine must serve without a crash before its restart "
+                   "budget starts again")
+    s.add_argument("--allow-trust-remote-code", action="store_true",
+                   help="let activations pass --trust-remote-code (runs a model repository's "
+                   "code on this node)")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     s.add_argument("--engines", choices=("auto", "vllm", "sim"), default="auto",
@@ -255,6 +285,8 @@ def parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_text)
         c.add_argument("--url", default=os.environ.get("RUNTIME_AGENT_URL",
                                                        "http://127.0.0.1:8080"))
+        c.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
+                       help="the agent's bearer token (or RUNTIME_AGENT_TOKEN)")
         c.set_defaults(func=_client_command)
         return c
 

@@ -78,6 +78,18 @@ class Settings:
     extra_engine_env: dict[str, str] = field(default_factory=dict)
     # /ready waits this long at most for re-adopted engines to show their first state.
     settle_timeout_s: float = 60.0
+    # Access: a bearer token for every call that changes something (and reads, if asked).
+    api_token: str | None = field(default=None, repr=False)
+    auth_reads: bool = False
+    # --trust-remote-code runs a model repository's code on this node: off unless allowed.
+    allow_trust_remote_code: bool = False
+    # Alive is not enough: an awake engine is probed this often; after this many misses in a row
+    # it is not ready (EngineUnresponsive), and after this long unresponsive it is restarted.
+    health_interval_s: float = 1.0
+    unresponsive_after: int = 3
+    unresponsive_grace_s: float = 30.0
+    # The restart budget starts again after an engine served this long without a crash.
+    budget_reset_s: float = 600.0
 
     @property
     def engines_dir(self) -> Path:

@@ -107,6 +107,8 @@ class FakeAdapter:
     calls: list[str] = field(default_factory=list)
     hold: asyncio.Event | None = None  # when set, sleep and wake wait for it
     adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapters the engine serves
+    probe_hangs: bool = False  # health probes get no answer (a stopped or hung engine)
+    probes: int = 0
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:
         return ["fake-engine", record.spec.model_name], dict(ctx.extra_env)
@@ -117,6 +119,13 @@ class FakeAdapter:
     async def healthy(self, timeout_s: float, asleep: bool = False) -> bool:
         self.calls.append("healthy")
         return self.healthy_answer
+
+    async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
+        self.probes += 1
+        if self.probe_hangs:
+            await asyncio.sleep(timeout_s)
+            return False, None
+        return self.healthy_answer, self.sleeping
 
     async def prepare(self, timeout_s: float) -> None:
         self.calls.append("prepare")
@@ -168,7 +177,8 @@ class FakeStore:
     def __init__(self) -> None:
         self.records: dict[str, EngineRecord] = {}
         self.saves = 0
-        self.fail: int | None = None  # an errno, e.g. errno.ENOSPC
+        self.fail: int | None = None  # an errno, e.g. errno.ENOSPC: writes fail
+        self.fail_delete: int | None = None  # unlinks fail too (EROFS)
 
     def save(self, record: EngineRecord) -> None:
         if self.fail is not None:
@@ -177,8 +187,8 @@ class FakeStore:
         self.records[record.engine_id] = record.model_copy(deep=True)
 
     def delete(self, engine_id: str) -> None:
-        if self.fail is not None:
-            raise OSError(self.fail, errno.errorcode.get(self.fail, "error"))
+        if self.fail_delete is not None:
+            raise OSError(self.fail_delete, errno.errorcode.get(self.fail_delete, "error"))
         self.records.pop(engine_id, None)
 
 
@@ -195,11 +205,12 @@ class OwnerRig:
         self.views: list[EngineView] = []
         backend = SimulatedGpuBackend("1x80GiB", tmp / "sim-gpu")
         self.memory = MemoryBroker(backend, dict, 0, 0, 3600)
+        self.port_free = True
         self.deps = OwnerDeps(settings=self.settings, store=self.store,  # type: ignore[arg-type]
                               launcher=self.launcher,  # type: ignore[arg-type]
                               adapter_for=lambda record: self.adapter,  # type: ignore[arg-type,return-value]
                               on_event=self.events.append, on_view=self.views.append,
-                              memory=self.memory)
+                              memory=self.memory, port_free=lambda port, host: self.port_free)
         self.owner: EngineOwner | None = None
 
     def start(self, record: EngineRecord | None = None, mode: StartMode = StartMode.SPAWN,

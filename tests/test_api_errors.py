@@ -102,7 +102,8 @@ def test_a_clashing_ipc_name_or_port_is_a_conflict(agent: AgentProcess) -> None:
 
 
 def test_the_healthz_endpoint_answers_ok(agent: AgentProcess) -> None:
-    assert agent.client.health() == {"status": "ok"}
+    health = agent.client.health()
+    assert health["status"] == "ok" and len(health["boot_id"]) == 16
 
 
 def test_concurrent_activations_of_one_model_start_one_engine(agent: AgentProcess) -> None:

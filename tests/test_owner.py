@@ -37,7 +37,6 @@ pytestmark = pytest.mark.loop_guard  # the in-process core must not block its lo
 @pytest.fixture
 async def rig(tmp_path: Path):
     rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(0.01, 0.02, 0.03)))
-    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "port_free": lambda p, h: True})
     yield rig
     await rig.close()
 
@@ -261,3 +260,153 @@ async def test_a_kv_limit_before_the_segment_exists_is_recorded_not_in_force(
     assert isinstance(outcome, Done) and outcome.changed
     assert outcome.details["in_force"] is False
     assert next(iter(rig.store.records.values())).kv_limit_bytes == 1 << 30
+
+
+# ---- faults: hung engines, what the engine says, storage, ports, budgets ---------------------
+
+import errno  # noqa: E402
+
+from engines.process import ExitInfo  # noqa: E402
+from registry.record import InFlight  # noqa: E402
+
+
+@pytest.fixture
+async def probed(tmp_path: Path):
+    settings = fast_settings(tmp_path, restart_delays=(0.01, 0.02, 0.03), health_interval_s=0.01,
+                             probe_timeout_s=0.01, unresponsive_after=3,
+                             unresponsive_grace_s=0.1, budget_reset_s=3600)
+    rig = OwnerRig(tmp_path, settings)
+    yield rig
+    await rig.close()
+
+
+async def test_an_engine_that_stops_answering_is_not_ready_then_killed_and_restarted(
+        probed: OwnerRig) -> None:
+    await active(probed)
+    assert probed.owner is not None
+    stuck = probed.launcher.last
+    probed.adapter.probe_hangs = True  # SIGSTOP, a deadlock: no answer
+    await probed.until(lambda: "EngineUnresponsive" in probed.reasons(), "unresponsive")
+    assert not probed.owner.view.ready and "EngineUnresponsive" in probed.owner.view.conditions
+    await probed.until(lambda: "signal_group:SIGKILL" in stuck.calls, "killed after the grace")
+    probed.adapter.probe_hangs = False  # the next process answers
+    await probed.until(lambda: len(probed.launcher.spawned) == 2, "restarted")
+    assert "unresponsive" in (probed.owner.view.last_error or "")
+
+
+async def test_the_phase_follows_what_the_engine_says_about_sleep(probed: OwnerRig) -> None:
+    await active(probed)
+    assert probed.owner is not None
+    probed.adapter.sleeping = True  # asleep by someone else's hand, or by a lost call
+    await probed.until(lambda: probed.owner is not None
+                       and probed.owner.view.phase is Phase.SLEEPING, "observed asleep")
+    assert "Observed" in probed.reasons()
+
+
+async def test_a_sleep_cut_short_by_an_agent_restart_is_resolved_by_asking_the_engine(
+        probed: OwnerRig) -> None:
+    running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
+    probed.adapter.sleeping = True  # the sleep went through after the old agent died
+    record = make_record(pid=running.pid, pid_start_time=running.start_time, phase=Phase.ACTIVE,
+                         desired="awake", operation=InFlight(action="sleep", level=1))
+    owner = probed.start(record, StartMode.ADOPT, running.pid)
+    await probed.until(lambda: owner.record.operation is None, "resolved")
+    assert owner.view.phase is Phase.SLEEPING and owner.record.desired == "asleep"
+
+
+async def test_a_sleep_is_durable_before_the_engine_is_called(rig: OwnerRig) -> None:
+    rig.adapter.hold = asyncio.Event()
+    await active(rig)
+    asking = asyncio.ensure_future(rig.ask(Sleep(1)))
+    await rig.until(lambda: "sleep:1" in rig.adapter.calls, "sleep sent")
+    on_disk = next(iter(rig.store.records.values()))
+    assert on_disk.operation == InFlight(action="sleep", level=1,
+                                         started_at=on_disk.operation.started_at)  # type: ignore[union-attr]
+    rig.adapter.hold.set()
+    await asking
+    await rig.until(lambda: next(iter(rig.store.records.values())).operation is None, "cleared")
+
+
+async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
+        rig: OwnerRig) -> None:
+    await active(rig)
+    assert rig.owner is not None
+    rig.store.fail = errno.ENOSPC
+    refused = await rig.ask(Sleep(1))  # nothing written yet, so nothing known to be wrong
+    assert isinstance(refused, Done)  # the sleep's own write failed: supervised still
+    await rig.until(lambda: "StorageUnavailable" in rig.reasons(), "reported")
+    refused = await rig.ask(Wake())
+    assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE
+    assert "cannot be written" in refused.message
+    rig.launcher.last.exit(code=1)  # the owner still supervises: it restarts the engine
+    await rig.until(lambda: len(rig.launcher.spawned) == 2 and rig.owner is not None
+                    and rig.owner.view.phase is Phase.SLEEPING, "restarted, asleep again")
+    rig.store.fail = None
+    await rig.until(lambda: "StorageRecovered" in rig.reasons(), "recovered", timeout_s=20)
+    assert "StorageUnavailable" not in rig.owner.view.conditions
+
+
+async def test_a_new_engine_whose_record_cannot_be_written_never_starts(rig: OwnerRig) -> None:
+    rig.store.fail = errno.EROFS
+    owner = rig.start()
+    assert "cannot be written" in str(await asyncio.wait_for(owner.spawned, 5))
+    assert rig.launcher.spawned == [] and owner.view.phase is Phase.FAILED
+
+
+async def test_a_stop_the_disk_cannot_remember_is_refused_and_touches_nothing(
+        rig: OwnerRig) -> None:
+    await active(rig)
+    rig.store.fail = rig.store.fail_delete = errno.EROFS
+    refused = await rig.ask(Stop())
+    assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE
+    assert rig.launcher.last.calls == [] and rig.owner is not None
+    assert rig.owner.view.phase is Phase.ACTIVE
+    rig.store.fail_delete = None  # a full disk: the record can still be removed
+    stopped = await rig.ask(Stop())
+    assert isinstance(stopped, Done) and stopped.phase is Phase.STOPPED
+    assert rig.store.records == {}
+
+
+async def test_a_port_held_by_a_stranger_is_waited_for_without_spending_the_budget(
+        rig: OwnerRig) -> None:
+    rig.port_free = False
+    owner = rig.start()
+    await rig.until(lambda: "PortHeld" in rig.reasons(), "port held")
+    assert owner.view.phase is Phase.ACTIVATING and "PortHeld" in owner.view.conditions
+    rig.port_free = True
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "started once free", timeout_s=15)
+    assert owner.view.restart_count == 0 and "PortHeld" not in owner.view.conditions
+
+
+async def test_the_restart_budget_starts_again_after_a_healthy_while(tmp_path: Path) -> None:
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(0.01,),
+                                           health_interval_s=0.01, budget_reset_s=0.05))
+    try:
+        await active(rig)
+        rig.launcher.last.exit(code=1)
+        await rig.until(lambda: "RestartBudgetReset" in rig.reasons(), "forgiven")
+        assert rig.owner is not None and rig.owner.view.restart_count == 0
+        rig.launcher.last.exit(code=1)  # one more crash is restarted, not fatal
+        await rig.until(lambda: len(rig.launcher.spawned) == 3, "restarted again")
+    finally:
+        await rig.close()
+
+
+async def test_activating_a_failed_engine_again_starts_it_over(rig: OwnerRig) -> None:
+    rig.settings = fast_settings(rig.settings.state_dir.parent, restart_delays=())
+    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "settings": rig.settings})
+    await active(rig)
+    rig.launcher.last.exit(code=9)
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.FAILED,
+                    "failed")
+    from runtime_agent.supervision.messages import Revive
+
+    revived = await rig.ask(Revive())
+    assert isinstance(revived, Done) and "fresh restart budget" in revived.details["message"]
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE,
+                    "active again")
+    assert len(rig.launcher.spawned) == 2
+
+
+def test_a_process_that_outlives_sigkill_is_reported_not_waited_for() -> None:
+    assert "uninterruptible" in ExitInfo(None, None, 0.0, lingering=True).describe()

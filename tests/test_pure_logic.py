@@ -54,8 +54,8 @@ def test_every_phase_can_be_stopped_and_stopped_is_terminal() -> None:
     assert allowed(Phase.STOPPING, Phase.STOPPED)
 
 
-def test_a_failed_engine_only_leaves_failed_by_being_stopped() -> None:
-    assert [p for p in Phase if allowed(Phase.FAILED, p)] == [Phase.STOPPING]
+def test_a_failed_engine_leaves_failed_only_by_a_stop_or_a_new_activation() -> None:
+    assert [p for p in Phase if allowed(Phase.FAILED, p)] == [Phase.RESTARTING, Phase.STOPPING]
     with pytest.raises(TransitionError):
         check_transition(Phase.FAILED, Phase.ACTIVE)
 

@@ -42,7 +42,10 @@ async def errors(request: web.Request,
     try:
         return await handler(request)
     except BadRequest as exc:
-        return error_response(exc.status, str(exc), **exc.extra)
+        response = error_response(exc.status, str(exc), **exc.extra)
+        if "retry_after" in exc.extra:
+            response.headers["Retry-After"] = str(exc.extra["retry_after"])
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

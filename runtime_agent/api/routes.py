@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    agent = agent_of(request)
+    return web.json_response(agent.health() if hasattr(agent, "health") else {"status": "ok"})
 
 
 async def activate(request: web.Request) -> web.Response:
@@ -81,39 +82,60 @@ def _int_query(request: web.Request, name: str, default: int, low: int, high: in
 
 
 async def events(request: web.Request) -> web.Response:
+    """Events after ``since``; ``wait`` long-polls for the next one. A ``boot_id`` from
+    another boot of the agent gets ``reset: true`` and no events: re-list, then follow."""
     since = _int_query(request, "since", 0, 0, 2**62)
     wait = _int_query(request, "wait", 0, 0, 60)
     feed = agent_of(request).events
+    boot = request.query.get("boot_id")
+    if boot is not None and boot != feed.boot_id:
+        return web.json_response({"events": [], "cursor": feed.last_seq, "boot_id": feed.boot_id,
+                                  "reset": True, "message": "the agent restarted since that "
+                                  "cursor: re-list (GET /v1/runtime/snapshot) and follow from "
+                                  "the cursor given here"})
     if wait:
-        await feed.wait_after(since, wait)
+        async with agent_of(request).waiters.slot():
+            await feed.wait_after(since, wait)
     items = feed.since(since)
-    return web.json_response({"events": items, "cursor": items[-1]["seq"] if items else since})
+    return web.json_response({"events": items, "cursor": items[-1]["seq"] if items else since,
+                              "boot_id": feed.boot_id, "reset": False})
 
 
 async def event_stream(request: web.Request) -> web.StreamResponse:
     """Server-Sent Events: the backlog after the cursor, then each event as it happens.
 
-    The cursor is ``?since=N`` or the standard ``Last-Event-ID`` header of a reconnecting
-    client. A client whose cursor fell out of the ring first gets a ``gap`` event.
+    The cursor is ``?since=N`` or the standard ``Last-Event-ID`` header (``BOOT:SEQ``) of a
+    reconnecting client. A client whose cursor fell out of the ring first gets a ``gap`` event;
+    one whose cursor is from another boot of the agent gets a ``reset`` event (re-list). At most
+    ``MAX_STREAMS`` streams at once: more get a 503.
     """
-    header = request.headers.get("Last-Event-ID")
+    agent = agent_of(request)
+    feed = agent.events
+    header = request.headers.get("Last-Event-ID", "")
     cursor = _int_query(request, "since", 0, 0, 2**62)
-    if header is not None and header.isdigit():
-        cursor = int(header)
-    feed = agent_of(request).events
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    if feed.first_seq > cursor + 1 and cursor < feed.last_seq:
-        gap = {"missed_from": cursor + 1, "missed_to": feed.first_seq - 1}
-        await resp.write(f"event: gap\ndata: {json.dumps(gap)}\n\n".encode())
-    while True:
-        for item in feed.since(cursor):
-            cursor = item["seq"]
-            await resp.write(f"id: {cursor}\ndata: {json.dumps(item)}\n\n".encode())
-        await feed.wait_after(cursor, 15.0)
-        if feed.last_seq <= cursor:
-            await resp.write(b": keep-alive\n\n")
+    boot, _, seq = header.rpartition(":")
+    reset = bool(boot) and boot != feed.boot_id  # a bare SEQ (an older client) is this boot's
+    if header and not reset and seq.isdigit():
+        cursor = int(seq)
+    async with agent.streams.slot():
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        if reset:
+            cursor = 0
+            note = {"boot_id": feed.boot_id, "message": "the agent restarted: re-list"}
+            await resp.write(f"event: reset\ndata: {json.dumps(note)}\n\n".encode())
+        elif feed.first_seq > cursor + 1 and cursor < feed.last_seq:
+            gap = {"missed_from": cursor + 1, "missed_to": feed.first_seq - 1}
+            await resp.write(f"event: gap\ndata: {json.dumps(gap)}\n\n".encode())
+        while True:
+            for item in feed.since(cursor):
+                cursor = item["seq"]
+                await resp.write(f"id: {feed.boot_id}:{cursor}\ndata: {json.dumps(item)}\n\n"
+                                 .encode())
+            await feed.wait_after(cursor, 15.0)
+            if feed.last_seq <= cursor:
+                await resp.write(b": keep-alive\n\n")
 
 
 async def metrics(request: web.Request) -> web.Response:

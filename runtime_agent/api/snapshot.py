@@ -12,7 +12,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from contract.reasons import KV_LIMIT_NOT_HELD
 from runtime_agent.gpu.broker import EngineHbm, MemoryBroker
 from runtime_agent.supervision.views import EngineView
 
@@ -66,8 +65,7 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "kv_used_bytes": view.kv.used,
         "kv_segment": {"name": spec.ipc_name, "present": view.kv.present},
         "kv_limit_set_back_total": view.kv.set_back_total,
-        "conditions": ([KV_LIMIT_NOT_HELD] if view.kv.not_held else [])
-        + (["Staging"] if view.staging else []),  # the weight cache stages it before its start
+        "conditions": list(view.conditions),
         "staging": view.staging.as_dict() if view.staging else None,
         "engine_args": dict(spec.args),
         "lora_adapters": [{"name": n, "path": p, "loaded": loaded} for n, p, loaded in view.adapters],

@@ -13,7 +13,7 @@ import time
 from typing import Any, TextIO
 
 from runtime_agent.artifacts.planning import human
-from runtime_agent.client import AgentClient, AgentError
+from runtime_agent.client import AgentClient, AgentError, read_token
 
 BAR = 30
 POLL_S = 0.5
@@ -28,17 +28,19 @@ def add_commands(sub: Any) -> None:
                    help="e.g. HF_TOKEN=..., AWS_ACCESS_KEY_ID=... (repeatable)")
     d.add_argument("--no-wait", action="store_true", help="start it and return")
     d.add_argument("--url", default=url)
+    d.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"))
     d.set_defaults(func=_download)
     a = sub.add_parser("artifacts", help="list the agent's weight cache")
     a.add_argument("-o", "--output", choices=("table", "json"), default="table")
     a.add_argument("--delete", metavar="ARTIFACT_ID", help="free this entry")
     a.add_argument("--url", default=url)
+    a.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"))
     a.set_defaults(func=_artifacts)
 
 
 def _run(args: argparse.Namespace, body: Any) -> int:
     try:
-        return int(body(AgentClient(args.url)))
+        return int(body(AgentClient(args.url, token=read_token(args.token_file))))
     except AgentError as exc:
         print(f"error ({exc.status}): {exc}", file=sys.stderr)
         return 1

@@ -36,8 +36,10 @@ from runtime_agent.kv.segment import (
     remove_segment,
     write_limit,
 )
+from runtime_agent.loops import Throttled
 
 log = logging.getLogger(__name__)
+_throttled = Throttled(log)  # a segment that stays unreadable is reported once per interval
 _EVENT_REASONS = {"initial": "KVLimitSet", "requested": "KVLimitSet",
                   "restored": "KVLimitRestored", "set_back": "KVLimitSetBack"}
 
@@ -72,7 +74,8 @@ class KvKeeper:
                 except BlockingIOError:  # a writer holds the lock: wait for it off the loop
                     info = await asyncio.to_thread(read_segment, self._ipc, self._shm_dir)
             except SegmentError as exc:
-                log.warning("kv segment of %s unreadable: %s", self._record.spec.model_name, exc)
+                _throttled.warning(f"kv-read:{self._ipc}", "kv segment of %s unreadable: %s",
+                                   self._record.spec.model_name, exc)
                 info = None
             post(info)
             await asyncio.sleep(hold_s if info is not None else first_s)
@@ -160,7 +163,12 @@ class KvKeeper:
                    f"uses {readback.mapped}")
 
     async def remove_leftover(self) -> None:
-        """The engine is gone: remove its segment (kvcached leaves it behind on SIGKILL)."""
+        """The engine is gone: remove its segment (kvcached leaves it behind on SIGKILL), but
+        only one this agent saw its engine create (a known inode): a segment of that name it
+        never saw may be another's, and is never touched."""
+        if self.state.inode is None:
+            self.state = replace(self.state, present=False, used=None, total=None, applied=None)
+            return
         try:
             await asyncio.to_thread(remove_segment, self._ipc, self._shm_dir, self.state.inode)
         except (SegmentError, OSError) as exc:

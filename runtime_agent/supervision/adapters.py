@@ -46,6 +46,9 @@ async def on_load(owner: EngineOwner, request: Request, intent: LoadAdapter) -> 
         _refuse(owner, request, Refusal.INVALID, f"model {owner.name!r} was not started for "
                 "LoRA adapters; activate it with engine_config.args {\"--enable-lora\": \"\"}")
         return
+    if (unwritable := owner._deps.storage.refusal(owner.name)) is not None:
+        resolve(request.reply, unwritable)
+        return
     known = next((a for a in owner.record.adapters if a.name == intent.name), None)
     if known is not None and known.path != intent.path:
         _refuse(owner, request, Refusal.CONFLICT, f"adapter {intent.name!r} is already loaded "

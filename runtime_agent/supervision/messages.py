@@ -23,6 +23,7 @@ class Action(enum.StrEnum):
     WAKE = "wake"
     STOP = "stop"
     KV_LIMIT = "kv_limit"
+    REVIVE = "revive"
     LOAD_ADAPTER = "load_adapter"
     UNLOAD_ADAPTER = "unload_adapter"
 
@@ -60,6 +61,14 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Revive:
+    """Activate again with the same spec: a failed engine starts over with a fresh budget."""
+
+    operation_id: str | None = None
+    action: Action = Action.REVIVE
+
+
+@dataclass(frozen=True)
 class SetKvLimit:
     limit_bytes: int
     operation_id: str | None = None
@@ -82,7 +91,7 @@ class UnloadAdapter:
     action: Action = Action.UNLOAD_ADAPTER
 
 
-Intent = Sleep | Wake | Stop | SetKvLimit | LoadAdapter | UnloadAdapter
+Intent = Sleep | Wake | Stop | Revive | SetKvLimit | LoadAdapter | UnloadAdapter
 
 
 # ---- the inbox ----------------------------------------------------------------------------
@@ -209,5 +218,12 @@ class PersistDue:
     """Time to try a record write that failed again."""
 
 
+@dataclass(frozen=True)
+class SpawnRetry(FromProcess):
+    """Try a start again (its port was held by another process); no restart is counted."""
+
+    reason: str
+
+
 Message = (Request | TurnGranted | StagingProgress | Staged | Exited | Unusable | Ready | Health | KvReading | Figures
-           | OpDone | AdapterDone | AdaptersSynced | RestartDue | PersistDue)
+           | OpDone | AdapterDone | AdaptersSynced | RestartDue | PersistDue | SpawnRetry)

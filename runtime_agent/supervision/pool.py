@@ -27,6 +27,7 @@ from runtime_agent.supervision.intents import no_room
 from runtime_agent.supervision.messages import (
     Intent,
     LoadAdapter,
+    Revive,
     SetKvLimit,
     StartMode,
     Stop,
@@ -77,6 +78,8 @@ class EnginePool:
         problem = self._spec_problem(spec)
         if problem is not None:
             return Refused(Refusal.INVALID, problem, INVALID_ENGINE_CONFIG, name)
+        if name not in self.owners and (unwritable := self._deps.storage.refusal(name)):
+            return unwritable  # a record that cannot be written must not start an engine
         existing = self.owners.get(name)
         if existing is not None:
             return await self._same_or_conflict(existing, spec, req.port, req.kv_limit_bytes)
@@ -144,6 +147,12 @@ class EnginePool:
                            f"different {', '.join(diffs)}; deactivate it first to change them",
                            model_name=spec.model_name, details={"port": owner.record.port})
         await owner.spawned
+        if owner.view.phase is Phase.FAILED:  # the same spec again: start it over
+            revived = await owner.request(Revive())
+            if not isinstance(revived, Done):
+                return revived
+            return Done(owner.name, owner.view.phase, True, details={
+                **self._activated(owner).details, **revived.details})
         if kv_limit is not None and kv_limit != owner.record.kv_limit_bytes:
             await owner.request(SetKvLimit(kv_limit))
         return self._activated(owner, changed=False)

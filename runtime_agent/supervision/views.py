@@ -42,6 +42,7 @@ class EngineView:
     observed_footprint_bytes: int | None = None
     context_length: int | None = None
     adapters: tuple[tuple[str, str, bool], ...] = ()  # LoRA: (name, path, loaded now)
+    conditions: tuple[str, ...] = ()  # what is wrong now (contract reason names)
     staging: StagingView | None = None  # weights being staged before the start (issue 14)
 
 
