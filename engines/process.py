@@ -163,7 +163,7 @@ def group_workers(leader: int) -> list[tuple[int, str]]:
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
+    except (psutil.Error, OSError):  # gone, or /proc unreadable now (no descriptors left)
         return []
 
 

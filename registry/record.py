@@ -34,9 +34,9 @@ MAX_OPERATIONS = 64
 class ClaimRef(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    namespace: str = ""
-    name: str = ""
-    uid: str = ""
+    namespace: str = Field(default="", max_length=253)
+    name: str = Field(default="", max_length=253)
+    uid: str = Field(default="", max_length=128)
 
 
 class EngineSpec(BaseModel):

@@ -24,6 +24,12 @@ def test_ready_answers_once_the_agent_has_taken_over_its_engines(agent: AgentPro
     assert call(agent, "GET", "/ready") == (200, {"status": "ready"})
 
 
+@pytest.fixture
+def agent(agent_factory, tmp_path: Path) -> AgentProcess:
+    """An agent whose local artifacts (adapters) may come from the test's directory."""
+    return agent_factory(extra_args=("--artifact-local-root", str(tmp_path)))
+
+
 def test_models_lists_every_engine_and_adapter_in_openais_shape(agent: AgentProcess,
                                                                  tmp_path: Path) -> None:
     adapter_dir = tmp_path / "sql-lora"
@@ -49,7 +55,7 @@ def test_an_adapter_is_served_and_survives_an_engine_restart_and_an_agent_restar
 
     adapter_dir = tmp_path / "a1"
     adapter_dir.mkdir()
-    agent: AgentProcess = agent_factory()
+    agent: AgentProcess = agent_factory(extra_args=("--artifact-local-root", str(tmp_path)))
     first = agent.activate_sim("base", "--enable-lora=")
     agent.wait_phase("base", "active")
     code, _ = call(agent, "POST", "/v1/lora_adapter/load",
@@ -82,8 +88,11 @@ def test_adapter_refusals_say_what_to_fix(agent: AgentProcess, tmp_path: Path) -
     agent.activate_sim("lora", "--enable-lora=")
     agent.wait_phase("lora", "active")
     code, body = call(agent, "POST", "/v1/lora_adapter/load",
-                      {"lora_name": "y", "lora_path": "/no/such/adapter"})
+                      {"lora_name": "y", "lora_path": f"{tmp_path}/no-such-adapter"})
     assert code == 400 and "No adapter found" in body["message"]
+    code, body = call(agent, "POST", "/v1/lora_adapter/load",
+                      {"lora_name": "y", "lora_path": "/etc"})  # outside the roots
+    assert code == 403 and "allowed roots" in body["message"]
     code, body = call(agent, "POST", "/v1/lora_adapter/unload", {"lora_name": "never"})
     assert code == 200 and body["applied"] is False
 
@@ -98,5 +107,5 @@ def test_an_sglang_engine_takes_adapters_through_its_own_endpoints(agent: AgentP
     assert code == 200, body
     assert complete(first["port"], "s1")[0] == 200
     code, body = call(agent, "POST", "/v1/lora_adapter/load",
-                      {"lora_name": "s2", "lora_path": "/nope"})
+                      {"lora_name": "s2", "lora_path": f"{tmp_path}/nope"})
     assert code == 400 and "No adapter found" in body["message"]

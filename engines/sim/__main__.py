@@ -60,6 +60,14 @@ def _spawn_child() -> subprocess.Popen[bytes]:
     return child
 
 
+def _spawn_escaped() -> None:
+    """A helper that leaves the engine's process group (its own session), as a daemonising
+    tool would: only the engine id in its environment ties it to the engine."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, CHILD_MARKER + "-escaped"],
+                             stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    logs.engine_log("INFO", f"Started a helper in its own session [{child.pid}]", "sim.py")
+
+
 def _stop_child(child: subprocess.Popen[bytes] | None) -> None:
     if child is None or child.poll() is not None:
         return
@@ -207,6 +215,8 @@ async def run(options: SimOptions) -> int:
                         f"'{options.model}'.", "config.py")
         return 1
     child = _spawn_child() if options.spawn_child else None
+    if options.spawn_escaped:
+        _spawn_escaped()
     try:
         logs.engine_log("INFO", f"Loading model {options.model} (simulated, {options.memory_bytes} bytes).",
                         "gpu_model_runner.py")

@@ -65,6 +65,7 @@ class SimOptions:
     wake_seconds: float = 0.0
     memory_bytes: int = GIB
     spawn_child: bool = False
+    spawn_escaped: bool = False  # a helper in its own session, escaped from the group
     request_seconds: float = 0.0
     token_seconds: float = 0.0
     max_running: int = 256
@@ -124,6 +125,7 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("wake_seconds", float, 0.0, False),
     ("memory_bytes", int, GIB, False),
     ("spawn_child", _parse_bool, False, True),
+    ("spawn_escaped", _parse_bool, False, True),
     ("request_seconds", float, 0.0, False),
     ("token_seconds", float, 0.0, False),
     ("max_running", int, 256, False),

@@ -61,9 +61,14 @@ class _ModelRequest(_Request):
         return value
 
 
+Flag = Annotated[str, Field(min_length=2, max_length=128)]
+FlagValue = Annotated[str, Field(max_length=8192)]
+
+
 class EngineConfig(_Request):
-    args: dict[str, str] = Field(default_factory=dict, max_length=256,
-                                 description="engine flags to values; \"\" for a bare flag")
+    args: dict[Flag, FlagValue] = Field(
+        default_factory=dict, max_length=256,
+        description="engine flags to values; \"\" for a bare flag")
 
 
 class ActivateRequest(_ModelRequest):

@@ -25,6 +25,7 @@ from runtime_agent.api.models import (
     UnloadLoraAdapterRuntimeRequest,
 )
 from runtime_agent.api.replies import reply
+from runtime_agent.artifacts.urls import local_path_problem
 from runtime_agent.supervision.messages import LoadAdapter, UnloadAdapter
 
 # The sidecar's own unions: a body with artifact_url is delegated; for an unload, a plain
@@ -79,6 +80,11 @@ async def load_adapter(request: web.Request) -> web.Response:
         intent = LoadAdapter(req.lora_name, adapter_path(req.artifact_url), req.artifact_url)
     else:
         intent = LoadAdapter(req.lora_name, req.lora_path)
+    if intent.path.startswith(("/", ".")):  # a local adapter: only inside the operator's roots
+        roots = request.app[AGENT_KEY].settings.artifact_local_roots
+        found = local_path_problem(intent.path, roots)
+        if found is not None and found[0] == 403:
+            raise BadRequest(found[1], 403)
     return reply(await request.app[AGENT_KEY].pool.load_adapter(req.model_name, intent))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import aiohttp
 
@@ -22,6 +21,7 @@ from contract.engines import (
 )
 from contract.engines import gpus_needed as contract_gpus_needed
 from engines import sglang, vllm
+from runtime_agent.artifacts.urls import local_path_problem
 from engines.adapter import EngineAdapter, LaunchContext
 from registry.record import (
     ENV_ENGINE_ID,
@@ -47,12 +47,14 @@ def spec_problem(settings: Settings, spec: EngineSpec, device_count: int) -> str
     this node can answer (does a local path exist, do the cards suffice) is checked here."""
     staged = STAGED_SCHEMES if settings.weight_cache_dir is not None else ()
     problem = (artifact_problem(spec.engine, spec.artifact_url, staged)
-               or engine_args_problem(spec.engine, spec.args, simulated=simulated(settings, spec))
+               or engine_args_problem(spec.engine, spec.args, simulated=simulated(settings, spec),
+                                      allow_trust_remote_code=settings.allow_trust_remote_code)
                or device_count_problem(spec.engine, spec.args, device_count))
     if problem is None and spec.engine != "ollama" and is_local_artifact(spec.artifact_url):
-        path = model_argument(spec.artifact_url)
-        if not Path(path).exists():
-            return f"artifact_url names a local path that does not exist on this node: {path}"
+        # Only inside the operator's roots, and a refusal says nothing of what lies outside.
+        found = local_path_problem(model_argument(spec.artifact_url),
+                                   settings.artifact_local_roots)
+        return None if found is None else found[1]
     return problem
 
 

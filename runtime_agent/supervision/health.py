@@ -29,12 +29,13 @@ if TYPE_CHECKING:
 
 
 async def on_health(owner: EngineOwner, probe: Health) -> None:
-    if owner._op is not None:
-        return  # a sleep or wake in flight has its own bound; the engine may be busy with it
-    if probe.answered:
+    if not probe.answered:
+        _missed(owner, probe.failures)  # a stopped engine mid-sleep is caught too
+    elif owner._op is None:  # while a sleep or wake runs, its end decides the phase
         await _answered(owner, probe)
-    else:
-        _missed(owner, probe.failures)
+    elif owner._unresponsive_since is not None:
+        owner._unresponsive_since = None
+        owner._emit("Responsive", "the engine answers its health probe again")
 
 
 async def _answered(owner: EngineOwner, probe: Health) -> None:
@@ -54,6 +55,9 @@ async def _answered(owner: EngineOwner, probe: Health) -> None:
         if owner.record.operation is not None:  # a call cut short by an agent restart
             owner.record.operation = None
             owner.record.desired = "asleep" if probe.sleeping else "awake"
+            changed = True
+        if probe.sleeping and owner.record.sleep_level is None:
+            owner.record.sleep_level = 2  # a level not known: wake the way that reloads weights
             changed = True
     healthy_since = owner.record.healthy_since
     if (owner.record.restart_count and healthy_since is not None

@@ -87,7 +87,7 @@ from runtime_agent.supervision.messages import (
     TurnGranted,
     Unusable,
 )
-from runtime_agent.supervision.outcomes import NotFound, Outcome
+from runtime_agent.supervision.outcomes import EngineFailed, NotFound, Outcome
 from runtime_agent.supervision.ports import port_is_free
 from runtime_agent.supervision.views import EngineEvent, EngineView
 
@@ -198,7 +198,11 @@ class EngineOwner:
             if self.view.phase in (Phase.FAILED, Phase.RESTARTING):
                 self._settle()
             while self.view.phase is not Phase.STOPPED:
-                await self._handle(await self._inbox.get())
+                message = await self._inbox.get()
+                try:
+                    await self._handle(message)
+                except Exception as exc:  # noqa: BLE001 - one message must not end supervision
+                    self._failed_handling(message, exc)
                 self._publish()
                 if self.view.phase not in (Phase.ACTIVATING, Phase.BOOTING):
                     self._settle()
@@ -209,6 +213,18 @@ class EngineOwner:
             self.record.last_error = "agent error while supervising this engine (see agent log)"
             self._publish()
             raise
+
+    def _failed_handling(self, message: Message, exc: Exception) -> None:
+        """A message could not be handled (a bug, or a fault such as no file descriptors): the
+        owner keeps supervising, its caller gets an answer, and the log says it once."""
+        if self._throttled.warning(f"owner:{self.name}:{type(message).__name__}",
+                                   "owner of %s could not handle %s: %s: %s", self.name,
+                                   type(message).__name__, type(exc).__name__, exc):
+            log.debug("the failure in full", exc_info=exc)
+        if isinstance(message, Request):
+            resolve(message.reply, EngineFailed(self.name, f"the agent failed handling this "
+                                                f"({type(exc).__name__}: {exc}); try again",
+                                                self.view.phase, message.intent.operation_id))
 
     async def _begin(self, mode: StartMode, pid: int | None) -> None:
         match mode:
@@ -424,6 +440,9 @@ class EngineOwner:
                 delay, self._inbox.put_nowait, RestartDue(self._gen))
             await self._add_log_tail(cause)
         await self._kv.remove_leftover()
+        # Its group died with its leader; helpers that left the group die now (by engine id).
+        await asyncio.to_thread(kill_leftovers, str(self._settings.state_dir),
+                                self.record.engine_id)
         await self._persist()
 
     async def _add_log_tail(self, cause: str) -> None:
@@ -443,6 +462,8 @@ class EngineOwner:
         self._deps.memory.set_sleeping(self.name, target is Phase.SLEEPING)
         if self._adopted and not self._converge:
             self.record.desired = "asleep" if sleeping else "awake"
+            if sleeping and self.record.sleep_level is None:
+                self.record.sleep_level = 2  # unknown: wake it the way that reloads weights
         if target is self.view.phase:  # a re-adopted engine: no move, but followers learn it
             self._emit("Ready", "re-adopted engine answers /health", to=target)
         if self.record.healthy_since is None:
@@ -454,7 +475,7 @@ class EngineOwner:
                    lambda: watchers.scrape(self._adapter, self._settings, post, gen))
         self._loop("health probe", lambda: watchers.watch_health(
             self._adapter, self._settings, post, gen,
-            lambda: self.view.phase is Phase.SLEEPING))
+            lambda: self.view.phase is Phase.SLEEPING, lambda: self._op is not None))
         if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:
             await intents.sleep_after_restart(self)  # its adapters come back when it is woken
         elif target is Phase.ACTIVE:

@@ -77,12 +77,18 @@ async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: in
 
 
 async def watch_health(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
-                       asleep: Callable[[], bool]) -> None:
+                       asleep: Callable[[], bool], busy: Callable[[], bool]) -> None:
     """Probe a ready engine every ``health_interval_s``: its answer (or none within the probe
-    timeout) and its word on sleep -> ``Health``, with the count of misses in a row."""
+    timeout) and its word on sleep -> ``Health``, with the count of misses in a row. While a
+    sleep or wake runs (``busy``), the engine's core may take its time over it, so only its
+    server's liveness is probed (its own health endpoint)."""
     misses = 0
     while True:
         await asyncio.sleep(settings.health_interval_s)
-        answered, sleeping = await adapter.probe(settings.probe_timeout_s, asleep())
+        if busy():
+            answered = await adapter.healthy(settings.probe_timeout_s, asleep())
+            sleeping: bool | None = None
+        else:
+            answered, sleeping = await adapter.probe(settings.probe_timeout_s, asleep())
         misses = 0 if answered else misses + 1
         post(Health(gen, answered, sleeping, misses))
