@@ -111,13 +111,14 @@ def main() -> int:
          f"(state in {state_dir}, claims in {claims_dir})")
     log = open(work / "agent.log", "ab")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "runtime_agent.cli", "serve", "--port", str(args.port),
+        [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
+         "--port", str(args.port),
          "--state-dir", str(state_dir), "--log-format", "text", "--restart-delays", "1,2,4,8,16",
          "--scrape-interval", "0.5", "--claims", str(claims_dir),
          "--claims-port", str(args.claims_port)],
         cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
     try:
-        wait_until(lambda: client.health() == {"status": "ok"} and bool(get(rec_url + "/healthz")),
+        wait_until(lambda: client.health().get("status") == "ok" and bool(get(rec_url + "/healthz")),
                    "the agent and its reconciler to answer", 30)
         snap = client.snapshot()
         print(f"engines: {'simulated' if snap['agent']['simulated_engines'] else 'vLLM'}; "

@@ -136,3 +136,17 @@ async def test_a_limit_is_in_force_only_when_the_read_back_shows_it(tmp_path: Pa
     await honest.reading(read_segment("kvc_m", tmp_path))
     detail = await honest.request(GIB)
     assert detail["in_force"] is True and detail["applied_bytes"] == GIB
+
+
+async def test_a_reading_taken_before_the_agents_own_write_is_not_taken_for_an_outside_one(
+        tmp_path: Path) -> None:
+    create_segment("kvc_m", 4 * GIB, tmp_path)
+    events: list[str] = []
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: events.append(reason))
+    await keeper.reading(read_segment("kvc_m", tmp_path), keeper.writes)
+    stale_writes, stale = keeper.writes, read_segment("kvc_m", tmp_path)  # read: 4 GiB
+    await keeper.request(GIB)  # the agent's own write lands after that read
+    await keeper.reading(stale, stale_writes)  # arrives late, still showing 4 GiB
+    assert keeper.state.set_back_total == 0 and "KVLimitSetBack" not in events
+    await keeper.reading(read_segment("kvc_m", tmp_path), keeper.writes)
+    assert keeper.state.applied == GIB and not keeper.state.not_held

@@ -50,6 +50,7 @@ class KvKeeper:
                  writer: Callable[..., SegmentInfo] = write_limit) -> None:
         self._record = record
         self._writer = writer  # the segment write that returns its read-back
+        self.writes = 0  # the agent's own writes finished: readings from before one are stale
         self._ipc = record.spec.ipc_name
         self._shm_dir = shm_dir
         self._emit = emit
@@ -60,14 +61,16 @@ class KvKeeper:
                              capacity=record.kv_capacity_bytes, inode=record.kv_inode,
                              applied=record.kv_applied_bytes)
 
-    async def watch(self, post: Callable[[SegmentInfo | None], None], first_s: float,
+    async def watch(self, post: Callable[[SegmentInfo | None, int], None], first_s: float,
                     hold_s: float) -> None:
-        """Post a reading when the segment appears, then every ``hold_s``."""
+        """Post a reading (and how many writes the agent had finished before taking it) when
+        the segment appears, then every ``hold_s``."""
         path = self._shm_dir / self._ipc
         while True:
             if not os.path.exists(path):  # a stat on tmpfs: microseconds, fine on the loop
                 await asyncio.sleep(first_s)
                 continue
+            writes = self.writes
             try:
                 try:
                     info = read_segment_nowait(self._ipc, self._shm_dir)
@@ -77,11 +80,15 @@ class KvKeeper:
                 _throttled.warning(f"kv-read:{self._ipc}", "kv segment of %s unreadable: %s",
                                    self._record.spec.model_name, exc)
                 info = None
-            post(info)
+            post(info, writes)
             await asyncio.sleep(hold_s if info is not None else first_s)
 
-    async def reading(self, info: SegmentInfo | None) -> bool:
-        """Handle one reading; True when the record changed and must be persisted."""
+    async def reading(self, info: SegmentInfo | None, writes: int | None = None) -> bool:
+        """Handle one reading; True when the record changed and must be persisted. A reading
+        taken before one of the agent's own writes finished is stale: it would pass the old
+        value for someone else's write."""
+        if writes is not None and writes != self.writes:
+            return False
         before = self._durable()
         self.state, write = on_reading(self.state, info)
         if write is not None:
@@ -140,6 +147,12 @@ class KvKeeper:
                 "message": "no limit: the engine may use its whole KV capacity"}
 
     async def _write(self, write: Write) -> None:
+        try:
+            await self._write_once(write)
+        finally:
+            self.writes += 1  # whatever came of it, readings taken before it are stale
+
+    async def _write_once(self, write: Write) -> None:
         try:
             readback = await asyncio.to_thread(self._writer, self._ipc, write.value,
                                                self._shm_dir, write.expected_inode)

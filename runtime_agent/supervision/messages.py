@@ -170,6 +170,7 @@ class Health(FromProcess):
 @dataclass(frozen=True)
 class KvReading(FromProcess):
     info: SegmentInfo | None
+    writes: int | None = None  # the agent's own writes finished before it was read
 
 
 @dataclass(frozen=True)

@@ -282,8 +282,8 @@ class EngineOwner:
                 if self._proc is None and self.view.phase in (Phase.ACTIVATING,
                                                               Phase.RESTARTING):
                     await self._spawn(reason)
-            case KvReading(info=info):
-                if await self._kv.reading(info):
+            case KvReading(info=info, writes=writes):
+                if await self._kv.reading(info, writes):
                     await self._persist()
             case Figures(observation=observation):
                 self._figures, self._figures_at = observation, self._deps.clock()
@@ -399,7 +399,7 @@ class EngineOwner:
         self._helper(watchers.watch_progress(self.log_path, self._settings, post, gen,
                                              lambda: self._ready))
         self._loop("KV-limit holding", lambda: self._kv.watch(
-            lambda info: self._inbox.put_nowait(KvReading(gen, info)),
+            lambda info, writes: self._inbox.put_nowait(KvReading(gen, info, writes)),
             self._settings.kv_watch_s, self._settings.kv_hold_s))
 
     async def _after_exit(self, info: ExitInfo | None, why: str | None,
@@ -468,8 +468,8 @@ class EngineOwner:
             self._emit("Ready", "re-adopted engine answers /health", to=target)
         if self.record.healthy_since is None:
             self.record.healthy_since = self._deps.clock()
-        await self._watch_workers()
         await self._transition(target, "Ready", "answers /health")
+        await self._watch_workers()
         gen, post = self._gen, self._inbox.put_nowait
         self._loop("request-figure scrape",
                    lambda: watchers.scrape(self._adapter, self._settings, post, gen))
