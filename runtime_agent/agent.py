@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import signal
 import time
@@ -37,7 +38,7 @@ from runtime_agent.gpu.backend import GpuBackend, GpuUnavailable
 from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.nvml import NvmlBackend
 from runtime_agent.gpu.simulated import SimulatedGpuBackend
-from runtime_agent.loops import Throttled, keep_running
+from runtime_agent.loops import Throttled, keep_running, run_stages
 from runtime_agent.settings import Settings
 from runtime_agent.statelock import StateLock
 from runtime_agent.supervision.durability import StorageHealth
@@ -50,6 +51,10 @@ from runtime_agent.supervision.recovery import Step, recover
 from runtime_agent.supervision.views import EngineEvent, EngineView
 
 log = logging.getLogger(__name__)
+
+# Seconds each shutdown stage may take (17 s in all, inside Kubernetes' default 30 s grace).
+STOP_STAGE_S = {"api": 4.0, "loops": 2.0, "engines": 5.0, "artifacts": 3.0, "gpu": 2.0,
+                "clients": 1.0}
 
 
 class Agent:
@@ -70,6 +75,8 @@ class Agent:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = StateLock(settings.state_dir)
+        self._views_version = 0  # bumps with every changed engine view: what rendered() keys on
+        self._rendered: dict[str, tuple[tuple[int, int, int], bytes, str]] = {}
         self._recovered_at: float | None = None  # monotonic time re-adoption was planned
         self._taken_over: list[str] = []  # models whose engines the previous agent left
         self.pool: EnginePool
@@ -131,19 +138,32 @@ class Agent:
         log.info("runtime agent %s listening on %s:%d, state in %s", __version__, s.host, s.port,
                  s.state_dir)
 
-    async def stop(self) -> None:
-        """Close the API and let go of engines; they keep running for the next agent."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-        for task in self._tasks:
-            task.cancel()
-        await self.pool.close()
-        if self.artifacts is not None:
-            await self.artifacts.close()
-        await self.memory.close()
-        if self._session is not None:
-            await self._session.close()
+    async def stop(self) -> list[str]:
+        """Close the API and let go of engines; they keep running for the next agent.
+
+        Stages run in order, each with its own timeout, so one that hangs (a client that holds
+        a long poll, an NVML call stuck in the driver) cannot keep the lock from being released
+        inside Kubernetes' grace period; returns the stages that did not finish."""
+        async def cancel_tasks() -> None:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        async def nothing() -> None:
+            return None
+
+        runner, artifacts, session = self._runner, self.artifacts, self._session
+        unfinished = await run_stages([
+            ("closing the API", STOP_STAGE_S["api"], runner.cleanup if runner else nothing),
+            ("stopping background loops", STOP_STAGE_S["loops"], cancel_tasks),
+            ("letting go of engines", STOP_STAGE_S["engines"], self.pool.close),
+            ("closing the weight cache", STOP_STAGE_S["artifacts"],
+             artifacts.close if artifacts else nothing),
+            ("closing the GPU backend", STOP_STAGE_S["gpu"], self.memory.close),
+            ("closing HTTP clients", STOP_STAGE_S["clients"], session.close if session else nothing),
+        ], log)
         self._lock.release()
+        return unfinished
 
     # ---- readers ----------------------------------------------------------------------------
 
@@ -181,6 +201,19 @@ class Agent:
             return f"re-adopting {len(pending)} engine(s): {', '.join(pending[:8])}"
         return None
 
+    def rendered(self, what: str) -> tuple[bytes, str]:
+        """The snapshot (``"snapshot"``) or the model list (``"models"``) as JSON bytes and its
+        ETag, rendered once per change: an engine's view, an event or a GPU sample (every
+        second) makes a new version; readers in between get the same bytes."""
+        version = (self._views_version, self.events.last_seq, self.memory.samples_total)
+        cached = self._rendered.get(what)
+        if cached is None or cached[0] != version:
+            body = self.snapshot() if what == "snapshot" else self.model_list()
+            etag = f'W/"{self.events.boot_id}-{"-".join(map(str, version))}"'
+            cached = (version, json.dumps(body).encode(), etag)
+            self._rendered[what] = cached
+        return cached[1], cached[2]
+
     def model_list(self) -> dict[str, Any]:
         views = sorted(self.pool.views(), key=lambda v: v.spec.model_name)
         return {"models": [{**short_entry(v), **memory_entry(self.memory.figures.get(
@@ -209,7 +242,7 @@ class Agent:
         return refs
 
     def _on_view(self, view: EngineView) -> None:
-        return None
+        self._views_version += 1
 
     def _artifact_users(self) -> list[tuple[str, str, str | None]]:
         """Engines that may read their weights now: their cache entries are never evicted."""

@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
 EXIT_STATE_DIR_BUSY = 3
 
 
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run the daemon on uvloop where it is installed (Linux, a dependency): the control API
+    answers about 1.5x the requests per second of asyncio's own loop (bench/bench_costs.py)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from runtime_agent.agent import serve
     from runtime_agent.statelock import StateDirBusy
@@ -102,10 +114,10 @@ def _serve(args: argparse.Namespace) -> int:
         if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
             from reconciler.cli import serve_with_claims
 
-            asyncio.run(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
-                                          args.host, args.claims_port, settings.api_token))
+            run_loop(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
+                                       args.host, args.claims_port, settings.api_token))
         else:
-            asyncio.run(serve(settings))
+            run_loop(serve(settings))
     except StateDirBusy as exc:
         print(f"runtime-agent: {exc}", file=sys.stderr)
         return EXIT_STATE_DIR_BUSY

@@ -57,3 +57,25 @@ async def keep_running(name: str, loop: Callable[[], Awaitable[None]], throttled
             pause = first_pause_s
         await asyncio.sleep(pause)
         pause = min(max_pause_s, pause * 2)
+
+
+async def run_stages(stages: list[tuple[str, float, Callable[[], Awaitable[object]]]],
+                     logger: logging.Logger) -> list[str]:
+    """Run shutdown stages in order, each under its own timeout (seconds); a stage that hangs or
+    fails is logged and left behind so the later ones still run (the last stages release what a
+    successor needs, such as the state-directory lock). Returns the stages that did not finish.
+    """
+    unfinished: list[str] = []
+    for name, timeout_s, stage in stages:
+        began = time.monotonic()
+        try:
+            await asyncio.wait_for(stage(), timeout_s)
+        except TimeoutError:
+            unfinished.append(name)
+            logger.warning("shutdown: %s did not finish within %.1f s; going on", name, timeout_s)
+        except Exception as exc:  # noqa: BLE001 - one broken stage must not keep the rest
+            unfinished.append(name)
+            logger.warning("shutdown: %s failed (%s: %s); going on", name, type(exc).__name__, exc)
+        else:
+            logger.debug("shutdown: %s took %.3f s", name, time.monotonic() - began)
+    return unfinished

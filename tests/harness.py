@@ -105,8 +105,9 @@ def _free(port: int) -> bool:
 class AgentProcess:
     def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
                  ports: int = 100, extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, root: Path = ROOT) -> None:
         self.state_dir = state_dir
+        self.root = root  # the source tree the agent runs from (a bench compares two)
         self.port = free_port()
         self.port_low = free_port_block(ports)
         self.port_high = self.port_low + ports - 1
@@ -130,7 +131,7 @@ class AgentProcess:
                 *self.extra_args]
         log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log, env=env,
+        self.proc = subprocess.Popen(argv, cwd=self.root, stdout=log, stderr=log, env=env,
                                      start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout_s

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -109,3 +113,30 @@ def test_stopping_the_agent_leaves_engines_running(agent: AgentProcess) -> None:
     assert agent.terminate() == 0
     assert psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     os.kill(pid, 0)
+
+
+
+def _get(url: str, etag: str | None = None) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(url, headers={"If-None-Match": etag} if etag else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, resp.headers["ETag"], resp.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.headers["ETag"], exc.read()
+
+
+def test_the_snapshot_is_rendered_once_per_change_and_revalidates_with_its_etag(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    # GPU samples arrive every minute here, so nothing but the activation below changes the view
+    agent = agent_factory(extra_args=["--gpu-sample-interval", "60"])
+    for path in ("/v1/runtime/snapshot", "/v1/runtime/models"):
+        status, etag, body = _get(agent.url + path)
+        assert status == 200 and etag and json.loads(body)
+        assert _get(agent.url + path) == (200, etag, body)  # the same bytes, not re-rendered
+        assert _get(agent.url + path, etag) == (304, etag, b"")
+        name = f"etag{len(path)}"
+        agent.activate_sim(name)
+        agent.wait_phase(name, "active")
+        status, new_etag, body = _get(agent.url + path, etag)
+        assert status == 200 and new_etag != etag and name in body.decode()

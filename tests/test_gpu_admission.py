@@ -47,6 +47,28 @@ def test_ties_go_to_the_lower_index() -> None:
     assert admit(GIB, 2, cards(80, 80, 80, 80)) == Admit((0, 1))
 
 
+def test_engines_that_declare_nothing_spread_over_the_cards() -> None:
+    ledger = cards(80, 80, 80, 80)
+    placed = []
+    for n in range(8):  # undeclared: charged nothing, so room never tells the cards apart
+        result = claim(0, 1, ledger, f"e{n}")
+        assert not isinstance(result, Refuse)
+        ledger, decision = result
+        placed.append(decision.devices[0])
+    assert placed == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+@given(st.integers(1, 40), st.integers(1, 8))
+def test_undeclared_engines_never_pile_up_on_one_card(engines: int, n_cards: int) -> None:
+    ledger = cards(*([80] * n_cards))
+    for n in range(engines):
+        result = claim(0, 1, ledger, f"e{n}")
+        assert not isinstance(result, Refuse)
+        ledger = result[0]
+    counts = [sum(1 for h in ledger.holdings.values() if d in h.devices) for d in range(n_cards)]
+    assert max(counts) - min(counts) <= 1
+
+
 def test_n_cards_are_the_n_with_the_most_room_in_index_order() -> None:
     ledger = held(held(cards(80, 80, 80, 80), "a", 1, 50), "b", 2, 5)
     assert admit(20 * GIB, 2, ledger) == Admit((0, 3))

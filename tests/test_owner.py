@@ -343,7 +343,8 @@ async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
                     and rig.owner.view.phase is Phase.SLEEPING, "restarted, asleep again")
     rig.store.fail = None
     await rig.until(lambda: "StorageRecovered" in rig.reasons(), "recovered", timeout_s=20)
-    assert "StorageUnavailable" not in rig.owner.view.conditions
+    await rig.until(lambda: rig.owner is not None
+                    and "StorageUnavailable" not in rig.owner.view.conditions, "cleared")
 
 
 async def test_a_new_engine_whose_record_cannot_be_written_never_starts(rig: OwnerRig) -> None:

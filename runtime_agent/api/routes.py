@@ -60,12 +60,20 @@ async def kv_limit(request: web.Request) -> web.Response:
     return reply(await agent_of(request).pool.lifecycle(req.model_name, intent))
 
 
+def _rendered(request: web.Request, what: str) -> web.Response:
+    """A document rendered once per change; ``If-None-Match`` with its ETag gets a 304."""
+    body, etag = agent_of(request).rendered(what)
+    if request.headers.get("If-None-Match") == etag:
+        return web.Response(status=304, headers={"ETag": etag})
+    return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
+
+
 async def models(request: web.Request) -> web.Response:
-    return web.json_response(agent_of(request).model_list())
+    return _rendered(request, "models")
 
 
 async def snapshot(request: web.Request) -> web.Response:
-    return web.json_response(agent_of(request).snapshot())
+    return _rendered(request, "snapshot")
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:

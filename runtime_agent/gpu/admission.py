@@ -11,7 +11,9 @@ Three answers, because the caller must act differently on each:
   level-2 sleep discards its weights and always fits).
 
 Device choice (worst fit): one card -> the card with the most room left after the request; N cards
--> the N cards with the most room; ties go to the lower index. Spreading, not packing, because in
+-> the N cards with the most room; ties go to the card with the fewest engines on it, then to the
+lower index (so engines that declare nothing, and are charged nothing until measured, spread over
+the cards instead of all landing on card 0 and starting one at a time behind its start gate). Spreading, not packing, because in
 a warm pool the room left on a card is what its sleeping engines need to wake (they wake where
 they sleep) and what KV limits grow into; it also lets starts on different cards proceed in
 parallel under the start gate. Keeping whole cards empty for large models is the controller's
@@ -94,7 +96,10 @@ def admit(need_bytes: int, n_devices: int, ledger: GpuLedger, *, key: str | None
         own = ledger.charge(key, device) if key is not None else 0
         return ledger.room(device) + own
 
-    ranked = sorted(candidates, key=lambda d: (-room(d), d))
+    def engines_on(device: int) -> int:
+        return sum(1 for k, h in ledger.holdings.items() if k != key and device in h.devices)
+
+    ranked = sorted(candidates, key=lambda d: (-room(d), engines_on(d), d))
     best = ranked[:n_devices]
     if room(best[-1]) >= need_bytes:
         return Admit(tuple(sorted(best)))

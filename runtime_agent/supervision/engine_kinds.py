@@ -21,7 +21,6 @@ from contract.engines import (
 )
 from contract.engines import gpus_needed as contract_gpus_needed
 from engines import sglang, vllm
-from runtime_agent.artifacts.urls import local_path_problem
 from engines.adapter import EngineAdapter, LaunchContext
 from registry.record import (
     ENV_ENGINE_ID,
@@ -30,6 +29,7 @@ from registry.record import (
     EngineRecord,
     EngineSpec,
 )
+from runtime_agent.artifacts.urls import local_path_problem
 from runtime_agent.settings import Settings
 
 # Schemes engines cannot fetch themselves; the weight cache stages them before the start.

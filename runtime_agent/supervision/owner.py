@@ -609,8 +609,10 @@ class EngineOwner:
             reason=reason, message=message, duration_s=duration_s))
 
     def _publish(self) -> None:
-        self.view = self._make_view()
-        self._deps.on_view(self.view)
+        view = self._make_view()
+        if view != self.view:  # readers re-render only on a real change (snapshot ETags)
+            self.view = view
+            self._deps.on_view(view)
 
     def _make_view(self) -> EngineView:
         r, f = self.record, self._figures
