@@ -78,6 +78,7 @@ def run(engines: int = 20, rounds: int = 5, scrape_interval: float | None = None
         figure="1. crash detection (SIGKILL -> restarting event)",
         goal=f"p99 <= {GOAL_P99_MS:g} ms, >= 50 samples",
         measured=fmt_summary(st, ("p50", "p99", "max")),
+        headline=("p99 ms", st["p99"]),
         passed=passed, details={"stats_ms": st, "kernel_ms": summary_ms(kernel),
                  "agent_ms": summary_ms(agent_part), "engines": engines, "rounds": rounds},
         lines=[f"{engines} engines x {rounds} kills, restart delays 0.05 s, scrape interval "

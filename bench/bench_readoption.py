@@ -110,7 +110,7 @@ def run(engines: int = 32, timeout_s: float = 30.0) -> Result:
         passed=passed,
         details={"api_up_s": api_up, "log_marks_ms": marks, "all_ready_s": all_ready, "restarts": restarts,
                  "changed": changed},
-        lines=lines,
+        lines=lines, headline=("s to all ready", all_ready),
     )
 
 

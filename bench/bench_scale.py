@@ -136,7 +136,7 @@ def run(engines: int = 64, idle_s: float = 10.0, requests: int = 200,
         details={"stats_ms": st, "rss_bytes": rss, "idle_cpu_pct": agent_idle_pct,
                  "engines_idle_cpu_pct": engines_idle_pct, "all_active_s": act["all_active_s"],
                  "gpu_sampling_pct": sampling_pct, "gpu_sample_ms": per_sample_ms},
-        lines=lines,
+        lines=lines, headline=("snapshot p50 ms", st["p50"]),
     )
 
 

@@ -37,6 +37,8 @@ class Result:
     passed: bool
     details: dict[str, Any] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)  # human-readable report lines
+    # the one number whose spread over repeated runs is reported: (what it is, value)
+    headline: tuple[str, float] | None = None
 
     def report(self) -> str:
         head = f"== {self.figure} =="

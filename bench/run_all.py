@@ -1,6 +1,7 @@
 """Run the six benchmarks in sequence and print a markdown table (figure, goal, measured, pass).
 
-    python -m bench.run_all [--only crash,readiness,...] [--json results.json]
+    python -m bench.run_all [--repeat 3] [--only crash,readiness,...] [--json results.json]
+                            [--write bench/RESULTS.md]
 
 Each benchmark starts and cleans up its own agent and engines; one that errors is reported as
 FAIL with the error and the rest still run. Exit status 0 only when every figure passes.
@@ -74,53 +75,108 @@ def foreign_work() -> str:
     return "/".join(str(v) for v in counts.values())
 
 
+def run_one(key: str) -> Result:
+    try:
+        return BENCHES[key]()
+    except Exception as exc:  # noqa: BLE001 - reported as a failed figure; the rest still run
+        traceback.print_exc()
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        errors = [ln for ln in lines[1:] if "Error:" in ln or "Exception:" in ln]
+        short = " / ".join(lines[:1] + errors[-1:])
+        return Result(figure=key, goal="(see the benchmark)",
+                      measured=f"error: {type(exc).__name__}: {short[:300]}", passed=False)
+
+
+def median_run(runs: list[Result]) -> Result:
+    """The run whose headline is the median (the lower one of an even count)."""
+    scored = [r for r in runs if r.headline is not None]
+    if not scored:
+        return runs[0]
+    scored.sort(key=lambda r: r.headline[1] if r.headline else 0.0)
+    return scored[(len(scored) - 1) // 2]
+
+
+def spread(runs: list[Result]) -> str:
+    values = [r.headline[1] for r in runs if r.headline is not None]
+    if not values or runs[0].headline is None:
+        return "-"
+    what = runs[0].headline[0]
+    return f"{what} {min(values):.3g}-{max(values):.3g}" if len(values) > 1 else f"{what} {values[0]:.3g}"
+
+
+def table(results: dict[str, list[Result]], header: str, loads: list[float], wall_s: float,
+          foreign: list[str]) -> str:
+    repeats = max(len(runs) for runs in results.values())
+    out = [header, "",
+           f"Each figure ran {repeats} time(s) in turn; *measured* is the run with the median "
+           "headline figure, *spread* its range over the runs, *passed* how many runs met the goal.",
+           "", "| figure | goal | measured (median run) | spread | passed |", "|---|---|---|---|---|"]
+    for runs in results.values():
+        mid = median_run(runs)
+        measured = mid.measured.replace("|", "/").replace("\n", " ")
+        passed = sum(r.passed for r in runs)
+        out.append(f"| {mid.figure} | {mid.goal} | {measured} | {spread(runs)} | "
+                   f"{passed}/{len(runs)} {'PASS' if passed == len(runs) else 'FAIL'} |")
+    out += ["", f"1-min load average over the run (2 cores): min {min(loads):.1f}, max "
+            f"{max(loads):.1f}; other work found on the machine before each figure "
+            f"(pytest/agents/engines): {', '.join(sorted(set(foreign)))}; wall time {wall_s:.0f} s."]
+    return "\n".join(out)
+
+
+BEGIN, END = "<!-- run_all: begin -->", "<!-- run_all: end -->"
+
+
+def write_section(path: str, text: str) -> None:
+    """Replace the generated section of ``path`` (between the markers) with ``text``."""
+    with open(path) as fh:
+        doc = fh.read()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} section to replace")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(path, "w") as fh:
+        fh.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default=",".join(BENCHES), help="comma-separated subset")
+    p.add_argument("--repeat", type=int, default=1, help="run every figure this many times")
     p.add_argument("--json", help="also write the results (with details) to this file")
+    p.add_argument("--write", metavar="RESULTS_MD",
+                   help="replace the generated section of this file (bench/RESULTS.md) "
+                        "with the table")
     args = p.parse_args()
-    results: list[tuple[Result, float]] = []
-    loads: list[tuple[float, float]] = []
+    keys = args.only.split(",")
+    results: dict[str, list[Result]] = {key: [] for key in keys}
+    loads: list[float] = [os.getloadavg()[0]]
     foreign: list[str] = []
     started = time.time()
+    t0 = time.monotonic()
     tree = tree_state()
-    for key in args.only.split(","):
-        log(f"running {key}")
-        t0 = time.monotonic()
-        load0 = os.getloadavg()[0]
-        foreign.append(foreign_work())
-        try:
-            result = BENCHES[key]()
-        except Exception as exc:
-            traceback.print_exc()
-            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-            errors = [ln for ln in lines[1:] if "Error:" in ln or "Exception:" in ln]
-            short = " / ".join(lines[:1] + errors[-1:])
-            result = Result(figure=key, goal="(see the benchmark)",
-                            measured=f"error: {type(exc).__name__}: {short[:300]}", passed=False)
-        results.append((result, time.monotonic() - t0))
-        loads.append((load0, os.getloadavg()[0]))
-        print(result.report() + "\n", flush=True)
-    print(f"## Results ({time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(started))}; {machine()}; "
-          f"agent at {tree}; `python -m bench.run_all`)\n")
-    print("| figure | goal | measured | pass |")
-    print("|---|---|---|---|")
-    for result, _ in results:
-        measured = result.measured.replace("|", "/").replace("\n", " ")
-        print(f"| {result.figure} | {result.goal} | {measured} | "
-              f"{'PASS' if result.passed else 'FAIL'} |")
-    print("\n1-min load average before -> after each figure (2 cores), and other work found on "
-          "the machine just before it (pytest/agents/engines not started by this suite): " +
-          "; ".join(f"{r.figure.split()[0]} {a:.1f} -> {b:.1f} [{f}]"
-                    for (r, _), (a, b), f in zip(results, loads, foreign)))
-    total = sum(s for _, s in results)
-    print(f"\nwall time: {total:.0f} s ({', '.join(f'{r.figure.split()[0]} {s:.0f} s' for r, s in results)})")
+    for round_no in range(args.repeat):
+        for key in keys:
+            log(f"running {key} ({round_no + 1}/{args.repeat})")
+            foreign.append(foreign_work())
+            result = run_one(key)
+            results[key].append(result)
+            loads.append(os.getloadavg()[0])
+            print(result.report() + "\n", flush=True)
+    command = "python -m bench.run_all" + (f" --repeat {args.repeat}" if args.repeat > 1 else "") \
+        + (f" --only {args.only}" if args.only != ",".join(BENCHES) else "")
+    header = (f"## Figures 1-6 (run of {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(started))}"
+              f"; `{command}`; agent at {tree}; {machine()})")
+    text = table(results, header, loads, time.monotonic() - t0, foreign)
+    print(text)
+    if args.write:
+        write_section(args.write, text)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump([{"figure": r.figure, "goal": r.goal, "measured": r.measured,
-                        "passed": r.passed, "seconds": s, "loadavg": ld, "details": r.details, "lines": r.lines}
-                       for (r, s), ld in zip(results, loads)], fh, indent=2, default=str)
-    return 0 if all(r.passed for r, _ in results) else 1
+            json.dump({key: [{"figure": r.figure, "goal": r.goal, "measured": r.measured,
+                              "passed": r.passed, "headline": r.headline, "details": r.details,
+                              "lines": r.lines} for r in runs] for key, runs in results.items()},
+                      fh, indent=2, default=str)
+    return 0 if all(r.passed for runs in results.values() for r in runs) else 1
 
 
 if __name__ == "__main__":
