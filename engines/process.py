@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from engines.cgroups import EngineCgroups
 from registry.identity import process_start_time, scan_engines
 from registry.record import ENV_ENGINE_ID
 
@@ -81,7 +82,8 @@ class EngineProcess:
         os.close(self._pidfd)
         self._pidfd = -1
         self._forget_workers()
-        # The leader is gone; whatever it left in its group (workers, engine cores) goes too.
+        # The leader is gone; whatever it left in its group (workers, engine cores) goes too
+        # (what left the group: the owner's ProcessLauncher.kill_leftovers, next).
         self.signal_group(signal.SIGKILL)
         if not self.exited.done():
             self.exited.set_result(info)
@@ -200,13 +202,16 @@ def resolve_executable(name: str) -> str:
     return found
 
 
-def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path) -> int:
+def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path,
+                    shown: Sequence[str]) -> int:
+    """posix_spawn ``argv`` in a new session; the log's header names ``shown`` (the engine's
+    own command line, without the cgroup shim)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     executable = resolve_executable(argv[0])
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     null_fd = os.open(os.devnull, os.O_RDONLY)
     try:
-        header = f"=== engine start {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {' '.join(argv)}\n"
+        header = f"=== engine start {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {' '.join(shown)}\n"
         os.write(log_fd, header.encode())
         return os.posix_spawn(
             executable,
@@ -225,16 +230,23 @@ def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path,
 
 
 class ProcessLauncher:
-    """Starts engine processes and attaches to running ones. Tests use the same class."""
+    """Starts engine processes, attaches to running ones and ends what an engine leaves behind.
+    With ``cgroups`` each engine runs in its own cgroup (``engines/cgroups.py``). Tests use the
+    same class."""
 
-    def __init__(self, cwd: Path | None = None) -> None:
+    def __init__(self, cwd: Path | None = None, cgroups: EngineCgroups | None = None) -> None:
         self._cwd = cwd or Path.cwd()
+        self.cgroups = cgroups
 
     async def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], log_path: Path
     ) -> EngineProcess:
+        engine_id = env.get(ENV_ENGINE_ID)
+        command = list(argv)
+        if self.cgroups is not None and engine_id:  # the shell finds no executable of its own
+            command = self.cgroups.wrap([resolve_executable(argv[0]), *argv[1:]], engine_id)
         # posix_spawn and the log header are blocking syscalls: run them off the event loop.
-        pid = await asyncio.to_thread(_spawn_blocking, argv, env, log_path, self._cwd)
+        pid = await asyncio.to_thread(_spawn_blocking, command, env, log_path, self._cwd, argv)
         start_time = process_start_time(pid)
         if start_time is None:  # exited before we looked: still watch it to get its status
             start_time = 0
@@ -249,6 +261,17 @@ class ProcessLauncher:
             return EngineProcess(pid, start_time, is_child=False)
         except ProcessLookupError:
             return None
+
+    def kill_leftovers(self, state_dir: str, engine_id: str) -> list[int]:
+        """After an engine ended: SIGKILL what it left (its cgroup, then every process that
+        carries its id) and remove its cgroup (blocking: call in a thread). The pids found."""
+        members = self.cgroups.members(engine_id) if self.cgroups is not None else []
+        if self.cgroups is not None:
+            self.cgroups.kill(engine_id)
+        killed = kill_leftovers(state_dir, engine_id)
+        if self.cgroups is not None:
+            self.cgroups.remove(engine_id)
+        return sorted(set(members) | set(killed))
 
 
 def tail_lines(path: Path, lines: int = 20, max_bytes: int = 16384) -> list[str]:

@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import disable_created_metrics
 
 from contract.phases import Phase
+from engines.cgroups import EngineCgroups
 from engines.process import ProcessLauncher, tail_lines, trim_log
 from registry.store import RegistryStore
 from runtime_agent import __version__
@@ -105,7 +106,8 @@ class Agent:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=8)
         self._session = aiohttp.ClientSession(connector=connector)
         session = self._session
-        deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd()),
+        cgroups = await asyncio.to_thread(engine_cgroups, s)
+        deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd(), cgroups),
                          adapter_for=lambda record: make_adapter(s, session, record),
                          on_event=self._on_event, on_view=self._on_view, memory=self.memory,
                          stager=EngineStager(self.artifacts) if self.artifacts else None,
@@ -115,6 +117,12 @@ class Agent:
         if self.artifacts is not None:
             await self.artifacts.start()
         loaded, steps = await recover(store, str(s.state_dir))
+        if cgroups is not None:  # engines whose leader died while no agent watched: all of them
+            live = {step.record.engine_id for step in steps
+                    if step.mode is StartMode.ADOPT and step.pid is not None}
+            for engine_id in await asyncio.to_thread(cgroups.sweep, live):
+                log.warning("killed what was left in engine %s's cgroup: its leader is gone",
+                            engine_id)
         for step in steps:  # taken-over engines keep their place on their cards
             rec = step.record
             if step.mode in (StartMode.ADOPT, StartMode.RESTART) and rec.devices:
@@ -286,6 +294,20 @@ def _readoption_result(step: Step) -> str:
     if step.mode is StartMode.ADOPT:
         return "rebuilt" if step.rebuilt else "adopted"
     return {StartMode.RESTART: "restarted", StartMode.IDLE: "failed"}.get(step.mode, "stopped")
+
+
+def engine_cgroups(settings: Settings) -> EngineCgroups | None:
+    """The engines' cgroups, when enabled and possible; says which way engines are contained."""
+    if not settings.engine_cgroups:
+        log.info("engine cgroups off: an engine is its process group and its engine id")
+        return None
+    cgroups, where = EngineCgroups.discover(str(settings.state_dir))
+    if cgroups is None:
+        log.info("engine cgroups unavailable (%s): an engine is its process group and its "
+                 "engine id", where)
+    else:
+        log.info("each engine runs in its own cgroup under %s", where)
+    return cgroups
 
 
 async def serve(settings: Settings) -> None:

@@ -67,7 +67,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
         port_high=high, engine_bind_host=args.engine_host, restart_delays=args.restart_delays,
-        stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
+        stop_grace_s=args.stop_grace, engine_cgroups=args.engine_cgroups == "auto", probe_max_s=max(args.probe_max, 0.005),
         scrape_interval_s=args.scrape_interval, kv_shm_dir=Path(args.kv_shm_dir),
         kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
         gpu_backend=args.gpu, simulate_gpus=args.simulate_gpus, gpu_reserve_bytes=args.gpu_reserve,
@@ -250,6 +250,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--restart-delays", type=_delays, default=(2.0, 4.0, 8.0, 16.0, 32.0),
                    help="seconds before restarts 1..N (default 2,4,8,16,32)")
     s.add_argument("--stop-grace", type=float, default=10.0)
+    s.add_argument("--engine-cgroups", choices=("auto", "off"), default="auto",
+                   help="auto: run each engine in its own cgroup (v2) where the agent can "
+                        "create one, so everything it forks dies with it; off: process group "
+                        "and engine id only")
     s.add_argument("--probe-max", type=float, default=0.05,
                    help="longest gap between readiness probes of a booting engine, seconds")
     s.add_argument("--scrape-interval", type=float, default=2.0,

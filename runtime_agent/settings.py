@@ -37,6 +37,7 @@ class Settings:
     probe_timeout_s: float = 2.0
     # Stop: SIGTERM to the process group, this long, then SIGKILL.
     stop_grace_s: float = 10.0
+    engine_cgroups: bool = True  # one cgroup v2 per engine where one can be created
     # Sleep and wake calls can take long on big models; the owner waits this long at most.
     lifecycle_timeout_s: float = 300.0
     # How often an awake engine's /metrics is scraped (figures cached for the snapshot).

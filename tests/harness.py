@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.cgroups import EngineCgroups
 from registry.identity import scan_engines
 from runtime_agent.client import AgentClient, AgentError
 from runtime_agent.supervision.ports import ephemeral_range
@@ -166,6 +167,10 @@ class AgentProcess:
         for found in scan_engines(str(self.state_dir)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(found.pid, signal.SIGKILL)
+        cgroups, _ = EngineCgroups.discover(str(self.state_dir))
+        if cgroups is not None:  # what left both group and environment: the engines' cgroups
+            cgroups.sweep(set())
+            cgroups.remove_root()
 
     # ---- waiting --------------------------------------------------------------------------
 

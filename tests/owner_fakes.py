@@ -73,6 +73,7 @@ class FakeLauncher:
         self.env: list[dict[str, str]] = []
         self.fail_with: Exception | None = None
         self.alive: dict[int, FakeProcess] = {}
+        self.leftovers_killed: list[str] = []  # engine ids, in order
         self._next_pid = 4000
 
     async def spawn(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> FakeProcess:
@@ -88,6 +89,10 @@ class FakeLauncher:
 
     def attach(self, pid: int) -> FakeProcess | None:
         return self.alive.get(pid)
+
+    def kill_leftovers(self, state_dir: str, engine_id: str) -> list[int]:
+        self.leftovers_killed.append(engine_id)
+        return []
 
     @property
     def last(self) -> FakeProcess:

@@ -42,9 +42,12 @@ async def rig(tmp_path: Path):
 
 
 async def active(rig: OwnerRig) -> None:
+    """Started and active, with ``active`` written (the view is published before the write,
+    so a test that breaks the disk next must wait for it)."""
     rig.start()
-    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE,
-                    "active")
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE
+                    and any(r.phase is Phase.ACTIVE for r in rig.store.records.values()),
+                    "active and written")
 
 
 # ---- starting -------------------------------------------------------------------------------
@@ -332,8 +335,8 @@ async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
     await active(rig)
     assert rig.owner is not None
     rig.store.fail = errno.ENOSPC
-    refused = await rig.ask(Sleep(1))  # nothing written yet, so nothing known to be wrong
-    assert isinstance(refused, Done)  # the sleep's own write failed: supervised still
+    done = await rig.ask(Sleep(1))  # nothing written yet, so nothing known to be wrong
+    assert isinstance(done, Done)  # the sleep's own write failed: supervised still
     await rig.until(lambda: "StorageUnavailable" in rig.reasons(), "reported")
     refused = await rig.ask(Wake())
     assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE

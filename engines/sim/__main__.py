@@ -60,11 +60,13 @@ def _spawn_child() -> subprocess.Popen[bytes]:
     return child
 
 
-def _spawn_escaped() -> None:
+def _spawn_escaped(hidden: bool = False) -> None:
     """A helper that leaves the engine's process group (its own session), as a daemonising
-    tool would: only the engine id in its environment ties it to the engine."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, CHILD_MARKER + "-escaped"],
-                             stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    tool would: only the engine id in its environment ties it to the engine. ``hidden``: with
+    an empty environment as well (``env -i``): only the engine's cgroup holds it."""
+    marker = CHILD_MARKER + ("-hidden" if hidden else "-escaped")
+    child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, marker], stdin=subprocess.DEVNULL,
+                             close_fds=True, start_new_session=True, env={} if hidden else None)
     logs.engine_log("INFO", f"Started a helper in its own session [{child.pid}]", "sim.py")
 
 
@@ -217,6 +219,8 @@ async def run(options: SimOptions) -> int:
     child = _spawn_child() if options.spawn_child else None
     if options.spawn_escaped:
         _spawn_escaped()
+    if options.spawn_hidden:
+        _spawn_escaped(hidden=True)
     try:
         logs.engine_log("INFO", f"Loading model {options.model} (simulated, {options.memory_bytes} bytes).",
                         "gpu_model_runner.py")

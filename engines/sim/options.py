@@ -66,6 +66,7 @@ class SimOptions:
     memory_bytes: int = GIB
     spawn_child: bool = False
     spawn_escaped: bool = False  # a helper in its own session, escaped from the group
+    spawn_hidden: bool = False  # ... and with an empty environment: only a cgroup holds it
     request_seconds: float = 0.0
     token_seconds: float = 0.0
     max_running: int = 256
@@ -126,6 +127,7 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("memory_bytes", int, GIB, False),
     ("spawn_child", _parse_bool, False, True),
     ("spawn_escaped", _parse_bool, False, True),
+    ("spawn_hidden", _parse_bool, False, True),
     ("request_seconds", float, 0.0, False),
     ("token_seconds", float, 0.0, False),
     ("max_running", int, 256, False),

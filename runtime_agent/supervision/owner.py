@@ -42,7 +42,6 @@ from engines.process import (
     ProcessLauncher,
     SpawnError,
     group_workers,
-    kill_leftovers,
     tail_lines,
 )
 from registry.record import EngineRecord, EngineSpec
@@ -441,8 +440,8 @@ class EngineOwner:
             await self._add_log_tail(cause)
         await self._kv.remove_leftover()
         # Its group died with its leader; helpers that left the group die now (by engine id).
-        await asyncio.to_thread(kill_leftovers, str(self._settings.state_dir),
-                                self.record.engine_id)
+        await asyncio.to_thread(self._deps.launcher.kill_leftovers,
+                                str(self._settings.state_dir), self.record.engine_id)
         await self._persist()
 
     async def _add_log_tail(self, cause: str) -> None:
@@ -516,8 +515,8 @@ class EngineOwner:
             detail = info.describe()
         else:
             detail = "no process was running"
-        await asyncio.to_thread(kill_leftovers, str(self._settings.state_dir),
-                                self.record.engine_id)
+        await asyncio.to_thread(self._deps.launcher.kill_leftovers,
+                                str(self._settings.state_dir), self.record.engine_id)
         self.record.pid = self.record.pid_start_time = None
         if not self.spawned.done():
             self.spawned.set_result("deactivated before it started")
