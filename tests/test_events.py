@@ -19,9 +19,11 @@ class SseReader:
     """A minimal SSE client over a raw socket (reads until told to stop)."""
 
     def __init__(self, agent: AgentProcess, since: int | None = None,
-                 last_event_id: int | None = None) -> None:
+                 last_event_id: int | str | None = None) -> None:
         self.items: list[dict] = []
         self.gaps: list[dict] = []
+        self.resets: list[dict] = []
+        self.ids: list[str] = []
         self.changed = threading.Condition()
         self.sock = socket.create_connection(("127.0.0.1", agent.port), timeout=30)
         path = "/v1/runtime/events/stream" + (f"?since={since}" if since is not None else "")
@@ -49,8 +51,11 @@ class SseReader:
         with self.changed:
             if "event: gap" in lines:
                 self.gaps.append(json.loads(data[0]))
+            elif "event: reset" in lines:
+                self.resets.append(json.loads(data[0]))
             else:
                 self.items.append(json.loads(data[0]))
+                self.ids += [ln[4:] for ln in lines if ln.startswith("id: ")]
             self.changed.notify_all()
 
     def wait_count(self, n: int, timeout_s: float = 20) -> list[dict]:
@@ -103,6 +108,21 @@ def test_a_reconnecting_client_misses_nothing_still_in_the_ring(agent: AgentProc
         assert again.gaps == []
     finally:
         again.close()
+
+
+def test_a_cursor_from_an_earlier_boot_is_told_to_relist_then_gets_this_boots_events(
+        agent: AgentProcess) -> None:
+    agent.activate_sim("m1")
+    agent.wait_phase("m1", "active")
+    boot = agent.client.events(0)["boot_id"]
+    reader = SseReader(agent, last_event_id="an-earlier-boot:7")
+    try:
+        items = reader.wait_count(2)
+        assert reader.resets == [{"boot_id": boot, "message": "the agent restarted: re-list"}]
+        assert [e["seq"] for e in items] == [1, 2]
+        assert reader.ids == [f"{boot}:1", f"{boot}:2"]  # what a reconnect sends back
+    finally:
+        reader.close()
 
 
 def test_long_poll_returns_as_soon_as_something_happens(agent: AgentProcess) -> None:

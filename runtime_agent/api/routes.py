@@ -10,6 +10,7 @@ import json
 import logging
 
 from aiohttp import web
+from aiohttp_sse import sse_response
 
 from runtime_agent.api.context import agent_of
 from runtime_agent.api.errors import BadRequest, parse
@@ -125,25 +126,22 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     reset = bool(boot) and boot != feed.boot_id  # a bare SEQ (an older client) is this boot's
     if header and not reset and seq.isdigit():
         cursor = int(seq)
-    async with agent.streams.slot():
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+    async with agent.streams.slot(), sse_response(request, sep="\n", ping_interval=15,
+                                                  headers={"Cache-Control": "no-cache"}) as resp:
+        # aiohttp-sse frames the events and sends a comment every 15 s to keep proxies open
         if reset:
             cursor = 0
             note = {"boot_id": feed.boot_id, "message": "the agent restarted: re-list"}
-            await resp.write(f"event: reset\ndata: {json.dumps(note)}\n\n".encode())
+            await resp.send(json.dumps(note), event="reset")
         elif feed.first_seq > cursor + 1 and cursor < feed.last_seq:
             gap = {"missed_from": cursor + 1, "missed_to": feed.first_seq - 1}
-            await resp.write(f"event: gap\ndata: {json.dumps(gap)}\n\n".encode())
+            await resp.send(json.dumps(gap), event="gap")
         while True:
             for item in feed.since(cursor):
                 cursor = item["seq"]
-                await resp.write(f"id: {feed.boot_id}:{cursor}\ndata: {json.dumps(item)}\n\n"
-                                 .encode())
+                await resp.send(json.dumps(item), id=f"{feed.boot_id}:{cursor}")
             await feed.wait_after(cursor, 15.0)
-            if feed.last_seq <= cursor:
-                await resp.write(b": keep-alive\n\n")
+    return resp
 
 
 async def metrics(request: web.Request) -> web.Response:
