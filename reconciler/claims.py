@@ -64,7 +64,7 @@ class ClaimReconciler:
             return await self.drain.reconcile(key)
         self.drain.forget(key)  # created again while its engine drained: it takes it over
         st = self.d.store.ensure(claim)
-        world = await self.d.world()
+        world = await self.d.world(focus=(st.instance.agent,) if st.instance else ())
         home = await self._home(claim, st, world)
         if home is not None and not world.agents[home[0]].ok:
             st.set_instance(home[0], home[1].port, home[1].devices)

@@ -21,8 +21,9 @@ then the guide's sample labels, so the claims in the directory select it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
 from reconciler.model.manifests import (
@@ -44,6 +45,29 @@ log = logging.getLogger("reconciler.desired")
 ClaimKey = tuple[str, str]  # (namespace, name)
 SAMPLE_LABELS = {POOL_LABEL: "pool-a", ENABLED_LABEL: "true"}
 SUFFIXES = (".yaml", ".yml")
+
+
+class Desired(Protocol):
+    """What the reconcilers read of the desired state, in either mode: a manifest directory
+    (``DesiredState``) or the Kubernetes API (``reconciler.kube.desired.KubeDesired``). Both
+    hand out the same ``ModelClaim`` and ``WarmPool`` values, so placement and policy run one
+    implementation."""
+
+    claims: Mapping[ClaimKey, ModelClaim]
+    pools: tuple[WarmPool, ...]
+    problems: tuple[Problem, ...]
+
+    def claim(self, key: ClaimKey) -> ModelClaim | None: ...
+
+    def by_model(self, model_name: str) -> ClaimKey | None: ...
+
+    def agents(self) -> list[tuple[AgentRef, WarmPool]]: ...
+
+    def agent(self, name: str) -> tuple[AgentRef, WarmPool] | None: ...
+
+    def pool_of(self, agent_name: str) -> WarmPool | None: ...
+
+    def on_pools_changed(self, listener: Callable[[], None]) -> None: ...
 
 
 def claim_key(claim: ModelClaim) -> ClaimKey:
@@ -68,6 +92,8 @@ class DesiredState:
         self.pools: tuple[WarmPool, ...] = ()
         self.problems: tuple[Problem, ...] = ()
         self._pool_listeners: list[Callable[[], None]] = []
+        self._by_model: dict[str, ClaimKey] = {}
+        self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -113,20 +139,18 @@ class DesiredState:
         return self.claims.get(key)
 
     def by_model(self, model_name: str) -> ClaimKey | None:
-        for key, claim in self.claims.items():
-            if claim.model_name == model_name:
-                return key
-        return None
+        return self._by_model.get(model_name)
 
     def agents(self) -> list[tuple[AgentRef, WarmPool]]:
         """Every agent of every pool, with its pool."""
-        return [(agent, pool) for pool in self.pools for agent in pool.agents]
+        return list(self._agents.values())
+
+    def agent(self, name: str) -> tuple[AgentRef, WarmPool] | None:
+        return self._agents.get(name)
 
     def pool_of(self, agent_name: str) -> WarmPool | None:
-        for agent, pool in self.agents():
-            if agent.name == agent_name:
-                return pool
-        return None
+        found = self._agents.get(agent_name)
+        return found[1] if found is not None else None
 
     # ---- parsing ----------------------------------------------------------------------------
 
@@ -145,7 +169,9 @@ class DesiredState:
         claims = {claim_key(c): c for c in result.claims}
         kept = self._keep_last_valid(result, claims)
         self.claims = claims
+        self._by_model = {c.model_name: k for k, c in claims.items()}
         self.pools = self._effective_pools(result)
+        self._agents = {a.name: (a, p) for p in self.pools for a in p.agents}
         self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) + kept
 
     def _keep_last_valid(self, result: ParseResult,

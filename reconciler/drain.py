@@ -33,7 +33,15 @@ class Drain:
 
     async def reconcile(self, key: ClaimKey) -> Result:
         st = self.d.store.get(key)
-        world = await self.d.world(fresh=True)
+        # Fresh snapshots of the agents that may run the claim's engine: where its status
+        # places it, and where the (cached) snapshots show one.
+        seen = await self.d.world()
+        where = {a for a, _ in seen.engines_of(key)}
+        if st is not None and st.instance is not None:
+            where.add(st.instance.agent)
+        for agent in where:
+            self.d.cache.invalidate(agent)
+        world = await self.d.world(focus=where)
         found = world.engines_of(key)
         if st is None and not found:
             self._since.pop(key, None)

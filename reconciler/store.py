@@ -82,6 +82,10 @@ class StatusStore:
     def get(self, key: ClaimKey) -> ClaimStatus | None:
         return self._statuses.get(key)
 
+    def by_model(self, model_name: str) -> ClaimKey | None:
+        """The claim whose status names ``model_name`` (a claim gone from the manifests)."""
+        return next((k for k, st in self._statuses.items() if st.model_name == model_name), None)
+
     def ensure(self, claim: ModelClaim) -> ClaimStatus:
         """The claim's status, created (with a new uid) the first time the claim is seen."""
         key = (claim.namespace, claim.name)
@@ -102,6 +106,10 @@ class StatusStore:
 
     def all(self) -> Iterator[ClaimStatus]:
         return iter(sorted(self._statuses.values(), key=lambda s: s.key))
+
+    def values(self) -> Iterator[ClaimStatus]:
+        """Every status, in no order (``all`` sorts, for people)."""
+        return iter(list(self._statuses.values()))
 
     def keys(self) -> set[ClaimKey]:
         return set(self._statuses)
