@@ -64,6 +64,9 @@ class ClaimReconciler:
             return await self.drain.reconcile(key)
         self.drain.forget(key)  # created again while its engine drained: it takes it over
         st = self.d.store.ensure(claim)
+        problem = self.d.desired.spec_problem(key)
+        st.set_spec_problem(self.d.wall(), problem.reason if problem else None,
+                            problem.message if problem else "")
         world = await self.d.world(focus=(st.instance.agent,) if st.instance else ())
         home = await self._home(claim, st, world)
         if home is not None and not world.agents[home[0]].ok:

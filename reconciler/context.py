@@ -10,7 +10,7 @@ controllers' queues (room may have appeared, a KV division is due).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 from reconciler.client import AgentApi
@@ -60,6 +60,10 @@ class Timings:
     max_snapshot_age: float = 30.0
 
 
+async def _routes_read_live(model: str) -> bool:
+    return True
+
+
 @dataclass
 class Deps:
     clock: Clock
@@ -76,6 +80,10 @@ class Deps:
     timings: Timings = field(default_factory=Timings)
     kick_kv: Callable[[str], None] = lambda agent: None
     kick_claim: Callable[[ClaimKey], None] = lambda key: None
+    # Make a model's route as the books say now, before acting on it (a hold taken before a
+    # sleep): True once readers see it. The HTTP route table reads the books on every request;
+    # on Kubernetes the Pod's route annotation is patched first.
+    routes_out: Callable[[str], Awaitable[bool]] = _routes_read_live
 
     # ---- reading the world ----------------------------------------------------------------
 

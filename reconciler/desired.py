@@ -69,6 +69,10 @@ class Desired(Protocol):
 
     def on_pools_changed(self, listener: Callable[[], None]) -> None: ...
 
+    def spec_problem(self, key: ClaimKey) -> Problem | None:
+        """Why the declared spec is not the one that runs (None: it runs as declared)."""
+        ...
+
 
 def claim_key(claim: ModelClaim) -> ClaimKey:
     return (claim.namespace, claim.name)
@@ -94,6 +98,7 @@ class DesiredState:
         self._pool_listeners: list[Callable[[], None]] = []
         self._by_model: dict[str, ClaimKey] = {}
         self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
+        self._spec_problems: dict[ClaimKey, Problem] = {}
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -140,6 +145,9 @@ class DesiredState:
 
     def by_model(self, model_name: str) -> ClaimKey | None:
         return self._by_model.get(model_name)
+
+    def spec_problem(self, key: ClaimKey) -> Problem | None:
+        return self._spec_problems.get(key)
 
     def agents(self) -> list[tuple[AgentRef, WarmPool]]:
         """Every agent of every pool, with its pool."""

@@ -45,11 +45,13 @@ class Drain:
         found = world.engines_of(key)
         if st is None and not found:
             self._since.pop(key, None)
+            self.d.store.drop(key)  # on Kubernetes: the finalizer goes, whatever held it
             return Result()
         now = world.now
         started = self._since.setdefault(key, now)
         if st is not None:
             st.mark_deleted(self.d.wall())
+            await self.d.routes_out(st.model_name)  # off the route before the engine goes
         timeout = self.d.timings.drain_timeout
         waiting: list[str] = []
         for agent, engine in found:

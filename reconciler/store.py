@@ -52,6 +52,9 @@ class StatusStore:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
+    def where(self) -> str:
+        return str(self.directory)
+
     def _path(self, key: ClaimKey) -> Path:
         assert self.directory is not None
         return self.directory / f"{key[0]}_{key[1]}.json"
@@ -165,8 +168,8 @@ class StatusStore:
                 return
             try:
                 await self.flush()
-            except OSError:
-                log.exception("writing claim statuses to %s failed; retrying", self.directory)
+            except Exception:
+                log.exception("writing claim statuses to %s failed; retrying", self.where())
                 await asyncio.sleep(1.0)
                 self._wake.set()
             await asyncio.sleep(0.05)  # coalesce bursts of changes into one write each
