@@ -148,6 +148,11 @@ class KubeApp(Core):
         log.info("leading: %d claims, %d agents", len(self.desired.claims),
                  len(self.desired.agents()))
 
+    async def _lead_alone(self) -> None:
+        """Without an election: lead until stopped."""
+        await self._lead()
+        await asyncio.Event().wait()
+
     async def _lost(self) -> None:
         self._exit = 1
         self._stop.set()
@@ -162,7 +167,7 @@ class KubeApp(Core):
         if self.settings.leader_election:
             campaign = asyncio.ensure_future(self.elector.run())
         else:
-            campaign = asyncio.ensure_future(self._lead())
+            campaign = asyncio.ensure_future(self._lead_alone())
         stopping = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait({campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
