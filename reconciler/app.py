@@ -85,7 +85,8 @@ class ReconcilerApp(Core):
         self.store.start()
         s = self.settings
         self.claim_controller.watch(DirectorySource(s.claims_dir, self.desired.on_file,
-                                                    s.directory_interval, clock=self.clock))
+                                                    s.directory_interval, clock=self.clock,
+                                                    on_unreadable=self.desired.on_directory))
         if s.pool_file is not None and s.pool_file.resolve().parent != s.claims_dir.resolve():
             self.claim_controller.watch(DirectorySource(
                 s.pool_file.parent, self.desired.on_pool_file, s.directory_interval,

@@ -175,7 +175,19 @@ def _claims(args: argparse.Namespace) -> int:
         print(json.dumps(items, indent=2))
     else:
         print(table(items))
+        for line in spec_warnings(items):
+            print(line)
     return 0
+
+
+def spec_warnings(items: list[dict[str, Any]]) -> list[str]:
+    """One line per claim whose declared spec is not the one running (``SpecApplied``)."""
+    out = []
+    for i in items:
+        for c in i["status"].get("conditions") or ():
+            if c["type"] == "SpecApplied" and c["status"] == "False":
+                out.append(f"warning: {i['metadata']['name']}: {c['reason']}: {c['message']}")
+    return out
 
 
 def age(stamp: str | None, now: float | None = None) -> str:

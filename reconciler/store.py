@@ -153,7 +153,9 @@ class StatusStore:
 
     def _write(self, docs: dict[ClaimKey, bytes], removed: set[ClaimKey]) -> None:
         assert self.directory is not None
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # Not parents=True: a vanished claims directory is not recreated (empty) by us, which
+        # the next poll would read as "every claim deleted".
+        self.directory.mkdir(exist_ok=True)
         for key, data in docs.items():
             _write_atomically(self._path(key), data)
         for key in removed:

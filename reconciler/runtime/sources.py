@@ -127,6 +127,7 @@ class TimerSource(_TaskSource[K]):
 
 Signature = tuple[int, int, int]  # (mtime_ns, size, inode)
 DirToKeys = Callable[[Path, "str | None", "str | None"], Iterable[K]]
+DirState = Callable[[Path, "str | None"], Iterable[K]]  # the directory unreadable (why) or not
 # A file changed this recently may change again within the file system's timestamp granularity
 # without its signature changing (git's "racy clean" problem): such files are re-read each poll.
 RACY_NS = 2_000_000_000
@@ -140,13 +141,11 @@ def scan_directory(directory: Path, suffixes: tuple[str, ...],
 
     A file's text is read when it is new, its signature changed or it is racy; otherwise it is
     None (unchanged). A file that cannot be read keeps its known signature (so it is neither
-    seen as changed nor as deleted); a missing directory is an empty one.
+    seen as changed nor as deleted); a directory that cannot be read raises ``OSError`` (a
+    failed read is never an empty one).
     """
     found: dict[Path, tuple[Signature, str | None]] = {}
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return found
+    entries = list(os.scandir(directory))  # OSError: the directory cannot be read
     now_ns = time.time_ns()
     for entry in entries:
         if entry.name.startswith(".") or not entry.name.endswith(suffixes):
@@ -175,15 +174,20 @@ class DirectorySource(_TaskSource[K]):
     """Polls ``path`` every ``interval`` seconds for created, modified and deleted manifests.
 
     Files present at start count as created. Only ``*.yaml``/``*.yml`` (``suffixes``) that are
-    not hidden are watched, without subdirectories. A file whose stat changed but whose text did
+    not hidden are watched, without subdirectories. A directory that cannot be read (removed,
+    permissions) reports no change at all: ``on_unreadable(path, why)`` is told, and again with
+    None once it can be read. A file whose stat changed but whose text did
     not (a touch) is not reported.
     """
 
     def __init__(self, path: Path | str, to_keys: DirToKeys[K], interval: float = 1.0, *,
                  clock: Clock | None = None,
                  suffixes: tuple[str, ...] = (".yaml", ".yml"),
-                 sweep_per_file: float = SWEEP_PER_FILE_S) -> None:
+                 sweep_per_file: float = SWEEP_PER_FILE_S,
+                 on_unreadable: DirState[K] | None = None) -> None:
         super().__init__()
+        self._on_unreadable = on_unreadable
+        self._missing: str | None = None
         if interval <= 0:
             raise ValueError("interval must be positive")
         self._path = Path(path)
@@ -232,7 +236,19 @@ class DirectorySource(_TaskSource[K]):
         if not force and not self._due():
             return
         signatures = {path: sig for path, (sig, _) in self._known.items()}
-        current = await asyncio.to_thread(scan_directory, self._path, self._suffixes, signatures)
+        try:
+            current = await asyncio.to_thread(scan_directory, self._path, self._suffixes,
+                                              signatures)
+        except OSError as err:  # gone or unreadable: nothing it declared is deleted
+            why = err.strerror or type(err).__name__
+            if why != self._missing:
+                self._missing = why
+                self._state(queue, why)
+            self._swept_at = None
+            return
+        if self._missing is not None:
+            self._missing = None
+            self._state(queue, None)
         self._newest_ns = max((sig[0] for sig, _ in current.values()), default=0)
         for path in sorted(self._known.keys() - current.keys(), key=str):
             _, gone = self._known.pop(path)
@@ -245,6 +261,12 @@ class DirectorySource(_TaskSource[K]):
             old = before[1] if before is not None else None
             if old != text:
                 self._report(queue, path, old, text)
+
+    def _state(self, queue: Enqueuer[K], why: str | None) -> None:
+        log.warning("manifests: %s %s", self._path, f"cannot be read: {why}" if why
+                    else "can be read again")
+        if self._on_unreadable is not None:
+            _enqueue(queue, self._on_unreadable(self._path, why))
 
     def _report(self, queue: Enqueuer[K], path: Path, old: str | None, new: str | None) -> None:
         change = "created" if old is None else "deleted" if new is None else "modified"
