@@ -130,7 +130,7 @@ class Bench:
                 proc.terminate()
         for proc in self.procs:
             try:
-                proc.wait(30)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -79,7 +79,8 @@ class ClaimReconciler:
             lost = self._lost(st, world)
             if lost is not None:
                 return lost
-            return await self.placer.place(claim, st, world)
+            placing = await self.d.world(placing=True)
+            return await self.placer.place(claim, st, placing)
         agent, engine = home
         return await self._follow(claim, st, world, agent, engine)
 

@@ -130,8 +130,8 @@ def _reconcile(args: argparse.Namespace) -> int:
         from reconciler.kube.app import KubeSettings, run_kubernetes
         identity = args.identity or os.environ.get("POD_NAME")
         settings = KubeSettings(
-            CoreSettings(host=args.host, port=args.port, resync_interval=600.0,
-                         agent_token=token),
+            CoreSettings(host=args.host, port=args.port, resync_interval=1800.0,
+                         feed_wait=55, agent_token=token),
             kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
             lease_namespace=args.lease_namespace, leader_election=not args.no_leader_election,
             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,

@@ -110,20 +110,29 @@ class Deps:
                          self.reservations.live(obs) if reserved else ())
 
     async def world(self, max_age: float | None = None, fresh: bool = False,
-                    focus: Collection[str] = ()) -> World:
+                    focus: Collection[str] = (), placing: bool = False) -> World:
         """Every pool agent's snapshot (through the cache; ``fresh``: fetched now) and
-        candidate (built when first read). ``focus``: the agent the reconcile acts on, read
-        within ``max_age`` (the cache's ttl); the others may be ``others_max_age`` old unless
-        something made them stale. Cached snapshots are read without a task per agent."""
+        candidate (built when first read). ``focus``: the agents the reconcile acts on, read
+        within ``max_age`` (the cache's ttl). With ``others_max_age`` set (the run modes), the
+        other agents' cached snapshots serve at any age unless something made them stale (an
+        event, a call of ours), and a reconcile that places (``placing``) reads none older than
+        ``others_max_age``: following a claim's engine costs one agent's snapshot, not the
+        fleet's. Cached snapshots are read without a task per agent."""
         agents = self.desired.agents()
         if fresh:
             for agent, _ in agents:
                 self.cache.invalidate(agent.name)
         others = self.timings.others_max_age
+        if others is None:
+            other_age = max_age
+        elif placing:
+            other_age = max(others, max_age or 0.0)
+        else:
+            other_age = float("inf")
         observed: dict[str, AgentObs] = {}
         missing: list[str] = []
         for agent, _ in agents:
-            age = max_age if agent.name in focus or others is None else max(others, max_age or 0)
+            age = max_age if agent.name in focus else other_age
             obs = self.cache.peek(agent.name, age)
             if obs is None:
                 missing.append(agent.name)
@@ -131,8 +140,7 @@ class Deps:
                 observed[agent.name] = obs
         if missing:
             fetched = await asyncio.gather(*(self.cache.get(
-                name, max_age if name in focus or others is None else max(others, max_age or 0))
-                for name in missing))
+                name, max_age if name in focus else other_age) for name in missing))
             observed.update(zip(missing, fetched, strict=True))
         refs = {a.name: (a, p) for a, p in agents}
 

@@ -47,10 +47,10 @@ DEFAULT_PORT = 8081
 
 
 def scaled_timings() -> Timings:
-    """The run modes' timings: snapshots of agents a reconcile does not act on may be 2 s old
+    """The run modes' timings: snapshots of agents a reconcile does not act on may be 10 s old
     unless an event or a call made them stale (events invalidate them; reservations cover our
     own starts), so a reconcile reads one agent, not every agent of the fleet."""
-    return Timings(others_max_age=2.0)
+    return Timings(others_max_age=10.0)
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,10 @@ log = logging.getLogger("reconciler.kube.app")
 
 @dataclass(frozen=True)
 class KubeSettings:
-    core: CoreSettings = field(default_factory=lambda: CoreSettings(host="0.0.0.0",
-                                                                    resync_interval=600.0))
+    # The resync is a safety net (watches and the agents' events carry every change): every
+    # claim once in 30 minutes, spread out; the agents' event long-polls last 55 s (limit 60).
+    core: CoreSettings = field(default_factory=lambda: CoreSettings(
+        host="0.0.0.0", resync_interval=1800.0, feed_wait=55))
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None  # watch one namespace (None: all)
