@@ -137,7 +137,8 @@ class Bench:
 
     async def measure(self, samples: int, idle_s: float) -> dict[str, Any]:
         assert self.api is not None
-        api, out = self.api, {}
+        api = self.api
+        out: dict[str, Any] = {}
         proc = psutil.Process(self.reconciler.pid)
         async with aiohttp.ClientSession() as http:
             ctl = f"http://127.0.0.1:{CONTROL_PORT}"

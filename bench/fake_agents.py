@@ -159,6 +159,9 @@ class Fleet:
         return web.json_response({"status": "success", "model_name": model, "applied": applied,
                                   "phase": entry["phase"]})
 
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
     async def report(self, request: web.Request) -> web.Response:
         if request.match_info["what"] == "activations":
             return web.json_response(self.activations)
@@ -168,7 +171,7 @@ class Fleet:
         app = web.Application()
         app.router.add_get("/v1/runtime/snapshot", self.snapshot)
         app.router.add_get("/v1/runtime/events", self.events)
-        app.router.add_get("/healthz", lambda r: web.json_response({"status": "ok"}))
+        app.router.add_get("/healthz", self.healthz)
         app.router.add_post("/v1/runtime/models/{kind}", self.control)
         return app
 

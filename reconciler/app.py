@@ -77,19 +77,19 @@ class ReconcilerApp(Core):
                                local_agent=settings.local_agent)
         super().__init__(settings.core(), desired, StatusStore(status_dir, wall), clock=clock,
                          wall=wall)
-        self.desired: DesiredState = desired
+        self.manifests = desired
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.desired.load)
+        await asyncio.to_thread(self.manifests.load)
         await asyncio.to_thread(self.store.load)
         self.store.start()
         s = self.settings
-        self.claim_controller.watch(DirectorySource(s.claims_dir, self.desired.on_file,
+        self.claim_controller.watch(DirectorySource(s.claims_dir, self.manifests.on_file,
                                                     s.directory_interval, clock=self.clock,
-                                                    on_unreadable=self.desired.on_directory))
+                                                    on_unreadable=self.manifests.on_directory))
         if s.pool_file is not None and s.pool_file.resolve().parent != s.claims_dir.resolve():
             self.claim_controller.watch(DirectorySource(
-                s.pool_file.parent, self.desired.on_pool_file, s.directory_interval,
+                s.pool_file.parent, self.manifests.on_pool_file, s.directory_interval,
                 clock=self.clock))
         await self.start_core()
         await self.serve_http()

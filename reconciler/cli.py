@@ -128,15 +128,14 @@ def _reconcile(args: argparse.Namespace) -> int:
                              "leave out --claims and --pool")
         from reconciler.core import CoreSettings
         from reconciler.kube.app import KubeSettings, run_kubernetes
-        identity = args.identity or os.environ.get("POD_NAME")
+        identity = args.identity or os.environ.get("POD_NAME") or KubeSettings().identity
         settings = KubeSettings(
             CoreSettings(host=args.host, port=args.port, resync_interval=1800.0,
                          feed_wait=55, agent_token=token),
             kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
             lease_namespace=args.lease_namespace, leader_election=not args.no_leader_election,
             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period,
-            **({"identity": identity} if identity else {}))
+            retry_period=args.retry_period, identity=identity)
         return run_kubernetes(settings)
     if not args.claims:
         raise SystemExit("reconcile needs --claims DIR (local mode) or --kubernetes")

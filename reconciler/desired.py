@@ -56,9 +56,14 @@ class Desired(Protocol):
     hand out the same ``ModelClaim`` and ``WarmPool`` values, so placement and policy run one
     implementation."""
 
-    claims: Mapping[ClaimKey, ModelClaim]
-    pools: tuple[WarmPool, ...]
-    problems: tuple[Problem, ...]
+    @property
+    def claims(self) -> Mapping[ClaimKey, ModelClaim]: ...
+
+    @property
+    def pools(self) -> tuple[WarmPool, ...]: ...
+
+    @property
+    def problems(self) -> tuple[Problem, ...]: ...
 
     def claim(self, key: ClaimKey) -> ModelClaim | None: ...
 

@@ -131,7 +131,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 return obj
         return None
 
-    def objects(self, plural: str) -> list[Obj]:
+    def all_of(self, plural: str) -> list[Obj]:
         return [o for (res, _, _), o in self.store.items() if res[2] == plural]
 
     # ---- serving ----------------------------------------------------------------------------

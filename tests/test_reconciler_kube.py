@@ -111,7 +111,7 @@ class Cluster:
                 return got
             if time.monotonic() > deadline:
                 claims = {o["metadata"]["name"]: (o.get("status") or {})
-                          for o in self.server.objects("modelclaims")}
+                          for o in self.server.all_of("modelclaims")}
                 if os.environ.get("KUBE_TEST_STACKS"):
                     for task in asyncio.all_tasks():
                         task.print_stack(limit=4)
@@ -175,7 +175,7 @@ async def test_the_seeds_sample_claims_become_active_with_finalizers_and_conditi
         route = cluster.route("pool-0", name)
         assert route is not None and route["state"] == "active"
         assert route["model"] == obj["spec"]["modelName"] and route["port"] > 0
-    events = cluster.server.objects("events")
+    events = cluster.server.all_of("events")
     assert any(e["reason"] == "Activated" and e["involvedObject"]["name"] == "qwen3-0-6b"
                for e in events)
 
@@ -222,7 +222,7 @@ async def test_a_wake_annotation_wakes_the_model_and_is_removed(
         m["phase"] == "active" for _, m in cluster.engines("sleepy-model")))
     await cluster.until("the wake request removed", lambda: key not in (
         cluster.pod("pool-0") or {})["metadata"].get("annotations", {}))
-    events = [e["reason"] for e in cluster.server.objects("events")
+    events = [e["reason"] for e in cluster.server.all_of("events")
               if e["involvedObject"]["name"] == "sleepy"]
     assert "Waking" in events and "Woken" in events
 
@@ -266,7 +266,7 @@ async def test_a_status_conflict_is_read_again_and_retried(
     app = await cluster.start()
     await cluster.apply(claim_obj("contested"))
     await cluster.until("contested Active", lambda: cluster.phase("contested") == "Active")
-    assert app.store.conflicts >= 2
+    assert app.kube_store.conflicts >= 2
 
 
 async def test_a_lost_watch_history_relists_and_a_failed_list_deletes_nothing(

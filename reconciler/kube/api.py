@@ -197,7 +197,8 @@ async def connect(kubeconfig: str | None = None, context: str | None = None,
     configuration = k8s_client.Configuration()
     in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
     if in_cluster:
-        k8s_config.load_incluster_config(client_configuration=configuration)
+        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration)
     else:
         await k8s_config.load_kube_config(config_file=kubeconfig, context=context,
                                           client_configuration=configuration)

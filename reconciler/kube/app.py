@@ -74,8 +74,8 @@ class KubeApp(Core):
         self.recorder = EventRecorder(api, clock=clock, wall=wall)
         store = KubeStatusStore(api, desired, wall, on_event=self._claim_event)
         super().__init__(settings.core, desired, store, clock=clock, wall=wall)
-        self.desired: KubeDesired = desired
-        self.store: KubeStatusStore = store
+        self.kube_desired = desired
+        self.kube_store = store
         self.publisher = RoutePublisher(api, desired, self.deps, self.clock, wall)
         self.deps.routes_out = self.publisher.sync_model
         store.on_mark = self.publisher.mark
@@ -107,7 +107,7 @@ class KubeApp(Core):
 
     def _agents_changed(self, agents: set[str]) -> None:
         """Pods came, went or changed: the claims placed on them, and those waiting for room."""
-        keys = {st.key for st in self.store.values()
+        keys = {st.key for st in self.kube_store.values()
                 if st.instance is not None and st.instance.agent in agents}
         keys |= set(self.deps.waiting_keys())
         for agent in agents:
@@ -141,9 +141,9 @@ class KubeApp(Core):
         for informer in self.informers:
             informer.start()
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
-        self.desired.flush()
+        self.kube_desired.flush()
         self.recorder.start()
-        self.store.start()
+        self.kube_store.start()
         self.publisher.start()
         await self.start_core()
         self.publisher.mark_all()
@@ -186,7 +186,7 @@ class KubeApp(Core):
         if self._leading:
             await self.stop_core()
             await self.publisher.stop()
-            await self.store.stop()
+            await self.kube_store.stop()
             await self.recorder.stop()
             for informer in self.informers:
                 await informer.stop()

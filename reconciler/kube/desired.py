@@ -255,7 +255,7 @@ class KubeDesired:
 
     def on_deployment(self, old: Obj | None, new: Obj | None) -> None:
         key = obj_key(new or old or {})
-        before = self._deployments.get(key)
+        before: WarmPool | None = self._deployments.get(key)
         pool: WarmPool | None = None
         if new is not None and POOL_LABEL in (meta(new).get("labels") or {}):
             try:
@@ -291,10 +291,10 @@ class KubeDesired:
                     AgentRef(agent_name(ns, name), pod.url, pod.labels))
         pools = []
         for (ns, label), refs in sorted(members.items()):
-            dep = policies.get((ns, label))
-            if dep is not None:
-                pools.append(WarmPool(label, ns, tuple(refs), dep.policy, dep.labels,
-                                      dep.policy_problem, dep.gpus_per_agent, "Deployment"))
+            owner = policies.get((ns, label))
+            if owner is not None:
+                pools.append(WarmPool(label, ns, tuple(refs), owner.policy, owner.labels,
+                                      owner.policy_problem, owner.gpus_per_agent, "Deployment"))
             else:
                 pools.append(WarmPool(label, ns, tuple(refs)))
         before = {n: (a.url, dict(a.labels), p.policy) for n, (a, p) in self._agents.items()}

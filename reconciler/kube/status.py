@@ -47,7 +47,7 @@ WRITERS = 16  # status patches in flight at once
 
 def status_body(st: ClaimStatus) -> dict[str, Any]:
     """The claim's ``status`` as the CRD declares it."""
-    doc = st.as_json()["status"]
+    doc: dict[str, Any] = dict(st.as_json()["status"])
     if st.observed_generation is not None:
         doc["observedGeneration"] = st.observed_generation
         for cond in doc["conditions"]:
