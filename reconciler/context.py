@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from reconciler.client import AgentApi
 from reconciler.desired import ClaimKey, Desired
 from reconciler.metrics import ClaimMetrics
-from reconciler.model.manifests import PerGPU, WarmPool
+from reconciler.model.manifests import AgentRef, PerGPU, WarmPool
 from reconciler.observe import (
     AgentObs,
     IdleTracker,
@@ -84,6 +85,7 @@ class Deps:
     # sleep): True once readers see it. The HTTP route table reads the books on every request;
     # on Kubernetes the Pod's route annotation is patched first.
     routes_out: Callable[[str], Awaitable[bool]] = _routes_read_live
+    _candidates: dict[str, tuple[AgentObs, Any, Candidate]] = field(default_factory=dict)
 
     # ---- reading the world ----------------------------------------------------------------
 
@@ -100,6 +102,22 @@ class Deps:
 
     def _last_busy_on(self, agent: str) -> Callable[[str], float | None]:
         return lambda model: self.tracker.last_busy(agent, model)
+
+    def _candidate(self, obs: AgentObs, agent: AgentRef, pool: WarmPool) -> Candidate:
+        """``candidate``, reused while nothing it reads changed (the snapshot, the pool, the
+        engines' perGPU and idle times, the reservations): a placement reads every agent's,
+        and building a thousand of them per placement was most of a fleet's placement cost."""
+        live = self.reservations.live(obs)
+        busy = self._last_busy_on(obs.name)
+        key = (agent, pool, tuple(live),
+               tuple((self.per_gpu(e.claim_ref) if e.claim_ref is not None else None,
+                      busy(e.model_name)) for e in obs.engines))
+        cached = self._candidates.get(obs.name)
+        if cached is not None and cached[0] is obs and cached[1] == key:
+            return cached[2]
+        made = candidate(obs, agent, pool, self.per_gpu, busy, live)
+        self._candidates[obs.name] = (obs, key, made)
+        return made
 
     def candidate_of(self, obs: AgentObs, reserved: bool = True) -> Candidate | None:
         found = self.desired.agent(obs.name)
@@ -146,9 +164,7 @@ class Deps:
 
         def build(name: str) -> Candidate:
             agent, pool = refs[name]
-            obs = observed[name]
-            return candidate(obs, agent, pool, self.per_gpu, self._last_busy_on(name),
-                             self.reservations.live(obs))
+            return self._candidate(observed[name], agent, pool)
 
         names = [a.name for a, _ in agents]
         return World(self.clock.now(), {n: observed[n] for n in names},

@@ -90,23 +90,54 @@ def key_text(key: ClaimKey) -> str:
     return f"{key[0]}/{key[1]}"
 
 
-class DesiredState:
+class Lookups:
+    """The lookups both desired states answer from the same indexes (claims by key and by model,
+    agents by name with their pool, the problems of declared specs)."""
+
+    def __init__(self) -> None:
+        self.claims: dict[ClaimKey, ModelClaim] = {}
+        self.pools: tuple[WarmPool, ...] = ()
+        self._by_model: dict[str, ClaimKey] = {}
+        self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
+        self._spec_problems: dict[ClaimKey, Problem] = {}
+        self._pool_listeners: list[Callable[[], None]] = []
+
+    def claim(self, key: ClaimKey) -> ModelClaim | None:
+        return self.claims.get(key)
+
+    def by_model(self, model_name: str) -> ClaimKey | None:
+        return self._by_model.get(model_name)
+
+    def spec_problem(self, key: ClaimKey) -> Problem | None:
+        return self._spec_problems.get(key)
+
+    def agents(self) -> list[tuple[AgentRef, WarmPool]]:
+        """Every agent of every pool, with its pool."""
+        return list(self._agents.values())
+
+    def agent(self, name: str) -> tuple[AgentRef, WarmPool] | None:
+        return self._agents.get(name)
+
+    def pool_of(self, agent_name: str) -> WarmPool | None:
+        found = self._agents.get(agent_name)
+        return found[1] if found is not None else None
+
+    def on_pools_changed(self, listener: Callable[[], None]) -> None:
+        self._pool_listeners.append(listener)
+
+
+class DesiredState(Lookups):
     """Manifest texts by file, parsed together. ``on_file`` is the DirectorySource mapping."""
 
     def __init__(self, claims_dir: Path, pool_file: Path | None = None, *,
                  local_agent: AgentRef | None = None) -> None:
+        super().__init__()
         self.claims_dir = claims_dir
         self.pool_file = pool_file
         self.local_agent = local_agent
         self._texts: dict[Path, str] = {}
         self._cache: dict[Path, tuple[str, ParseResult]] = {}
-        self.claims: dict[ClaimKey, ModelClaim] = {}
-        self.pools: tuple[WarmPool, ...] = ()
         self.problems: tuple[Problem, ...] = ()
-        self._pool_listeners: list[Callable[[], None]] = []
-        self._by_model: dict[str, ClaimKey] = {}
-        self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
-        self._spec_problems: dict[ClaimKey, Problem] = {}
         self._good: dict[Path, ParseResult] = {}  # each file's last parse that read cleanly
         self._unreadable: dict[Path, tuple[str, str]] = {}  # files whose text is not taken
         self._dir_problem: str | None = None
@@ -122,9 +153,6 @@ class DesiredState:
         for path in paths:
             self._texts[path.resolve()] = path.read_text("utf-8", errors="replace")
         self._reparse()
-
-    def on_pools_changed(self, listener: Callable[[], None]) -> None:
-        self._pool_listeners.append(listener)
 
     def on_file(self, path: Path, old: str | None, new: str | None) -> Iterable[ClaimKey]:
         """A manifest was created, changed or deleted: the claim keys to reconcile."""
@@ -164,26 +192,6 @@ class DesiredState:
         return self.on_file(path, old, new)
 
     # ---- lookups ----------------------------------------------------------------------------
-
-    def claim(self, key: ClaimKey) -> ModelClaim | None:
-        return self.claims.get(key)
-
-    def by_model(self, model_name: str) -> ClaimKey | None:
-        return self._by_model.get(model_name)
-
-    def spec_problem(self, key: ClaimKey) -> Problem | None:
-        return self._spec_problems.get(key)
-
-    def agents(self) -> list[tuple[AgentRef, WarmPool]]:
-        """Every agent of every pool, with its pool."""
-        return list(self._agents.values())
-
-    def agent(self, name: str) -> tuple[AgentRef, WarmPool] | None:
-        return self._agents.get(name)
-
-    def pool_of(self, agent_name: str) -> WarmPool | None:
-        found = self._agents.get(agent_name)
-        return found[1] if found is not None else None
 
     # ---- parsing ----------------------------------------------------------------------------
 

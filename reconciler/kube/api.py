@@ -59,6 +59,16 @@ def error_for(status: int, body: bytes) -> KubeError:
     return cls(status, message, reason)
 
 
+def resource_of(path: str) -> str:
+    """``/apis/g/v/namespaces/ns/plural/name/status`` -> ``plural/status`` (a metric label with
+    few values, never an object's name)."""
+    parts = [p for p in path.split("/") if p]
+    parts = parts[3:] if parts[:1] == ["apis"] else parts[2:]
+    if parts[:1] == ["namespaces"]:
+        parts = parts[2:]
+    return "/".join(parts[:1] + parts[2:3])
+
+
 @dataclass(frozen=True)
 class Resource:
     group: str
@@ -131,7 +141,7 @@ class KubeApi:
 
     def _count(self, method: str, path: str, status: int) -> None:
         if self._on_request is not None:
-            self._on_request(method, path.split("/")[-1] if "/" in path else path, status)
+            self._on_request(method, resource_of(path), status)
 
     async def list(self, res: Resource, namespace: str | None = None,
                    label_selector: str | None = None) -> tuple[list[Obj], str]:
@@ -154,7 +164,7 @@ class KubeApi:
             query["labelSelector"] = label_selector
         resp = await self._raw("GET", res.path(namespace), query, timeout=timeout_seconds + 30)
         try:
-            self._count("WATCH", res.plural, resp.status)
+            self._count("WATCH", res.path(), resp.status)
             if not 200 <= resp.status < 300:
                 raise error_for(resp.status, await resp.read())
             while True:

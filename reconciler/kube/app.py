@@ -32,7 +32,7 @@ from reconciler.desired import ClaimKey
 from reconciler.kube.api import CLAIMS, DEPLOYMENTS, PODS, KubeApi, connect
 from reconciler.kube.desired import DEFAULT_RUNTIME_PORT, KubeDesired
 from reconciler.kube.events import EventRecorder, ObjectRef
-from reconciler.kube.informer import Informer
+from reconciler.kube.informer import Informer, meta
 from reconciler.kube.leader import ElectionSettings, Elector
 from reconciler.kube.routes import RoutePublisher
 from reconciler.kube.status import KubeStatusStore
@@ -102,6 +102,9 @@ class KubeApp(Core):
     # ---- keys -------------------------------------------------------------------------------
 
     def _claim_changed(self, key: ClaimKey) -> None:
+        obj = self.kube_desired.object(key)
+        if obj is not None:
+            self.kube_store.note_version(key, str(meta(obj).get("resourceVersion") or ""))
         self.claim_queue.add(key)
         self.publisher.mark(key)
 

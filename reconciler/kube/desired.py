@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from reconciler.desired import ClaimKey
+from reconciler.desired import ClaimKey, Lookups
 from reconciler.kube.api import Obj
 from reconciler.kube.informer import ObjKey, meta, obj_key
 from reconciler.model.changes import Taken, take_change, unreadable
@@ -90,49 +90,20 @@ def pod_agent(pod: Obj, pool: str, default_port: int = DEFAULT_RUNTIME_PORT) -> 
                     dict(m.get("labels") or {}), url, dict(m.get("annotations") or {}))
 
 
-class KubeDesired:
+class KubeDesired(Lookups):
     """Claims, agents and pools from the informers' objects."""
 
     def __init__(self, *, default_port: int = DEFAULT_RUNTIME_PORT) -> None:
+        super().__init__()
         self.default_port = default_port
-        self.claims: dict[ClaimKey, ModelClaim] = {}
-        self.pools: tuple[WarmPool, ...] = ()
         self._objects: dict[ClaimKey, Obj] = {}  # every claim object, being deleted or not
-        self._spec_problems: dict[ClaimKey, Problem] = {}
-        self._by_model: dict[str, ClaimKey] = {}
         self._pods: dict[ObjKey, PodAgent] = {}
         self._deployments: dict[ObjKey, WarmPool] = {}
-        self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
-        self._pool_listeners: list[Callable[[], None]] = []
         self._claim_listeners: list[Callable[[ClaimKey], None]] = []
         self._agent_listeners: list[Callable[[set[str]], None]] = []
         self._pod_listeners: list[Callable[[PodAgent | None, PodAgent | None], None]] = []
         self._pending: set[str] | None = None  # agents changed since the rebuild was asked
         self._policy_listeners: list[Callable[[str, str, str], None]] = []
-
-    # ---- the Desired protocol ---------------------------------------------------------------
-
-    def claim(self, key: ClaimKey) -> ModelClaim | None:
-        return self.claims.get(key)
-
-    def by_model(self, model_name: str) -> ClaimKey | None:
-        return self._by_model.get(model_name)
-
-    def agents(self) -> list[tuple[AgentRef, WarmPool]]:
-        return list(self._agents.values())
-
-    def agent(self, name: str) -> tuple[AgentRef, WarmPool] | None:
-        return self._agents.get(name)
-
-    def pool_of(self, agent_name: str) -> WarmPool | None:
-        found = self._agents.get(agent_name)
-        return found[1] if found is not None else None
-
-    def on_pools_changed(self, listener: Callable[[], None]) -> None:
-        self._pool_listeners.append(listener)
-
-    def spec_problem(self, key: ClaimKey) -> Problem | None:
-        return self._spec_problems.get(key)
 
     # ---- more listeners ---------------------------------------------------------------------
 

@@ -67,6 +67,17 @@ class KubeStatusStore(StatusStore):
         self.conflicts = 0
         self.writes = 0
         self.on_mark: Callable[[ClaimKey], None] | None = None  # the route publisher
+        # The newest resourceVersion known per claim: from the watch, or from our own last
+        # write (which the watch reports later), so our next write does not conflict with us.
+        self._versions: dict[ClaimKey, str] = {}
+
+    def note_version(self, key: ClaimKey, version: str) -> None:
+        """The watch saw ``version`` of the claim (it is at least as new as our last write)."""
+        self._versions[key] = version
+
+    def _version(self, key: ClaimKey) -> str:
+        return self._versions.get(key) or str(meta(self.desired.object(key)).get(
+            "resourceVersion") or "")
 
     def _mark(self, key: ClaimKey) -> None:
         super()._mark(key)
@@ -118,6 +129,8 @@ class KubeStatusStore(StatusStore):
 
     def drop(self, key: ClaimKey) -> None:
         super().drop(key)
+        if self.desired.object(key) is None:
+            self._versions.pop(key, None)
         if self.on_mark is not None:
             self.on_mark(key)
         obj = self.desired.object(key)
@@ -149,7 +162,9 @@ class KubeStatusStore(StatusStore):
                     log.warning("claim %s: %s failed: %s", key_text(job[1]), job[0], err)
                     failed.append(job)
 
-        await asyncio.gather(*(run(job) for job in jobs))
+        firsts = [j for j in jobs if j[0] == "finalize"]
+        await asyncio.gather(*(run(job) for job in firsts))  # before the statuses: no races
+        await asyncio.gather(*(run(job) for job in jobs if job[0] != "finalize"))
         for kind, key in failed:
             {"finalize": self._hold, "status": self._dirty, "release": self._release}[kind].add(
                 key)
@@ -163,8 +178,7 @@ class KubeStatusStore(StatusStore):
             await self._finalizer(key, add=kind == "finalize")
 
     async def _write_status(self, key: ClaimKey) -> None:
-        obj = self.desired.object(key)
-        version = str(meta(obj).get("resourceVersion") or "")
+        version = self._version(key)
         for attempt in range(CONFLICT_RETRIES + 1):
             st = self._statuses.get(key)
             if st is None:
@@ -173,8 +187,10 @@ class KubeStatusStore(StatusStore):
             if version:
                 body["metadata"] = {"resourceVersion": version}
             try:
-                await self.api.patch(CLAIMS, key[0], key[1], body, MERGE_PATCH, "status")
+                written = await self.api.patch(CLAIMS, key[0], key[1], body, MERGE_PATCH,
+                                               "status")
                 self.writes += 1
+                self._versions[key] = str(meta(written).get("resourceVersion") or version)
                 return
             except NotFound:
                 return  # the claim is gone; its status with it
@@ -188,11 +204,15 @@ class KubeStatusStore(StatusStore):
                          "again", key_text(key), version)
 
     async def _finalizer(self, key: ClaimKey, add: bool) -> None:
+        obj = self.desired.object(key)
+        if obj is not None and self._versions.get(key):
+            obj = {**obj, "metadata": {**meta(obj), "resourceVersion": self._versions[key]}}
         for attempt in range(CONFLICT_RETRIES + 1):
-            try:
-                obj = await self.api.get(CLAIMS, key[0], key[1])
-            except NotFound:
-                return
+            if obj is None or attempt > 0:
+                try:
+                    obj = await self.api.get(CLAIMS, key[0], key[1])
+                except NotFound:
+                    return
             finalizers = list(meta(obj).get("finalizers") or [])
             if (FINALIZER in finalizers) == add:
                 return
@@ -203,7 +223,8 @@ class KubeStatusStore(StatusStore):
                       "value": meta(obj).get("resourceVersion")},
                      {"op": "add", "path": "/metadata/finalizers", "value": new}]
             try:
-                await self.api.patch(CLAIMS, key[0], key[1], patch, JSON_PATCH)
+                written = await self.api.patch(CLAIMS, key[0], key[1], patch, JSON_PATCH)
+                self._versions[key] = str(meta(written).get("resourceVersion") or "")
                 log.info("claim %s: finalizer %s", key_text(key), "added" if add else "removed")
                 return
             except (Conflict, KubeError) as err:
