@@ -112,9 +112,6 @@ class Cluster:
             if time.monotonic() > deadline:
                 claims = {o["metadata"]["name"]: (o.get("status") or {})
                           for o in self.server.all_of("modelclaims")}
-                if os.environ.get("KUBE_TEST_STACKS"):
-                    for task in asyncio.all_tasks():
-                        task.print_stack(limit=4)
                 raise AssertionError(f"timed out waiting for {what}; claims: {claims}")
             await asyncio.sleep(0.05)
 

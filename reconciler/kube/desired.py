@@ -70,6 +70,14 @@ class PodAgent:
     annotations: Mapping[str, str]
 
 
+def _only_status(old: Obj, new: Obj) -> bool:
+    """The change touched nothing but the status and the resourceVersion."""
+    def rest(obj: Obj) -> Obj:
+        m = {k: v for k, v in meta(obj).items() if k not in ("resourceVersion", "managedFields")}
+        return {**{k: v for k, v in obj.items() if k not in ("status", "metadata")}, "m": m}
+    return rest(old) == rest(new)
+
+
 def runtime_port(pod: Obj, default: int = DEFAULT_RUNTIME_PORT) -> int:
     for container in (pod.get("spec") or {}).get("containers") or ():
         for port in container.get("ports") or ():
@@ -133,6 +141,9 @@ class KubeDesired(Lookups):
     def on_claim(self, old: Obj | None, new: Obj | None) -> None:
         key = obj_key(new or old or {})
         key = (key[0] or "default", key[1])
+        if old is not None and new is not None and _only_status(old, new):
+            self._objects[key] = new  # our own status write: nothing to reconcile
+            return
         if new is None:
             self._objects.pop(key, None)
             self._spec_problems.pop(key, None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,7 +84,6 @@ class EventRecorder:
     def __init__(self, api: KubeApi, *, clock: Clock | None = None,
                  wall: Callable[[], float] | None = None, component: str = COMPONENT,
                  burst: int = BURST, refill_s: float = REFILL_S) -> None:
-        import time
         self.api = api
         self.clock: Clock = clock or RealClock()
         self.wall = wall or time.time

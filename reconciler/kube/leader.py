@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -51,7 +52,6 @@ class Elector:
                  on_started: Callable[[], Awaitable[None]],
                  on_stopped: Callable[[], Awaitable[None]], clock: Clock | None = None,
                  wall: Callable[[], float] | None = None) -> None:
-        import time
         self.api = api
         self.s = settings
         self.on_started = on_started
