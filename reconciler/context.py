@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.client import AgentApi
@@ -113,8 +113,13 @@ class Deps:
                tuple((self.per_gpu(e.claim_ref) if e.claim_ref is not None else None,
                       busy(e.model_name)) for e in obs.engines))
         cached = self._candidates.get(obs.name)
-        if cached is not None and cached[0] is obs and cached[1] == key:
-            return cached[2]
+        if cached is not None and cached[1] == key and (cached[0] is obs or (
+                obs.body is not None and cached[0].body is obs.body and cached[0].ok == obs.ok)):
+            made = cached[2]
+            if made.observed_at != obs.fetched_at:  # the same snapshot, seen again (304)
+                made = replace(made, observed_at=obs.fetched_at)
+                self._candidates[obs.name] = (obs, key, made)
+            return made
         made = candidate(obs, agent, pool, self.per_gpu, busy, live)
         self._candidates[obs.name] = (obs, key, made)
         return made
