@@ -131,7 +131,7 @@ def _reconcile(args: argparse.Namespace) -> int:
         identity = args.identity or os.environ.get("POD_NAME") or KubeSettings().identity
         settings = KubeSettings(
             CoreSettings(host=args.host, port=args.port, resync_interval=1800.0,
-                         feed_wait=55, agent_token=token),
+                         feed_wait=55, kv_workers=16, agent_token=token),
             kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
             lease_namespace=args.lease_namespace, leader_election=not args.no_leader_election,
             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,

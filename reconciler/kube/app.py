@@ -48,7 +48,7 @@ class KubeSettings:
     # The resync is a safety net (watches and the agents' events carry every change): every
     # claim once in 30 minutes, spread out; the agents' event long-polls last 55 s (limit 60).
     core: CoreSettings = field(default_factory=lambda: CoreSettings(
-        host="0.0.0.0", resync_interval=1800.0, feed_wait=55))
+        host="0.0.0.0", resync_interval=1800.0, feed_wait=55, kv_workers=16))
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None  # watch one namespace (None: all)
