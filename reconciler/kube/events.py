@@ -11,7 +11,8 @@ does ``EventRecorder``:
 * **Deduplication**: an Event equal to one sent within 10 minutes (same object, type, reason and
   message) is not created again: the existing one's ``count`` and ``lastTimestamp`` are patched.
 
-Writes run on one background task, off the reconcile path; a failed write is logged and dropped
+Writes run on a few background tasks, off the reconcile path (a patch of a repeated Event
+may overtake its create: it then fails, and the Event keeps its first count); a failed write is logged and dropped
 (Events are best effort, as in client-go).
 """
 
@@ -94,7 +95,7 @@ class EventRecorder:
         self._sent: dict[tuple[ObjectRef, str, str, str], _Sent] = {}
         self._similar: dict[tuple[ObjectRef, str, str], _Similar] = {}
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.dropped = 0
         self.created = 0
         self.patched = 0
@@ -151,21 +152,24 @@ class EventRecorder:
 
     # ---- writing ----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._writer(),
-                                                            name="event-recorder")
+    def start(self, writers: int = 8) -> None:
+        """``writers`` tasks send the queue (a burst of a fleet's Events is thousands)."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._writer(), name=f"event-recorder-{i}")
+                       for i in range(writers)]
 
     async def stop(self, grace: float = 2.0) -> None:
         """Send what is queued (for up to ``grace`` seconds), then stop."""
-        if self._task is None:
+        if not self._tasks:
             return
         try:
             await asyncio.wait_for(self._queue.join(), grace)
         except TimeoutError:
             pass
-        self._task.cancel()
-        await asyncio.wait([self._task])
-        self._task = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.wait(self._tasks)
+        self._tasks = []
 
     async def _writer(self) -> None:
         while True:
