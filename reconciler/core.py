@@ -49,8 +49,9 @@ DEFAULT_PORT = 8081
 def scaled_timings() -> Timings:
     """The run modes' timings: snapshots of agents a reconcile does not act on may be 10 s old
     unless an event or a call made them stale (events invalidate them; reservations cover our
-    own starts), so a reconcile reads one agent, not every agent of the fleet."""
-    return Timings(others_max_age=10.0)
+    own starts), so a reconcile reads one agent, not every agent of the fleet; an agent whose
+    engines are all idle is re-divided every 5 minutes (its division would not change)."""
+    return Timings(others_max_age=10.0, kv_idle_resync=300.0)
 
 
 @dataclass(frozen=True)
