@@ -10,5 +10,4 @@
 | ``events.py`` | Events, rate-limited and aggregated like client-go's recorder |
 | ``leader.py`` | leader election on a ``coordination.k8s.io`` Lease |
 | ``app.py`` | wiring (``runtime-agent reconcile --kubernetes``) |
-| ``crd.py`` | the ModelClaim CRD, generated from the claim model |
 """
