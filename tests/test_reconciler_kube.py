@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -284,9 +285,20 @@ async def test_a_lost_watch_history_relists_and_a_failed_list_deletes_nothing(
         "failed lists stopped nothing"
 
 
-def _reconciler(config: Path, name: str, log: Path) -> subprocess.Popen[bytes]:
+def leading(port: int) -> float | None:
+    """The replica's ``reconciler_leader`` gauge (None: it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    line = next((ln for ln in text.splitlines() if ln.startswith("reconciler_leader ")), None)
+    return float(line.split()[1]) if line else None
+
+
+def _reconciler(config: Path, name: str, log: Path, port: int) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "runtime_agent.cli", "reconcile", "--kubernetes",
-            "--kubeconfig", str(config), "--identity", name, "--port", str(free_port()),
+            "--kubeconfig", str(config), "--identity", name, "--port", str(port),
             "--host", "127.0.0.1", "--lease-duration", "3", "--renew-deadline", "2",
             "--retry-period", "0.5"]
     with log.open("ab") as out:
@@ -299,7 +311,8 @@ async def test_a_killed_leader_is_replaced_without_placing_anything_twice(
         cluster: Cluster, agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
     for i in range(2):
         await cluster.add_pod(f"pool-{i}", agent_for(agent_factory))
-    procs = {n: _reconciler(cluster.config, n, tmp_path / f"{n}.log") for n in ("r1", "r2")}
+    ports = {n: free_port() for n in ("r1", "r2")}
+    procs = {n: _reconciler(cluster.config, n, tmp_path / f"{n}.log", ports[n]) for n in ports}
     try:
         for i in range(3):
             await cluster.apply(claim_obj(f"m{i}", footprint="3Gi"))
@@ -308,6 +321,9 @@ async def test_a_killed_leader_is_replaced_without_placing_anything_twice(
                                 timeout=60)
         lease = cluster.server.get_obj("leases", "default", "modelclaim-controller")
         leader = lease["spec"]["holderIdentity"]
+        standby = next(n for n in procs if n != leader)
+        await cluster.until("both replicas serving metrics", lambda: leading(ports[leader])
+                            == 1.0 and leading(ports[standby]) == 0.0)
         procs[leader].send_signal(signal.SIGKILL)
         procs[leader].wait(10)
         await cluster.apply(claim_obj("m3", footprint="3Gi"))
