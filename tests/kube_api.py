@@ -24,8 +24,8 @@ documentation describes it (kubernetes.io/docs/reference/using-api/api-concepts/
 * **Faults on demand**: ``fail(method, path_part, status, times)``; ``drop_watches`` ends every
   open watch (as an API server restart does).
 
-``validate(resource, old, new)`` may refuse a create or update with ``422 Invalid`` (the tests
-plug in the ModelClaim CRD's schema and CEL rules).
+``validate(resource, old, new)`` may refuse a create or update with ``422 Invalid`` (a hook for
+admission checks; the CRD's schema is compared with the parser in ``test_kube_manifests.py``).
 """
 
 from __future__ import annotations
