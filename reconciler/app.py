@@ -1,10 +1,7 @@
-"""Wiring: manifests, stores, clients, the two controllers, their sources and the HTTP server.
+"""The local run mode: claims from a manifest directory, statuses in files, agents from a pool.
 
-    claims dir --DirectorySource--+                    +--> ClaimReconciler (8 workers)
-    pool file  --DirectorySource--+--> claim queue ----+        | activate, sleep, wake, stop
-    resync     --TimerSource------+        ^                    v
-    agents' events --EventFeedSource-------+            agents (HttpAgentClient)
-                              \\--> KV queue ----------> KvReconciler (per agent) --kv-limit-->
+    claims dir --DirectorySource--+
+    pool file  --DirectorySource--+--> claim queue --> the core (``reconciler.core``)
 
 Run modes:
 
@@ -12,11 +9,14 @@ Run modes:
   pool file names (``runtime-agent reconcile --claims DIR --pool FILE``).
 * ``start_embedded(agent_url, claims_dir, listen_host, listen_port)``: next to one agent in
   the same process; the local agent is the pool (``runtime-agent serve --claims DIR``).
+* ``runtime-agent reconcile --kubernetes``: ``reconciler.kube.app``, the same core against the
+  Kubernetes API.
 
-The claims directory is polled every 50 ms (``directory_interval``): a change reaches the
-agent within about that much. Polling costs one ``scandir`` and a ``stat`` per manifest per
-poll (well under a millisecond for a hundred files) and needs no dependency; inotify would make
-it immediate but is Linux-only and misses changes on network file systems.
+The claims directory is polled every 50 ms (``directory_interval``): a file created, removed or
+renamed into place (changing the directory's mtime) reaches the agent within about that much;
+a file rewritten in place within a second per thousand files (``DirectorySource``). Polling
+needs no dependency; inotify would make it immediate but is Linux-only and misses changes on
+network file systems.
 """
 
 from __future__ import annotations
@@ -26,34 +26,21 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import aiohttp
-from aiohttp import web
-from prometheus_client import CollectorRegistry
-
-from reconciler.claims import ClaimReconciler
-from reconciler.client import AgentApi, HttpAgentClient
-from reconciler.context import Deps, Timings
-from reconciler.desired import ClaimKey, DesiredState
-from reconciler.kv import KvReconciler
-from reconciler.metrics import ClaimMetrics
+from reconciler.context import Timings
+from reconciler.core import DEFAULT_PORT, Core, CoreSettings, scaled_timings
+from reconciler.desired import DesiredState
 from reconciler.model.manifests import AgentRef
-from reconciler.observe import IdleTracker, SnapshotCache
-from reconciler.runtime.clock import Clock, RealClock
-from reconciler.runtime.controller import Controller
-from reconciler.runtime.metrics import ControllerMetrics
-from reconciler.runtime.queue import WorkQueue
-from reconciler.runtime.sources import DirectorySource, EventFeedSource, TimerSource
-from reconciler.server import make_app, serve
+from reconciler.runtime.clock import Clock
+from reconciler.runtime.sources import DirectorySource
 from reconciler.store import StatusStore
 
 log = logging.getLogger("reconciler.app")
 
-DEFAULT_PORT = 8081
+__all__ = ["DEFAULT_PORT", "ReconcilerApp", "Settings", "run_reconciler", "start_embedded"]
 
 
 @dataclass(frozen=True)
@@ -65,142 +52,56 @@ class Settings:
     status_dir: Path | None = None  # default: <claims_dir>/.status
     local_agent: AgentRef | None = None  # embedded mode: this agent is the pool
     directory_interval: float = 0.05
-    resync_interval: float = 30.0
+    resync_interval: float = 300.0
     workers: int = 32  # reconciles wait on agents (an activate may wait 2 s for its card)
     kv_workers: int = 2
     snapshot_ttl: float = 0.1
     feed_wait: int = 30
-    timings: Timings = field(default_factory=Timings)
     agent_token: str | None = field(default=None, repr=False)  # the agents' bearer token
+    timings: Timings = field(default_factory=scaled_timings)
+
+    def core(self) -> CoreSettings:
+        return CoreSettings(self.host, self.port, self.resync_interval, self.workers,
+                            self.kv_workers, self.snapshot_ttl, self.feed_wait,
+                            self.agent_token, self.timings)
 
 
-class ReconcilerApp:
+class ReconcilerApp(Core):
     """One reconciler: ``await start()``, then ``await stop()``. ``port``: where it listens."""
 
     def __init__(self, settings: Settings, *, clock: Clock | None = None,
                  wall: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        self.clock: Clock = clock or RealClock()
         status_dir = settings.status_dir or settings.claims_dir / ".status"
-        self.desired = DesiredState(settings.claims_dir, settings.pool_file,
-                                    local_agent=settings.local_agent)
-        self.store = StatusStore(status_dir, wall)
-        self.registry = CollectorRegistry()
-        self.metrics = ClaimMetrics(self.registry, self.store, self.desired, wall)
-        self._session: aiohttp.ClientSession | None = None
-        self._clients: dict[tuple[str, str], HttpAgentClient] = {}
-        self.claim_queue: WorkQueue[ClaimKey] = WorkQueue(self.clock)
-        self.kv_queue: WorkQueue[str] = WorkQueue(self.clock)
-        tracker = IdleTracker()
-        cache = SnapshotCache(self._client, self.clock, ttl=settings.snapshot_ttl,
-                              on_snapshot=tracker.observe)
-        self.deps = Deps(self.clock, wall, self.desired, self.store, self._client, cache,
-                         tracker=tracker, metrics=self.metrics, timings=settings.timings,
-                         kick_kv=self.kv_queue.add, kick_claim=self.claim_queue.add)
-        shared = ControllerMetrics.shared(self.registry)
-        self.claims = ClaimReconciler(self.deps)
-        self.claim_controller: Controller[ClaimKey] = Controller(
-            "modelclaim", self.claims, self.claim_queue, workers=settings.workers,
-            clock=self.clock, metrics=shared)
-        self.kv_controller: Controller[str] = Controller(
-            "kv-division", KvReconciler(self.deps), self.kv_queue,
-            workers=settings.kv_workers, clock=self.clock, metrics=shared)
-        self._feeds: dict[tuple[str, str], EventFeedSource[ClaimKey]] = {}
-        self._runner: web.AppRunner | None = None
-        self.port = settings.port
-
-    # ---- agents -----------------------------------------------------------------------------
-
-    def _client(self, agent: str) -> AgentApi | None:
-        for ref, _ in self.desired.agents():
-            if ref.name == agent:
-                key = (ref.name, ref.url)
-                client = self._clients.get(key)
-                if client is None and self._session is not None:
-                    client = self._clients[key] = HttpAgentClient(ref.url, self._session)
-                return client
-        return None
-
-    def _sync_feeds(self) -> None:
-        """One events feed per pool agent (started, or stopped when it left the pools)."""
-        assert self._session is not None
-        wanted = {(a.name, a.url) for a, _ in self.desired.agents()}
-        for key in list(self._feeds.keys() - wanted):
-            feed = self._feeds.pop(key)
-            asyncio.get_running_loop().create_task(feed.stop())
-        for name, url in sorted(wanted - self._feeds.keys()):
-            feed = EventFeedSource(url, self._event_keys_for(name),
-                                   on_connect=self._resync_for(name),
-                                   wait=self.settings.feed_wait, clock=self.clock,
-                                   session=self._session)
-            self._feeds[(name, url)] = feed
-            feed.start(self.claim_queue)
-        for name, _ in wanted:
-            self.kv_queue.add(name)
-
-    def _event_keys_for(self, agent: str) -> Callable[[Mapping[str, Any]], list[ClaimKey]]:
-        return lambda event: self.deps.event_keys(agent, dict(event))
-
-    def _resync_for(self, agent: str) -> Callable[[], None]:
-        return lambda: self._resync_agent(agent)
-
-    def _resync_agent(self, agent: str) -> None:
-        self.deps.cache.invalidate(agent)
-        self.kv_queue.add(agent)
-        for key in self._all_keys():
-            self.claim_queue.add(key)
-
-    def _all_keys(self) -> list[ClaimKey]:
-        """Every claim to look at: in the manifests, with a status, or named by an engine."""
-        keys = set(self.desired.claims) | self.store.keys()
-        for agent, _ in self.desired.agents():
-            obs = self.deps.cache.last(agent.name)
-            if obs is not None:
-                keys |= {e.claim_ref for e in obs.engines if e.claim_ref is not None}
-        return sorted(keys)
-
-    # ---- lifecycle --------------------------------------------------------------------------
+        desired = DesiredState(settings.claims_dir, settings.pool_file,
+                               local_agent=settings.local_agent)
+        super().__init__(settings.core(), desired, StatusStore(status_dir, wall), clock=clock,
+                         wall=wall)
+        self.manifests = desired
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.desired.load)
+        await asyncio.to_thread(self.manifests.load)
         await asyncio.to_thread(self.store.load)
-        token = self.settings.agent_token  # every call to an agent carries it, feeds too
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            headers={"Authorization": f"Bearer {token}"} if token else None)
         self.store.start()
         s = self.settings
-        self.claim_controller.watch(DirectorySource(s.claims_dir, self.desired.on_file,
-                                                    s.directory_interval, clock=self.clock))
+        self.claim_controller.watch(DirectorySource(s.claims_dir, self.manifests.on_file,
+                                                    s.directory_interval, clock=self.clock,
+                                                    on_unreadable=self.manifests.on_directory))
         if s.pool_file is not None and s.pool_file.resolve().parent != s.claims_dir.resolve():
             self.claim_controller.watch(DirectorySource(
-                s.pool_file.parent, self.desired.on_pool_file, s.directory_interval,
+                s.pool_file.parent, self.manifests.on_pool_file, s.directory_interval,
                 clock=self.clock))
-        self.claim_controller.watch(TimerSource(self.clock, s.resync_interval, self._all_keys))
-        self.kv_controller.watch(TimerSource(
-            self.clock, s.resync_interval, lambda: [a.name for a, _ in self.desired.agents()]))
-        self.desired.on_pools_changed(self._sync_feeds)
-        self._sync_feeds()
-        self.claim_controller.start()
-        self.kv_controller.start()
-        self._runner, self.port = await serve(make_app(self.deps, self.registry), s.host,
-                                              s.port)
+        await self.start_core()
+        await self.serve_http()
         log.info("reconciler: %d claims, %d agents, listening on %s:%d",
                  len(self.desired.claims), len(self.desired.agents()), s.host, self.port)
 
     async def stop(self) -> None:
         """Stop sources, feeds and controllers (in-flight reconciles get 10 s), then the
         server; statuses are flushed to disk."""
-        for feed in list(self._feeds.values()):
-            await feed.stop()
-        self._feeds.clear()
-        await self.claim_controller.stop(grace=10.0)
-        await self.kv_controller.stop(grace=10.0)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self.stop_core()
+        await self.stop_http()
         await self.store.stop()
-        if self._session is not None:
-            await self._session.close()
 
 
 # ---- run modes ----------------------------------------------------------------------------
@@ -241,4 +142,3 @@ def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: s
     asyncio.run(serve_until_signalled(Settings(
         Path(claims_dir), Path(pool_file) if pool_file else None, host, port,
         agent_token=agent_token)))
-

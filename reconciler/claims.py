@@ -64,7 +64,10 @@ class ClaimReconciler:
             return await self.drain.reconcile(key)
         self.drain.forget(key)  # created again while its engine drained: it takes it over
         st = self.d.store.ensure(claim)
-        world = await self.d.world()
+        problem = self.d.desired.spec_problem(key)
+        st.set_spec_problem(self.d.wall(), problem.reason if problem else None,
+                            problem.message if problem else "")
+        world = await self.d.world(focus=(st.instance.agent,) if st.instance else ())
         home = await self._home(claim, st, world)
         if home is not None and not world.agents[home[0]].ok:
             st.set_instance(home[0], home[1].port, home[1].devices)
@@ -76,7 +79,8 @@ class ClaimReconciler:
             lost = self._lost(st, world)
             if lost is not None:
                 return lost
-            return await self.placer.place(claim, st, world)
+            placing = await self.d.world(placing=True)
+            return await self.placer.place(claim, st, placing)
         agent, engine = home
         return await self._follow(claim, st, world, agent, engine)
 

@@ -42,13 +42,29 @@ def _url_default() -> str:
 def add_commands(sub: Any) -> None:
     """Add ``reconcile`` and ``claims get|describe`` to an argparse subparsers object."""
     r = sub.add_parser("reconcile", help="run the ModelClaim reconciler against a pool of agents")
-    r.add_argument("--claims", required=True, help="directory of ModelClaim manifests")
+    r.add_argument("--claims", help="directory of ModelClaim manifests (local mode)")
     r.add_argument("--pool", help="WarmPool manifest naming the agents (may be in --claims)")
+    r.add_argument("--kubernetes", action="store_true",
+                   help="reconcile ModelClaim custom resources, with pool Pods as agents")
+    r.add_argument("--kubeconfig", help="with --kubernetes: a kubeconfig file (default: the "
+                   "Pod's service account in a cluster, else $KUBECONFIG or ~/.kube/config)")
+    r.add_argument("--context", help="with --kubernetes: the kubeconfig context")
+    r.add_argument("--namespace", help="with --kubernetes: watch only this namespace")
+    r.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                   help="with --kubernetes: namespace of the leader-election Lease")
+    r.add_argument("--identity", help="with --kubernetes: this replica's name in the Lease "
+                   "(default: $POD_NAME, else host name and pid)")
+    r.add_argument("--no-leader-election", action="store_true",
+                   help="with --kubernetes: lead at once (one replica only)")
+    r.add_argument("--lease-duration", type=float, default=15.0)
+    r.add_argument("--renew-deadline", type=float, default=10.0)
+    r.add_argument("--retry-period", type=float, default=2.0)
+    r.add_argument("--agent-token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
+                   help="file holding the agents' bearer token (a mounted Secret; or set "
+                        "RUNTIME_AGENT_TOKEN); sent as Authorization: Bearer on every agent call")
     r.add_argument("--host", default="0.0.0.0")
     r.add_argument("--port", type=int, default=DEFAULT_PORT)
     r.add_argument("--log-level", default="info")
-    r.add_argument("--agent-token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
-                   help="the agents' bearer token (or RUNTIME_AGENT_TOKEN)")
     r.set_defaults(func=_reconcile)
     c = sub.add_parser("claims", help="show ModelClaims of a reconciler")
     csub = c.add_subparsers(dest="claims_command", required=True)
@@ -93,14 +109,40 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
         await handle.stop()
 
 
+def _token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = open(path, encoding="utf-8").read().strip()
+    except OSError as err:
+        raise SystemExit(f"cannot read the agent token from {path}: {err.strerror}") from None
+    if not token:
+        raise SystemExit(f"the agent token file {path} is empty")
+    return token
+
+
 def _reconcile(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    token = None
-    if args.agent_token_file:
-        token = Path(args.agent_token_file).read_text().strip() or None
-    run_reconciler(args.claims, args.pool, args.host, args.port,
-                   token or os.environ.get("RUNTIME_AGENT_TOKEN") or None)
+    token = _token(args.agent_token_file) or os.environ.get("RUNTIME_AGENT_TOKEN") or None
+    if args.kubernetes:
+        if args.claims or args.pool:
+            raise SystemExit("--kubernetes reads claims and pools from the API server; "
+                             "leave out --claims and --pool")
+        from reconciler.core import CoreSettings
+        from reconciler.kube.app import KubeSettings, run_kubernetes
+        identity = args.identity or os.environ.get("POD_NAME") or KubeSettings().identity
+        settings = KubeSettings(
+            CoreSettings(host=args.host, port=args.port, resync_interval=1800.0,
+                         feed_wait=55, kv_workers=16, agent_token=token),
+            kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
+            lease_namespace=args.lease_namespace, leader_election=not args.no_leader_election,
+            lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period, identity=identity)
+        return run_kubernetes(settings)
+    if not args.claims:
+        raise SystemExit("reconcile needs --claims DIR (local mode) or --kubernetes")
+    run_reconciler(args.claims, args.pool, args.host, args.port, agent_token=token)
     return 0
 
 
@@ -135,7 +177,19 @@ def _claims(args: argparse.Namespace) -> int:
         print(json.dumps(items, indent=2))
     else:
         print(table(items))
+        for line in spec_warnings(items):
+            print(line)
     return 0
+
+
+def spec_warnings(items: list[dict[str, Any]]) -> list[str]:
+    """One line per claim whose declared spec is not the one running (``SpecApplied``)."""
+    out = []
+    for i in items:
+        for c in i["status"].get("conditions") or ():
+            if c["type"] == "SpecApplied" and c["status"] == "False":
+                out.append(f"warning: {i['metadata']['name']}: {c['reason']}: {c['message']}")
+    return out
 
 
 def age(stamp: str | None, now: float | None = None) -> str:

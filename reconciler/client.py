@@ -6,6 +6,9 @@ call returns a ``Reply`` (HTTP status and JSON body, with the agent's ``reason``
 ``InsufficientGPUMemory``), so a controller can record it and decide. Only an agent that cannot
 be reached (connection refused, timeout, a body that is not JSON) raises ``AgentUnreachable``.
 
+With a ``token`` (the agents' bearer token, read from a Secret-mounted file by the app), every
+call carries ``Authorization: Bearer <token>``.
+
 This module knows the agent's wire format (README, "The API") and nothing of claims.
 """
 
@@ -30,6 +33,7 @@ class Reply:
 
     status: int
     body: Mapping[str, Any] = field(default_factory=dict)
+    etag: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -114,22 +118,31 @@ class HttpAgentClient:
     ``lifecycle_timeout_s``."""
 
     def __init__(self, url: str, session: aiohttp.ClientSession, *, timeout_s: float = 10.0,
-                 lifecycle_timeout_s: float = 330.0) -> None:
+                 lifecycle_timeout_s: float = 330.0, token: str | None = None) -> None:
         self._url = url.rstrip("/")
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._lifecycle_timeout = aiohttp.ClientTimeout(total=lifecycle_timeout_s)
+        self._etag: tuple[str, dict[str, Any]] | None = None
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     @property
     def url(self) -> str:
         return self._url
 
     async def snapshot(self) -> dict[str, Any]:
-        reply = await self._call("GET", "/v1/runtime/snapshot", None, self._timeout)
+        """The snapshot; an agent that answers ``304 Not Modified`` to the last ETag gets the
+        very same object back, so the caller can skip reading it again."""
+        headers = {"If-None-Match": self._etag[0]} if self._etag is not None else None
+        reply = await self._call("GET", "/v1/runtime/snapshot", None, self._timeout, headers)
+        if reply.status == 304 and self._etag is not None:
+            return self._etag[1]
         if not reply.ok:
             raise AgentUnreachable(f"{self._url}: snapshot answered {reply.status}: "
                                    f"{reply.message}")
-        return dict(reply.body)
+        body = dict(reply.body)
+        self._etag = (reply.etag, body) if reply.etag else None
+        return body
 
     async def activate(self, spec: ActivateSpec) -> Reply:
         return await self._call("POST", "/v1/runtime/models/activate", spec.body(),
@@ -160,15 +173,20 @@ class HttpAgentClient:
                                 self._timeout)
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None,
-                    timeout: aiohttp.ClientTimeout) -> Reply:
+                    timeout: aiohttp.ClientTimeout,
+                    headers: Mapping[str, str] | None = None) -> Reply:
+        sent = {**self._headers, **headers} if headers else self._headers
         try:
             async with self._session.request(method, self._url + path, json=body,
-                                             timeout=timeout) as resp:
+                                             timeout=timeout, headers=sent) as resp:
                 raw = await resp.read()
                 status = resp.status
+                etag = resp.headers.get("ETag")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise AgentUnreachable(f"{self._url}{path}: {str(err) or type(err).__name__}"
                                    ) from None
+        if status == 304:
+            return Reply(304, {}, etag)
         try:
             payload = json.loads(raw) if raw else {}
         except ValueError:
@@ -177,4 +195,4 @@ class HttpAgentClient:
         if not isinstance(payload, dict):
             raise AgentUnreachable(f"{self._url}{path}: answered {status} with a body that is "
                                    "not a JSON object")
-        return Reply(status, payload)
+        return Reply(status, payload, etag)

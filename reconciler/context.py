@@ -10,16 +10,18 @@ controllers' queues (room may have appeared, a KV division is due).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from reconciler.client import AgentApi
-from reconciler.desired import ClaimKey, DesiredState
+from reconciler.desired import ClaimKey, Desired
 from reconciler.metrics import ClaimMetrics
-from reconciler.model.manifests import PerGPU, WarmPool
+from reconciler.model.manifests import AgentRef, PerGPU, WarmPool
 from reconciler.observe import (
     AgentObs,
     IdleTracker,
+    LazyCandidates,
     Reservations,
     SnapshotCache,
     World,
@@ -50,16 +52,24 @@ class Timings:
     starting_poll: float = 10.0  # look again at a starting engine (events usually come first)
     settle_poll: float = 0.25  # look again while a sleep made for room settles
     settle_timeout: float = 10.0  # stop waiting for a sleeping footprint to be measured
-    kv_resync: float = 5.0  # re-divide an agent's GPUs this often while engines are awake
+    kv_resync: float = 5.0  # re-divide an agent's GPUs this often while engines take requests
+    kv_idle_resync: float = 60.0  # ... and this often while they are all idle (no request)
+    # Snapshots of agents a reconcile does not act on (other than its claim's own agent) may be
+    # this old unless an event or a call of ours made them stale; None: the cache's ttl.
+    others_max_age: float | None = None
     kv_gate_poll: float = 0.5  # look again at an engine waiting for its KV limit
     max_snapshot_age: float = 30.0
+
+
+async def _routes_read_live(model: str) -> bool:
+    return True
 
 
 @dataclass
 class Deps:
     clock: Clock
     wall: Callable[[], float]
-    desired: DesiredState
+    desired: Desired
     store: StatusStore
     clients: Callable[[str], AgentApi | None]
     cache: SnapshotCache
@@ -71,6 +81,11 @@ class Deps:
     timings: Timings = field(default_factory=Timings)
     kick_kv: Callable[[str], None] = lambda agent: None
     kick_claim: Callable[[ClaimKey], None] = lambda key: None
+    # Make a model's route as the books say now, before acting on it (a hold taken before a
+    # sleep): True once readers see it. The HTTP route table reads the books on every request;
+    # on Kubernetes the Pod's route annotation is patched first.
+    routes_out: Callable[[str], Awaitable[bool]] = _routes_read_live
+    _candidates: dict[str, tuple[AgentObs, Any, Candidate]] = field(default_factory=dict)
 
     # ---- reading the world ----------------------------------------------------------------
 
@@ -88,28 +103,77 @@ class Deps:
     def _last_busy_on(self, agent: str) -> Callable[[str], float | None]:
         return lambda model: self.tracker.last_busy(agent, model)
 
-    def candidate_of(self, obs: AgentObs, reserved: bool = True) -> Candidate | None:
-        for agent, pool in self.desired.agents():
-            if agent.name == obs.name:
-                return candidate(obs, agent, pool, self.per_gpu, self._last_busy_on(obs.name),
-                                 self.reservations.live(obs) if reserved else ())
-        return None
+    def _candidate(self, obs: AgentObs, agent: AgentRef, pool: WarmPool) -> Candidate:
+        """``candidate``, reused while nothing it reads changed (the snapshot, the pool, the
+        engines' perGPU and idle times, the reservations): a placement reads every agent's,
+        and building a thousand of them per placement was most of a fleet's placement cost."""
+        live = self.reservations.live(obs)
+        busy = self._last_busy_on(obs.name)
+        key = (agent, pool, tuple(live),
+               tuple((self.per_gpu(e.claim_ref) if e.claim_ref is not None else None,
+                      busy(e.model_name)) for e in obs.engines))
+        cached = self._candidates.get(obs.name)
+        if cached is not None and cached[1] == key and (cached[0] is obs or (
+                obs.body is not None and cached[0].body is obs.body and cached[0].ok == obs.ok)):
+            made = cached[2]
+            if made.observed_at != obs.fetched_at:  # the same snapshot, seen again (304)
+                made = replace(made, observed_at=obs.fetched_at)
+                self._candidates[obs.name] = (obs, key, made)
+            return made
+        made = candidate(obs, agent, pool, self.per_gpu, busy, live)
+        self._candidates[obs.name] = (obs, key, made)
+        return made
 
-    async def world(self, max_age: float | None = None, fresh: bool = False) -> World:
+    def candidate_of(self, obs: AgentObs, reserved: bool = True) -> Candidate | None:
+        found = self.desired.agent(obs.name)
+        if found is None:
+            return None
+        agent, pool = found
+        return candidate(obs, agent, pool, self.per_gpu, self._last_busy_on(obs.name),
+                         self.reservations.live(obs) if reserved else ())
+
+    async def world(self, max_age: float | None = None, fresh: bool = False,
+                    focus: Collection[str] = (), placing: bool = False) -> World:
         """Every pool agent's snapshot (through the cache; ``fresh``: fetched now) and
-        candidate."""
+        candidate (built when first read). ``focus``: the agents the reconcile acts on, read
+        within ``max_age`` (the cache's ttl). With ``others_max_age`` set (the run modes), the
+        other agents' cached snapshots serve at any age unless something made them stale (an
+        event, a call of ours), and a reconcile that places (``placing``) reads none older than
+        ``others_max_age``: following a claim's engine costs one agent's snapshot, not the
+        fleet's. Cached snapshots are read without a task per agent."""
         agents = self.desired.agents()
         if fresh:
             for agent, _ in agents:
                 self.cache.invalidate(agent.name)
-        observed = await asyncio.gather(*(self.cache.get(a.name, max_age) for a, _ in agents))
-        candidates = {}
-        for (agent, pool), obs in zip(agents, observed, strict=True):
-            candidates[agent.name] = candidate(obs, agent, pool, self.per_gpu,
-                                               self._last_busy_on(agent.name),
-                                               self.reservations.live(obs))
-        return World(self.clock.now(), {o.name: o for o in observed}, candidates,
-                     {a.name: a.url for a, _ in agents})
+        others = self.timings.others_max_age
+        if others is None:
+            other_age = max_age
+        elif placing:
+            other_age = max(others, max_age or 0.0)
+        else:
+            other_age = float("inf")
+        observed: dict[str, AgentObs] = {}
+        missing: list[str] = []
+        for agent, _ in agents:
+            age = max_age if agent.name in focus else other_age
+            obs = self.cache.peek(agent.name, age)
+            if obs is None:
+                missing.append(agent.name)
+            else:
+                observed[agent.name] = obs
+        if missing:
+            fetched = await asyncio.gather(*(self.cache.get(
+                name, max_age if name in focus else other_age) for name in missing))
+            observed.update(zip(missing, fetched, strict=True))
+        refs = {a.name: (a, p) for a, p in agents}
+
+        def build(name: str) -> Candidate:
+            agent, pool = refs[name]
+            return self._candidate(observed[name], agent, pool)
+
+        names = [a.name for a, _ in agents]
+        return World(self.clock.now(), {n: observed[n] for n in names},
+                     LazyCandidates(names, build), {a.name: a.url for a, _ in agents})
 
     def pool_of(self, agent: str) -> WarmPool | None:
         return self.desired.pool_of(agent)
@@ -126,14 +190,14 @@ class Deps:
         """Claims that wait for room: Pending (other than for a reason waiting cannot fix),
         making room, waiting to wake, failed and hoping to move, refused by an agent."""
         out = []
-        for st in self.store.all():
+        for st in self.store.values():
             if st.deleted is not None:
                 continue
             sched, ready = st.reason(SCHEDULED), st.reason(READY)
             if (st.phase == PENDING and sched in (NO_MATCHING_PODS, MAKING_ROOM, "")) \
                     or ready in (WAITING_FOR_ROOM, ENGINE_FAILED, ACTIVATE_FAILED):
                 out.append(st.key)
-        return out
+        return sorted(out)
 
     def kick_waiting(self) -> None:
         for key in self.waiting_keys():
@@ -146,8 +210,7 @@ class Deps:
             return []  # a weight-cache entry changed: the next snapshot shows it
         model, src, dst = str(event.get("model", "")), event.get("from"), event.get("to")
         keys: list[ClaimKey] = []
-        key = self.desired.by_model(model) or next(
-            (st.key for st in self.store.all() if st.model_name == model), None)
+        key = self.desired.by_model(model) or self.store.by_model(model)
         if key is not None and event.get("reason") != "KVLimitSet":
             keys.append(key)
         if src != dst:

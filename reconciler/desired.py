@@ -21,10 +21,12 @@ then the guide's sample labels, so the claims in the directory select it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
+from reconciler.model.changes import take_change
 from reconciler.model.manifests import (
     CLAIM_KIND,
     DUPLICATE,
@@ -42,8 +44,42 @@ from reconciler.model.manifests import (
 log = logging.getLogger("reconciler.desired")
 
 ClaimKey = tuple[str, str]  # (namespace, name)
+MANIFEST_UNREADABLE = "ManifestUnreadable"
+DIRECTORY_UNREADABLE = "ClaimsDirectoryUnreadable"
 SAMPLE_LABELS = {POOL_LABEL: "pool-a", ENABLED_LABEL: "true"}
 SUFFIXES = (".yaml", ".yml")
+
+
+class Desired(Protocol):
+    """What the reconcilers read of the desired state, in either mode: a manifest directory
+    (``DesiredState``) or the Kubernetes API (``reconciler.kube.desired.KubeDesired``). Both
+    hand out the same ``ModelClaim`` and ``WarmPool`` values, so placement and policy run one
+    implementation."""
+
+    @property
+    def claims(self) -> Mapping[ClaimKey, ModelClaim]: ...
+
+    @property
+    def pools(self) -> tuple[WarmPool, ...]: ...
+
+    @property
+    def problems(self) -> tuple[Problem, ...]: ...
+
+    def claim(self, key: ClaimKey) -> ModelClaim | None: ...
+
+    def by_model(self, model_name: str) -> ClaimKey | None: ...
+
+    def agents(self) -> list[tuple[AgentRef, WarmPool]]: ...
+
+    def agent(self, name: str) -> tuple[AgentRef, WarmPool] | None: ...
+
+    def pool_of(self, agent_name: str) -> WarmPool | None: ...
+
+    def on_pools_changed(self, listener: Callable[[], None]) -> None: ...
+
+    def spec_problem(self, key: ClaimKey) -> Problem | None:
+        """Why the declared spec is not the one that runs (None: it runs as declared)."""
+        ...
 
 
 def claim_key(claim: ModelClaim) -> ClaimKey:
@@ -54,20 +90,57 @@ def key_text(key: ClaimKey) -> str:
     return f"{key[0]}/{key[1]}"
 
 
-class DesiredState:
+class Lookups:
+    """The lookups both desired states answer from the same indexes (claims by key and by model,
+    agents by name with their pool, the problems of declared specs)."""
+
+    def __init__(self) -> None:
+        self.claims: dict[ClaimKey, ModelClaim] = {}
+        self.pools: tuple[WarmPool, ...] = ()
+        self._by_model: dict[str, ClaimKey] = {}
+        self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
+        self._spec_problems: dict[ClaimKey, Problem] = {}
+        self._pool_listeners: list[Callable[[], None]] = []
+
+    def claim(self, key: ClaimKey) -> ModelClaim | None:
+        return self.claims.get(key)
+
+    def by_model(self, model_name: str) -> ClaimKey | None:
+        return self._by_model.get(model_name)
+
+    def spec_problem(self, key: ClaimKey) -> Problem | None:
+        return self._spec_problems.get(key)
+
+    def agents(self) -> list[tuple[AgentRef, WarmPool]]:
+        """Every agent of every pool, with its pool."""
+        return list(self._agents.values())
+
+    def agent(self, name: str) -> tuple[AgentRef, WarmPool] | None:
+        return self._agents.get(name)
+
+    def pool_of(self, agent_name: str) -> WarmPool | None:
+        found = self._agents.get(agent_name)
+        return found[1] if found is not None else None
+
+    def on_pools_changed(self, listener: Callable[[], None]) -> None:
+        self._pool_listeners.append(listener)
+
+
+class DesiredState(Lookups):
     """Manifest texts by file, parsed together. ``on_file`` is the DirectorySource mapping."""
 
     def __init__(self, claims_dir: Path, pool_file: Path | None = None, *,
                  local_agent: AgentRef | None = None) -> None:
+        super().__init__()
         self.claims_dir = claims_dir
         self.pool_file = pool_file
         self.local_agent = local_agent
         self._texts: dict[Path, str] = {}
         self._cache: dict[Path, tuple[str, ParseResult]] = {}
-        self.claims: dict[ClaimKey, ModelClaim] = {}
-        self.pools: tuple[WarmPool, ...] = ()
         self.problems: tuple[Problem, ...] = ()
-        self._pool_listeners: list[Callable[[], None]] = []
+        self._good: dict[Path, ParseResult] = {}  # each file's last parse that read cleanly
+        self._unreadable: dict[Path, tuple[str, str]] = {}  # files whose text is not taken
+        self._dir_problem: str | None = None
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -81,9 +154,6 @@ class DesiredState:
             self._texts[path.resolve()] = path.read_text("utf-8", errors="replace")
         self._reparse()
 
-    def on_pools_changed(self, listener: Callable[[], None]) -> None:
-        self._pool_listeners.append(listener)
-
     def on_file(self, path: Path, old: str | None, new: str | None) -> Iterable[ClaimKey]:
         """A manifest was created, changed or deleted: the claim keys to reconcile."""
         path = path.resolve()
@@ -92,14 +162,28 @@ class DesiredState:
         else:
             self._texts[path] = new
         before_claims, before_pools = dict(self.claims), self.pools
+        before_problems = dict(self._spec_problems)
         self._reparse()
         keys = {k for k in before_claims.keys() | self.claims.keys()
                 if before_claims.get(k) != self.claims.get(k)}
+        keys |= {k for k in before_problems.keys() | self._spec_problems.keys()
+                 if before_problems.get(k) != self._spec_problems.get(k)}
         if self.pools != before_pools:
             keys |= before_claims.keys() | self.claims.keys()
             for listener in self._pool_listeners:
                 listener()
         return sorted(keys)
+
+    def on_directory(self, path: Path, why: str | None) -> Iterable[ClaimKey]:
+        """The claims directory cannot be read (``why``), or can again (None): a vanished
+        directory is a failed read, never an empty one, so every claim keeps running and says
+        why its manifest is not being read."""
+        if why is not None:
+            log.warning("claims directory %s cannot be read (%s); every claim keeps its last "
+                        "good version", path, why)
+        self._dir_problem = why
+        self._reparse()
+        return sorted(self.claims)
 
     def on_pool_file(self, path: Path, old: str | None, new: str | None) -> Iterable[ClaimKey]:
         """The DirectorySource mapping for a pool file outside the claims directory."""
@@ -108,25 +192,6 @@ class DesiredState:
         return self.on_file(path, old, new)
 
     # ---- lookups ----------------------------------------------------------------------------
-
-    def claim(self, key: ClaimKey) -> ModelClaim | None:
-        return self.claims.get(key)
-
-    def by_model(self, model_name: str) -> ClaimKey | None:
-        for key, claim in self.claims.items():
-            if claim.model_name == model_name:
-                return key
-        return None
-
-    def agents(self) -> list[tuple[AgentRef, WarmPool]]:
-        """Every agent of every pool, with its pool."""
-        return [(agent, pool) for pool in self.pools for agent in pool.agents]
-
-    def pool_of(self, agent_name: str) -> WarmPool | None:
-        for agent, pool in self.agents():
-            if agent.name == agent_name:
-                return pool
-        return None
 
     # ---- parsing ----------------------------------------------------------------------------
 
@@ -138,15 +203,61 @@ class DesiredState:
             cached = self._cache[path] = (text, parse_manifests(text, str(path)))
         return cached[1]
 
+    def _file_result(self, path: Path, text: str) -> ParseResult:
+        """The file's parse, or its last clean parse while its text cannot be read as a whole
+        (broken YAML, or empty: caught between a truncate and a write)."""
+        result = self._parsed(path, text)
+        why = unreadable_reason(text, result)
+        good = self._good.get(path)
+        if why is None:
+            self._good[path] = result
+            self._unreadable.pop(path, None)
+            return result
+        if good is None or not (good.claims or good.pools):
+            return result  # never read cleanly: nothing to keep
+        if self._unreadable.get(path) != why:
+            log.warning("manifest %s: %s: %s; its objects keep their last good version", path,
+                        *why)
+        self._unreadable[path] = why
+        return good
+
     def _reparse(self) -> None:
         for gone in self._cache.keys() - self._texts.keys():
             del self._cache[gone]
-        result = merge([self._parsed(p, t) for p, t in sorted(self._texts.items())])
-        claims = {claim_key(c): c for c in result.claims}
-        kept = self._keep_last_valid(result, claims)
+        for gone in self._good.keys() - self._texts.keys():
+            del self._good[gone]
+            self._unreadable.pop(gone, None)
+        results = {p: self._file_result(p, t) for p, t in sorted(self._texts.items())}
+        result = merge(results.values())
+        declared = {claim_key(c): c for c in result.claims}
+        kept = self._keep_last_valid(result, declared)
+        claims: dict[ClaimKey, ModelClaim] = {}
+        problems: dict[ClaimKey, Problem] = {}
+        for key, claim in declared.items():
+            taken = take_change(self.claims.get(key), claim)
+            claims[key] = taken.claim
+            if taken.problem is not None:
+                problems[key] = taken.problem
+        for path, (reason, message) in self._unreadable.items():
+            for claim in results[path].claims:
+                problems[claim_key(claim)] = Problem(
+                    CLAIM_KIND, claim.name, reason, f"{message}; the claim keeps its last good "
+                    "version", claim.namespace, str(path))
+        if self._dir_problem is not None:
+            problems = {k: Problem(CLAIM_KIND, k[1], DIRECTORY_UNREADABLE,
+                                   f"the claims directory cannot be read ({self._dir_problem}); "
+                                   "the claim keeps its last good version", k[0])
+                        for k in claims}
+        for key, problem in problems.items():
+            if self._spec_problems.get(key) != problem:
+                log.warning("claim %s: %s: %s", key_text(key), problem.reason, problem.message)
+        self._spec_problems = problems
         self.claims = claims
+        self._by_model = {c.model_name: k for k, c in claims.items()}
         self.pools = self._effective_pools(result)
-        self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) + kept
+        self._agents = {a.name: (a, p) for p in self.pools for a in p.agents}
+        self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) + kept \
+            + tuple(problems.values())
 
     def _keep_last_valid(self, result: ParseResult,
                          claims: dict[ClaimKey, ModelClaim]) -> tuple[Problem, ...]:
@@ -185,6 +296,17 @@ class DesiredState:
             return (WarmPool("local", "default", (agent,), labels=labels),)
         return (WarmPool(base.name, base.namespace, (agent,), base.policy, labels,
                          base.policy_problem, base.gpus_per_agent),)
+
+
+def unreadable_reason(text: str, result: ParseResult) -> tuple[str, str] | None:
+    """Why a file's text cannot be taken as what it declares (None: it can): it is empty, or a
+    document in it is not YAML or not a manifest."""
+    if not text.strip():
+        return MANIFEST_UNREADABLE, "the file is empty (read while it was being written?)"
+    bad = next((p for p in result.problems if p.kind == "Document"), None)
+    if bad is not None:
+        return bad.reason, f"{bad.source}: {bad.message}"
+    return None
 
 
 def merge(results: Iterable[ParseResult]) -> ParseResult:

@@ -33,15 +33,25 @@ class Drain:
 
     async def reconcile(self, key: ClaimKey) -> Result:
         st = self.d.store.get(key)
-        world = await self.d.world(fresh=True)
+        # Fresh snapshots of the agents that may run the claim's engine: where its status
+        # places it, and where the (cached) snapshots show one.
+        seen = await self.d.world()
+        where = {a for a, _ in seen.engines_of(key)}
+        if st is not None and st.instance is not None:
+            where.add(st.instance.agent)
+        for agent in where:
+            self.d.cache.invalidate(agent)
+        world = await self.d.world(focus=where)
         found = world.engines_of(key)
         if st is None and not found:
             self._since.pop(key, None)
+            self.d.store.drop(key)  # on Kubernetes: the finalizer goes, whatever held it
             return Result()
         now = world.now
         started = self._since.setdefault(key, now)
         if st is not None:
             st.mark_deleted(self.d.wall())
+            await self.d.routes_out(st.model_name)  # off the route before the engine goes
         timeout = self.d.timings.drain_timeout
         waiting: list[str] = []
         for agent, engine in found:

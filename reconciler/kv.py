@@ -12,7 +12,8 @@ route is looked at again.
 
 It runs after every engine transition on the agent (the events feed), after the claim
 reconciler starts, sleeps, wakes or stops an engine there, and every ``kv_resync`` seconds
-while engines are awake (the load moves between them).
+while engines take requests (the load moves between them), every ``kv_idle_resync`` seconds
+while they are all idle.
 
 A limit the agent cannot write yet (a booting engine has no KV segment) is kept by the agent
 and applied the moment the segment appears, so it counts as confirmed for ordering.
@@ -67,8 +68,15 @@ class KvReconciler:
             st = self._status(engine)
             if st is not None:
                 st.set_kv_limit(agent, planned.get(model, engine.kv_requested))
-        awake = any(e.phase == "active" for e in engines.values())
-        return Result(requeue_after=self.d.timings.kv_resync if awake else None)
+        awake = [e for e in engines.values() if e.phase == "active"]
+        if not awake:
+            return Result()
+        # Load moves between busy engines without an event, so a busy agent is looked at often;
+        # an idle one (no request anywhere) rarely: its division would not change, and a
+        # thousand idle agents must cost next to nothing.
+        busy = any(e.load is None or e.load > 0 for e in awake)
+        return Result(requeue_after=self.d.timings.kv_resync if busy
+                      else self.d.timings.kv_idle_resync)
 
     def _status(self, engine: EngineObs) -> ClaimStatus | None:
         if engine.claim_ref is None:

@@ -113,6 +113,10 @@ class Lifecycle:
             return Result(requeue_after=max(0.1, left))
         self.d.holds.hold(model)  # off the route before the last look
         try:
+            if not await self.d.routes_out(model):
+                log.warning("claim %s: could not take %s off the route; not sleeping it",
+                            claim.key, model)
+                return Result(requeue_after=retry_delay(0))
             fresh = (await self.d.cache.fresh(agent)).engine(model)
             if fresh is None or fresh.phase != "active" or fresh.load is None or fresh.load > 0:
                 self.d.tracker.busy(agent, model, self.d.clock.now())
@@ -152,7 +156,8 @@ class Lifecycle:
         self._settling[entry] = (asked, None)
         self.d.holds.hold(victim)
         try:
-            fresh = (await self.d.cache.fresh(agent)).engine(victim)
+            fresh = (await self.d.cache.fresh(agent)).engine(victim) \
+                if await self.d.routes_out(victim) else None
             if fresh is None or fresh.phase != "active" or fresh.load is None or fresh.load > 0:
                 del self._settling[entry]
                 return False

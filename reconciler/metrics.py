@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from reconciler.desired import DesiredState
+from reconciler.desired import Desired
 from reconciler.status import ACTIVATING, ACTIVE
 from reconciler.store import StatusStore
 
@@ -28,7 +28,7 @@ ACTIVATION_RESULTS = ("success", "refused", "failed", "invalid")
 
 
 class _ClaimCollector(Collector):
-    def __init__(self, store: StatusStore, desired: DesiredState,
+    def __init__(self, store: StatusStore, desired: Desired,
                  wall: Callable[[], float]) -> None:
         self._store = store
         self._desired = desired
@@ -66,7 +66,7 @@ class _ClaimCollector(Collector):
 class ClaimMetrics:
     """The counters the reconcilers bump, and the scrape-time gauges."""
 
-    def __init__(self, registry: CollectorRegistry, store: StatusStore, desired: DesiredState,
+    def __init__(self, registry: CollectorRegistry, store: StatusStore, desired: Desired,
                  wall: Callable[[], float]) -> None:
         self.registry = registry
         self.activations = Counter("aibrix_modelclaim_activation_total",

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from reconciler.client import AgentApi, AgentUnreachable
@@ -125,6 +126,7 @@ class AgentObs:
     cached_artifacts: frozenset[str] = frozenset()
     first_at: float | None = None  # when this reconciler first asked the agent
     staging_artifacts: frozenset[str] = frozenset()
+    body: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def silent_since(self) -> float | None:
@@ -134,7 +136,24 @@ class AgentObs:
         return self.seen_at if self.seen_at is not None else self.first_at
 
     def engine(self, model_name: str) -> EngineObs | None:
-        return next((e for e in self.engines if e.model_name == model_name), None)
+        return self._by_model.get(model_name)
+
+    @cached_property
+    def _by_model(self) -> dict[str, EngineObs]:
+        out: dict[str, EngineObs] = {}
+        for e in self.engines:
+            out.setdefault(e.model_name, e)
+        return out
+
+    @cached_property
+    def by_claim(self) -> Mapping[ClaimKey, tuple[EngineObs, ...]]:
+        """The engines that answer to each claim (built once per snapshot: a reconcile looks
+        its claim up on every agent, so a scan of every engine would cost claims x engines)."""
+        out: dict[ClaimKey, list[EngineObs]] = {}
+        for e in self.engines:
+            if e.claim_ref is not None and e.phase != "stopped":
+                out.setdefault(e.claim_ref, []).append(e)
+        return {k: tuple(v) for k, v in out.items()}
 
     @classmethod
     def parse(cls, name: str, snap: Mapping[str, Any], at: float) -> AgentObs:
@@ -149,7 +168,7 @@ class AgentObs:
         return cls(name, True, at, at, None, tuple(sorted(gpus, key=lambda g: g.index)), engines,
                    frozenset(str(a) for a in snap.get("cached_artifacts") or ()),
                    staging_artifacts=frozenset(str(a) for a in snap.get("artifacts_staging")
-                                               or ()))
+                                               or ()), body=snap)
 
 
 class IdleTracker:
@@ -205,6 +224,21 @@ class SnapshotCache:
         entry = self._last.get(agent)
         return entry[0] if entry else None
 
+    def peek(self, agent: str, max_age: float | None = None) -> AgentObs | None:
+        """The cached snapshot if ``get`` would answer it without a fetch, else None (no
+        await: a reconcile reads a thousand agents' cached snapshots without a task each)."""
+        age = self._ttl if max_age is None else max_age
+        entry = self._last.get(agent)
+        if entry is not None and entry[1] == self._gen.get(agent, 0) \
+                and self._clock.now() - entry[0].fetched_at <= age:
+            return entry[0]
+        return None
+
+    def forget(self, agent: str) -> None:
+        """The agent left every pool: drop what is cached for it."""
+        self._last.pop(agent, None)
+        self._gen.pop(agent, None)
+
     def invalidate(self, agent: str) -> None:
         """The agent changed (an event, our own call): the next read fetches again."""
         self._gen[agent] = self._gen.get(agent, 0) + 1
@@ -248,8 +282,13 @@ class SnapshotCache:
         try:
             if client is None:
                 raise AgentUnreachable(f"agent {agent} is not in any pool")
-            obs = replace(AgentObs.parse(agent, await client.snapshot(), started),
-                          first_at=prev.first_at if prev else started)
+            body = await client.snapshot()
+            if prev is not None and prev.ok and body is prev.body:
+                # the agent answered "not modified": the same snapshot, seen now
+                obs = replace(prev, fetched_at=started, seen_at=started)
+            else:
+                obs = replace(AgentObs.parse(agent, body, started),
+                              first_at=prev.first_at if prev else started)
         except (AgentUnreachable, KeyError, TypeError, ValueError) as err:
             if prev is None or prev.ok:
                 log.warning("agent %s: snapshot failed: %s", agent, err)
@@ -281,26 +320,33 @@ class Reservation:
 class Reservations:
     def __init__(self, ttl: float = RESERVATION_TTL_S) -> None:
         self._ttl = ttl
-        self._by_key: dict[tuple[str, str], Reservation] = {}
+        self._by_agent: dict[str, dict[str, Reservation]] = {}
 
     def add(self, reservation: Reservation) -> None:
-        self._by_key[(reservation.agent, reservation.model)] = reservation
+        self._by_agent.setdefault(reservation.agent, {})[reservation.model] = reservation
 
     def drop(self, agent: str, model: str) -> None:
-        self._by_key.pop((agent, model), None)
+        held = self._by_agent.get(agent)
+        if held is not None:
+            held.pop(model, None)
+            if not held:
+                del self._by_agent[agent]
 
     def live(self, obs: AgentObs) -> list[Reservation]:
         """The agent's reservations its snapshot does not show yet (others are dropped)."""
+        held = self._by_agent.get(obs.name)
+        if not held:
+            return []
         out = []
-        for key, res in list(self._by_key.items()):
-            if res.agent != obs.name:
-                continue
+        for model, res in list(held.items()):
             engine = obs.engine(res.model)
             seen = engine is not None and (res.kind == "activate" or engine.phase != "sleeping")
             if (obs.ok and obs.fetched_at > res.at and seen) or obs.fetched_at - res.at > self._ttl:
-                del self._by_key[key]
+                del held[model]
             else:
                 out.append(res)
+        if not held:
+            del self._by_agent[obs.name]
         return out
 
 
@@ -349,6 +395,30 @@ def candidate(obs: AgentObs, agent: AgentRef, pool: WarmPool,
     return result
 
 
+class LazyCandidates(Mapping[str, Candidate]):
+    """Candidates built on first use, once per World: a reconcile that follows its engine
+    reads one agent's candidate, and only a placement reads them all."""
+
+    def __init__(self, names: Sequence[str], build: Callable[[str], Candidate]) -> None:
+        self._names = {n: None for n in names}
+        self._build = build
+        self._built: dict[str, Candidate] = {}
+
+    def __getitem__(self, name: str) -> Candidate:
+        if name not in self._names:
+            raise KeyError(name)
+        cand = self._built.get(name)
+        if cand is None:
+            cand = self._built[name] = self._build(name)
+        return cand
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @dataclass(frozen=True)
 class World:
     """What one reconcile sees: every agent's observation and candidate, at ``now``."""
@@ -360,8 +430,8 @@ class World:
 
     def engines_of(self, key: ClaimKey) -> list[tuple[str, EngineObs]]:
         """Every engine, on any agent, that answers to the claim ``key``."""
-        return [(name, e) for name, obs in sorted(self.agents.items()) for e in obs.engines
-                if e.claim_ref == key and e.phase != "stopped"]
+        return [(name, e) for name, obs in sorted(self.agents.items())
+                for e in obs.by_claim.get(key, ())]
 
     def candidate_list(self) -> list[Candidate]:
         return [self.candidates[name] for name in sorted(self.candidates)]

@@ -194,6 +194,7 @@ class Placer:
         """Stop the engine on ``away_from`` and start the claim elsewhere, if another agent has
         room; otherwise the ``Unplaced`` that says why it cannot move."""
         need = ClaimNeed.from_claim(claim, frozenset({away_from}))
+        world = await self.d.world(placing=True, focus=(away_from,))
         got = place(need, world.candidate_list(), world.now,
                     max_snapshot_age=self.d.timings.max_snapshot_age)
         if not isinstance(got, Placed):

@@ -28,7 +28,7 @@ log = logging.getLogger("reconciler.status")
 
 PENDING, ACTIVATING, ACTIVE, SLEEPING, FAILED = "Pending", "Activating", "Active", "Sleeping", \
     "Failed"
-SCHEDULED, READY = "Scheduled", "Ready"
+SCHEDULED, READY, SPEC_APPLIED = "Scheduled", "Ready", "SpecApplied"
 # Scheduled reasons
 PLACED, NO_MATCHING_PODS, TOO_LARGE, INVALID_PER_GPU, MAKING_ROOM = (
     "Placed", "NoMatchingPods", "TooLargeForAnyCard", "InvalidPerGPU", "MakingRoom")
@@ -92,7 +92,8 @@ class Instance:
     devices: tuple[int, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
-        return {"agent": self.agent, "pod": self.agent, "port": self.port,
+        # on Kubernetes an agent is named <namespace>/<pod>; the guide reads the Pod's name
+        return {"agent": self.agent, "pod": self.agent.rpartition("/")[2], "port": self.port,
                 "kvLimitBytes": self.kv_limit_bytes, "devices": list(self.devices)}
 
 
@@ -115,7 +116,10 @@ class ClaimStatus:
     deleted: float | None = None
     not_ready_since: float | None = None
     attempts: int = 0  # placement tries since the claim was last placed
+    observed_generation: int | None = None  # the claim's generation the status reflects
     notify: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
+    on_event: Callable[[ClaimEvent], None] = field(default=lambda event: None, repr=False,
+                                                   compare=False)
 
     @property
     def key(self) -> ClaimKey:
@@ -153,6 +157,21 @@ class ClaimStatus:
         elif not is_ready and self.not_ready_since is None:
             self.not_ready_since, changed = now, True
         if changed:
+            self.notify()
+
+    def set_spec_problem(self, now: float, reason: str | None, message: str = "") -> None:
+        """The ``SpecApplied`` condition: False with the reason while the declared spec is not
+        the one that runs (an edit of an immutable field, an unreadable manifest), with a
+        Warning event when the problem first appears; True once it runs as declared."""
+        old = self.conditions.get(SPEC_APPLIED)
+        if reason is None:
+            if old is not None and self._condition(now, SPEC_APPLIED, True, "Applied",
+                                                   "the claim runs as declared"):
+                self.notify()
+            return
+        if old is None or (old.status, old.reason, old.message) != ("False", reason, message):
+            self.event(now, reason, message, warning=True)
+        if self._condition(now, SPEC_APPLIED, False, reason, message):
             self.notify()
 
     def set_scheduled(self, now: float, ok: bool, reason: str, message: str) -> None:
@@ -206,6 +225,7 @@ class ClaimStatus:
             last.last = now
         else:
             self.events.append(ClaimEvent(kind, reason, message, now, now))
+        self.on_event(self.events[-1])
         log.info("claim %s/%s: %s: %s", self.namespace, self.name, reason, message,
                  extra={"claim": f"{self.namespace}/{self.name}", "reason": reason})
         self.notify()
@@ -225,7 +245,8 @@ class ClaimStatus:
             "spec": spec,
             "status": {"phase": self.phase, "desiredReplicas": 1,
                        "readyReplicas": 1 if self.phase == ACTIVE else 0,
-                       "conditions": [self.conditions[k].as_json() for k in (SCHEDULED, READY)
+                       "conditions": [self.conditions[k].as_json()
+                                      for k in (SCHEDULED, READY, SPEC_APPLIED)
                                       if k in self.conditions],
                        "instances": [i.as_json() for i in self.instances],
                        "notReadySince": iso(self.not_ready_since),

@@ -52,6 +52,9 @@ class StatusStore:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
+    def where(self) -> str:
+        return str(self.directory)
+
     def _path(self, key: ClaimKey) -> Path:
         assert self.directory is not None
         return self.directory / f"{key[0]}_{key[1]}.json"
@@ -82,6 +85,10 @@ class StatusStore:
     def get(self, key: ClaimKey) -> ClaimStatus | None:
         return self._statuses.get(key)
 
+    def by_model(self, model_name: str) -> ClaimKey | None:
+        """The claim whose status names ``model_name`` (a claim gone from the manifests)."""
+        return next((k for k, st in self._statuses.items() if st.model_name == model_name), None)
+
     def ensure(self, claim: ModelClaim) -> ClaimStatus:
         """The claim's status, created (with a new uid) the first time the claim is seen."""
         key = (claim.namespace, claim.name)
@@ -102,6 +109,10 @@ class StatusStore:
 
     def all(self) -> Iterator[ClaimStatus]:
         return iter(sorted(self._statuses.values(), key=lambda s: s.key))
+
+    def values(self) -> Iterator[ClaimStatus]:
+        """Every status, in no order (``all`` sorts, for people)."""
+        return iter(list(self._statuses.values()))
 
     def keys(self) -> set[ClaimKey]:
         return set(self._statuses)
@@ -142,7 +153,9 @@ class StatusStore:
 
     def _write(self, docs: dict[ClaimKey, bytes], removed: set[ClaimKey]) -> None:
         assert self.directory is not None
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # Not parents=True: a vanished claims directory is not recreated (empty) by us, which
+        # the next poll would read as "every claim deleted".
+        self.directory.mkdir(exist_ok=True)
         for key, data in docs.items():
             _write_atomically(self._path(key), data)
         for key in removed:
@@ -157,8 +170,8 @@ class StatusStore:
                 return
             try:
                 await self.flush()
-            except OSError:
-                log.exception("writing claim statuses to %s failed; retrying", self.directory)
+            except Exception:
+                log.exception("writing claim statuses to %s failed; retrying", self.where())
                 await asyncio.sleep(1.0)
                 self._wake.set()
             await asyncio.sleep(0.05)  # coalesce bursts of changes into one write each

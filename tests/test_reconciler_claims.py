@@ -236,7 +236,7 @@ async def test_a_deleted_claim_still_busy_after_90_seconds_is_stopped_with_drain
     await rig.reconcile("qwen3-0-6b")
     a.serve("qwen3-0.6b")
     a.set("qwen3-0.6b", requests_waiting=1.0)
-    rig.write_claims("")
+    rig.write_claims("# every claim deleted\n")  # an empty file reads as one being written
     await rig.reconcile("qwen3-0-6b")
     st = rig.status("qwen3-0-6b")
     await rig.reconcile("qwen3-0-6b", advance=89)

@@ -380,14 +380,27 @@ def test_a_claim_without_per_gpu_is_kept_and_held_back_with_invalid_per_gpu() ->
     assert result.placeable_claims == ()
 
 
+@pytest.mark.parametrize("spec, fragment", [
+    ({"perGPU": {"maximumFootprint": "six", "kvFloor": "1Gi"}}, "spec.perGPU.maximumFootprint"),
+    ({"perGPU": {"maximumFootprint": True, "kvFloor": "1Gi"}}, "spec.perGPU.maximumFootprint"),
+    ({"perGPU": {"maximumFootprint": "6Gi", "kvFloor": "1Gi", "extra": "1"}}, "extra"),
+    ({"perGPU": "7Gi"}, "spec.perGPU"),
+    ({"engineConfig": {"args": {"--max-model-len": True}}}, "--max-model-len"),
+])
+def test_a_claim_of_a_shape_the_crd_refuses_is_left_out_naming_the_field(
+        spec: dict[str, Any], fragment: str) -> None:
+    """The CRD's schema refuses these (a quantity pattern, int-or-string values, no unknown
+    fields), so the parser does too (tests/test_kube_manifests.py compares the two)."""
+    result = parse_objects(claim_doc(**spec))
+    assert result.claims == ()
+    (problem,) = result.problems
+    assert problem.reason == INVALID_SPEC and fragment in problem.message
+
+
 @pytest.mark.parametrize("per_gpu", [
     {"maximumFootprint": "0", "kvFloor": "1Gi"},
     {"maximumFootprint": "6Gi", "kvFloor": "-1Gi"},
     {"maximumFootprint": "6Gi"},
-    {"maximumFootprint": "six", "kvFloor": "1Gi"},
-    {"maximumFootprint": True, "kvFloor": "1Gi"},
-    {"maximumFootprint": "6Gi", "kvFloor": "1Gi", "extra": "1"},
-    "7Gi",
 ])
 def test_a_per_gpu_figure_that_is_missing_or_not_positive_is_invalid_per_gpu(
         per_gpu: object) -> None:
@@ -418,7 +431,6 @@ def test_per_gpu_figures_may_be_plain_bytes_or_decimal_quantities() -> None:
     {"--enable_sleep_mode": ""},
     {"max-model-len": "2048"},
     {"--max-model-len=2048": ""},
-    {"--max-model-len": True},
     {"--tensor-parallel-size": "2", "-tp": "2"},
 ])
 def test_engine_arguments_the_guide_forbids_are_invalid_engine_config(

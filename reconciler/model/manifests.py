@@ -496,49 +496,61 @@ def model_name_problem(name: object) -> str | None:
 
 
 def per_gpu_from(raw: object) -> tuple[PerGPU | None, str | None]:
-    """(PerGPU, None), or (None, why) for InvalidPerGPU."""
+    """(PerGPU, None), or (None, why) for InvalidPerGPU: a missing perGPU or figure, or one
+    that is not positive. A perGPU of the wrong shape (not a mapping, unknown fields, a figure
+    that is not a quantity) is refused as the CRD's schema refuses it (``ManifestError``)."""
     if raw is None:
         return None, ("spec.perGPU is missing: declare maximumFootprint and kvFloor, "
                       "the GPU memory one instance needs")
     if not isinstance(raw, Mapping):
-        return None, "spec.perGPU must be a mapping with maximumFootprint and kvFloor"
+        raise ManifestError(INVALID_SPEC, "spec.perGPU must be a mapping with maximumFootprint "
+                            "and kvFloor")
     unknown = sorted(str(k) for k in raw if k not in ("maximumFootprint", "kvFloor"))
     if unknown:
-        return None, f"spec.perGPU has unknown fields: {', '.join(unknown)}"
+        raise ManifestError(INVALID_SPEC, f"spec.perGPU has unknown fields: {', '.join(unknown)}")
     figures: list[int] = []
     for key in ("maximumFootprint", "kvFloor"):
         if key not in raw or raw[key] is None:
             return None, f"spec.perGPU.{key} is missing"
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ManifestError(INVALID_SPEC, f"spec.perGPU.{key} must be bytes or a quantity "
+                                f"such as 6Gi, got {value!r}")
         try:
-            value = parse_quantity(raw[key])
+            number = parse_quantity(value)
         except QuantityError as exc:
-            return None, f"spec.perGPU.{key}: {exc}"
-        if value <= 0:
+            raise ManifestError(INVALID_SPEC, f"spec.perGPU.{key}: {exc}") from None
+        if number <= 0:
             return None, f"spec.perGPU.{key} must be positive, got {raw[key]!r}"
-        figures.append(value)
+        figures.append(number)
     return PerGPU(figures[0], figures[1]), None
 
 
 def _engine_args(raw: object) -> tuple[dict[str, str], str | None]:
+    """The args map; its shape is the schema's (``ManifestError``), its flags the contract's
+    (InvalidEngineConfig, in ``engine_args_problem``)."""
     if raw is None:
         return {}, None
     if not isinstance(raw, Mapping):
-        return {}, "spec.engineConfig must be a mapping with args"
+        raise ManifestError(INVALID_SPEC, "spec.engineConfig must be a mapping with args")
     unknown = sorted(str(k) for k in raw if k != "args")
     if unknown:
-        return {}, f"spec.engineConfig has unknown fields: {', '.join(unknown)}"
+        raise ManifestError(INVALID_SPEC, "spec.engineConfig has unknown fields: "
+                            f"{', '.join(unknown)}")
     args_raw = raw.get("args")
     if args_raw is None:
         return {}, None
     if not isinstance(args_raw, Mapping):
-        return {}, "spec.engineConfig.args must be a mapping of flags to string values"
+        raise ManifestError(INVALID_SPEC, "spec.engineConfig.args must be a mapping of flags to "
+                            "string values")
     args: dict[str, str] = {}
     for flag, value in args_raw.items():
         if not isinstance(flag, str):
-            return {}, f"engine flag {flag!r} must be a string such as --max-model-len"
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            return {}, (f"{flag}: the value must be a string (\"\" for a flag without a value), "
-                        f"got {value!r}")
+            raise ManifestError(INVALID_SPEC, f"spec.engineConfig.args: engine flag {flag!r} "
+                                "must be a string such as --max-model-len")
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise ManifestError(INVALID_SPEC, f"spec.engineConfig.args[{flag}]: the value must be "
+                                f"a string (\"\" for a flag without a value), got {value!r}")
         args[flag] = value if isinstance(value, str) else str(value)
     return args, None
 

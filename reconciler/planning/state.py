@@ -103,9 +103,14 @@ class Gpu:
 
     def room(self, policy: PoolPolicy, *, leave_out: str | None = None) -> int:
         """Free bytes for a newcomer; ``leave_out``: an engine whose charge does not count (a
-        waking engine, which needs its room again)."""
-        return self.usable - self.other - sum(charge(e, policy) for e in self.engines
-                                              if e.name != leave_out)
+        waking engine, which needs its room again). Remembered per GPU value (it is frozen):
+        a placement over a fleet asks every GPU, and the same GPU values serve many."""
+        memo: dict[tuple[PoolPolicy, str | None], int] = self.__dict__.setdefault("_rooms", {})
+        got = memo.get((policy, leave_out))
+        if got is None:
+            got = memo[(policy, leave_out)] = self.usable - self.other - sum(
+                charge(e, policy) for e in self.engines if e.name != leave_out)
+        return got
 
 
 @dataclass(frozen=True)

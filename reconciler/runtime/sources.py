@@ -27,7 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import aiohttp
 
 from reconciler.runtime.clock import Clock, RealClock
-from reconciler.runtime.queue import Enqueuer
+from reconciler.runtime.queue import Enqueuer, K_contra
 from reconciler.runtime.ratelimit import backoff_delay
 
 log = logging.getLogger("reconciler.runtime.sources")
@@ -82,26 +82,44 @@ def _enqueue(queue: Enqueuer[K], keys: Iterable[K]) -> int:
     return count
 
 
-class TimerSource(_TaskSource[K]):
-    """All keys at start and then every ``interval`` seconds."""
+class DelayedEnqueuer(Enqueuer[K_contra], Protocol[K_contra]):
+    def add_after(self, key: K_contra, delay: float) -> None: ...
 
-    def __init__(self, clock: Clock, interval: float, keys_fn: KeysFn[K]) -> None:
+
+class TimerSource(_TaskSource[K]):
+    """All keys at start and then every ``interval`` seconds.
+
+    With ``spread``, the later rounds hand the keys out evenly over the interval (the queue's
+    ``add_after``) instead of all at once: a resync of ten thousand claims is then a trickle
+    that never stands in front of a change, and its cost per second follows the interval."""
+
+    def __init__(self, clock: Clock, interval: float, keys_fn: KeysFn[K], *,
+                 spread: bool = False) -> None:
         super().__init__()
         if interval <= 0:
             raise ValueError("interval must be positive")
         self._clock = clock
         self._interval = interval
         self._keys_fn = keys_fn
+        self._spread = spread
 
     async def _run(self, queue: Enqueuer[K]) -> None:
+        first = True
         while True:
             try:
                 produced = self._keys_fn()
-                keys = await produced if isinstance(produced, Awaitable) else produced
-                _enqueue(queue, keys)
+                keys = list(await produced if isinstance(produced, Awaitable) else produced)
+                add_after = getattr(queue, "add_after", None)
+                if self._spread and not first and add_after is not None and keys:
+                    step = self._interval / len(keys)
+                    for i, key in enumerate(keys):
+                        add_after(key, i * step)
+                else:
+                    _enqueue(queue, keys)
             except Exception:
                 log.exception("resync: listing the keys failed; trying again in %.1fs",
                               self._interval)
+            first = False
             await self._clock.sleep(self._interval)
 
 
@@ -109,9 +127,12 @@ class TimerSource(_TaskSource[K]):
 
 Signature = tuple[int, int, int]  # (mtime_ns, size, inode)
 DirToKeys = Callable[[Path, "str | None", "str | None"], Iterable[K]]
+DirState = Callable[[Path, "str | None"], Iterable[K]]  # the directory unreadable (why) or not
 # A file changed this recently may change again within the file system's timestamp granularity
 # without its signature changing (git's "racy clean" problem): such files are re-read each poll.
 RACY_NS = 2_000_000_000
+# Every file is stat-ed at least every SWEEP_PER_FILE_S x files seconds (see DirectorySource).
+SWEEP_PER_FILE_S = 0.001
 
 
 def scan_directory(directory: Path, suffixes: tuple[str, ...],
@@ -120,13 +141,11 @@ def scan_directory(directory: Path, suffixes: tuple[str, ...],
 
     A file's text is read when it is new, its signature changed or it is racy; otherwise it is
     None (unchanged). A file that cannot be read keeps its known signature (so it is neither
-    seen as changed nor as deleted); a missing directory is an empty one.
+    seen as changed nor as deleted); a directory that cannot be read raises ``OSError`` (a
+    failed read is never an empty one).
     """
     found: dict[Path, tuple[Signature, str | None]] = {}
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return found
+    entries = list(os.scandir(directory))  # OSError: the directory cannot be read
     now_ns = time.time_ns()
     for entry in entries:
         if entry.name.startswith(".") or not entry.name.endswith(suffixes):
@@ -155,14 +174,20 @@ class DirectorySource(_TaskSource[K]):
     """Polls ``path`` every ``interval`` seconds for created, modified and deleted manifests.
 
     Files present at start count as created. Only ``*.yaml``/``*.yml`` (``suffixes``) that are
-    not hidden are watched, without subdirectories. A file whose stat changed but whose text did
+    not hidden are watched, without subdirectories. A directory that cannot be read (removed,
+    permissions) reports no change at all: ``on_unreadable(path, why)`` is told, and again with
+    None once it can be read. A file whose stat changed but whose text did
     not (a touch) is not reported.
     """
 
     def __init__(self, path: Path | str, to_keys: DirToKeys[K], interval: float = 1.0, *,
                  clock: Clock | None = None,
-                 suffixes: tuple[str, ...] = (".yaml", ".yml")) -> None:
+                 suffixes: tuple[str, ...] = (".yaml", ".yml"),
+                 sweep_per_file: float = SWEEP_PER_FILE_S,
+                 on_unreadable: DirState[K] | None = None) -> None:
         super().__init__()
+        self._on_unreadable = on_unreadable
+        self._missing: str | None = None
         if interval <= 0:
             raise ValueError("interval must be positive")
         self._path = Path(path)
@@ -171,6 +196,10 @@ class DirectorySource(_TaskSource[K]):
         self._clock: Clock = clock or RealClock()
         self._suffixes = suffixes
         self._known: dict[Path, tuple[Signature, str]] = {}
+        self._sweep_per_file = sweep_per_file
+        self._dir_sig: tuple[int, int] | None = None
+        self._swept_at: float | None = None
+        self._newest_ns = 0  # the newest mtime among the files, at the last sweep
 
     async def _run(self, queue: Enqueuer[K]) -> None:
         while True:
@@ -180,21 +209,64 @@ class DirectorySource(_TaskSource[K]):
                 log.exception("manifests: polling %s failed", self._path)
             await self._clock.sleep(self._interval)
 
-    async def poll(self, queue: Enqueuer[K]) -> None:
+    def _due(self) -> bool:
+        """Whether this poll must stat every file. A file created, removed or renamed into
+        place (an atomic write) changes the directory's own mtime, seen every poll; a file
+        rewritten in place does not, so every file is also stat-ed at least every
+        ``sweep_per_file`` x files seconds (1 s for a thousand files), and every poll while a
+        file changed within the racy window: the cost of an idle poll then stays flat however
+        many manifests there are."""
+        try:
+            st = os.stat(self._path)
+            sig: tuple[int, int] | None = (st.st_mtime_ns, st.st_ino)
+        except OSError:
+            sig = None
+        now, wall_ns = self._clock.now(), time.time_ns()
+        newest = max([sig[0] if sig else 0, self._newest_ns])
+        period = max(self._interval, self._sweep_per_file * len(self._known))
+        due = (sig != self._dir_sig or wall_ns - newest < RACY_NS or self._swept_at is None
+               or now - self._swept_at >= period)
+        self._dir_sig = sig
+        if due:
+            self._swept_at = now
+        return due
+
+    async def poll(self, queue: Enqueuer[K], *, force: bool = False) -> None:
         """One look at the directory: report every change since the last look."""
+        if not force and not self._due():
+            return
         signatures = {path: sig for path, (sig, _) in self._known.items()}
-        current = await asyncio.to_thread(scan_directory, self._path, self._suffixes, signatures)
-        for path in sorted(self._known.keys() - current.keys()):
+        try:
+            current = await asyncio.to_thread(scan_directory, self._path, self._suffixes,
+                                              signatures)
+        except OSError as err:  # gone or unreadable: nothing it declared is deleted
+            why = err.strerror or type(err).__name__
+            if why != self._missing:
+                self._missing = why
+                self._state(queue, why)
+            self._swept_at = None
+            return
+        if self._missing is not None:
+            self._missing = None
+            self._state(queue, None)
+        self._newest_ns = max((sig[0] for sig, _ in current.values()), default=0)
+        for path in sorted(self._known.keys() - current.keys(), key=str):
             _, gone = self._known.pop(path)
             self._report(queue, path, gone, None)
-        for path, (sig, text) in sorted(current.items()):
-            if text is None:
-                continue
+        read = [(path, entry) for path, entry in current.items() if entry[1] is not None]
+        for path, (sig, text) in sorted(read, key=lambda item: str(item[0])):
+            assert text is not None
             before = self._known.get(path)
             self._known[path] = (sig, text)
             old = before[1] if before is not None else None
             if old != text:
                 self._report(queue, path, old, text)
+
+    def _state(self, queue: Enqueuer[K], why: str | None) -> None:
+        log.warning("manifests: %s %s", self._path, f"cannot be read: {why}" if why
+                    else "can be read again")
+        if self._on_unreadable is not None:
+            _enqueue(queue, self._on_unreadable(self._path, why))
 
     def _report(self, queue: Enqueuer[K], path: Path, old: str | None, new: str | None) -> None:
         change = "created" if old is None else "deleted" if new is None else "modified"
@@ -232,8 +304,10 @@ class EventFeedSource(_TaskSource[K]):
     def __init__(self, url: str, to_keys: EventToKeys[K], *, on_connect: OnConnect | None = None,
                  wait: int = 30, clock: Clock | None = None,
                  session: aiohttp.ClientSession | None = None,
-                 retry_base: float = 0.5, retry_cap: float = 30.0) -> None:
+                 retry_base: float = 0.5, retry_cap: float = 30.0,
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__()
+        self._headers = dict(headers or {})
         if not 0 < wait <= 60:
             raise ValueError("wait must be 1 to 60 seconds (the agent's limit)")
         self._url = url.rstrip("/") + "/v1/runtime/events"
@@ -325,7 +399,8 @@ class EventFeedSource(_TaskSource[K]):
         params = {"since": str(since), "wait": str(wait)}
         if self.boot_id is not None:
             params["boot_id"] = self.boot_id
-        async with session.get(self._url, params=params, timeout=timeout) as resp:
+        async with session.get(self._url, params=params, timeout=timeout,
+                               headers=self._headers) as resp:
             resp.raise_for_status()
             try:
                 body = await resp.json()

@@ -1,0 +1,13 @@
+"""The reconciler on Kubernetes: ModelClaims as custom resources, pool Pods as agents.
+
+| module | what |
+|---|---|
+| ``api.py`` | the only code that talks to the API server (``kubernetes_asyncio``, raw JSON) |
+| ``informer.py`` | list-then-watch with resource versions, bookmarks and a relist on 410 Gone |
+| ``desired.py`` | ModelClaims, pool Pods and Deployments as the reconcilers' ``Desired`` |
+| ``status.py`` | statuses through the status subresource (409: re-read, retry), finalizers |
+| ``routes.py`` | route and wake annotations on the Pods, patched minimally |
+| ``events.py`` | Events, rate-limited and aggregated like client-go's recorder |
+| ``leader.py`` | leader election on a ``coordination.k8s.io`` Lease |
+| ``app.py`` | wiring (``runtime-agent reconcile --kubernetes``) |
+"""

@@ -1,0 +1,225 @@
+"""The Kubernetes run mode: ``runtime-agent reconcile --kubernetes``.
+
+    ModelClaims --Informer--> KubeDesired --keys--> the core (``reconciler.core``): placement,
+    Pods -------Informer--/       |                  KV division, sleep, wake and drain, the
+    Deployments -Informer-/       |                  same code as the directory mode
+                                  v
+    KubeStatusStore --status subresource, finalizers--> API server
+    RoutePublisher --route and wake annotations on Pods--> API server
+    EventRecorder --Events--> API server
+
+Every replica serves ``/healthz`` and ``/metrics`` at once and campaigns for the Lease; only the
+leader lists and watches, reconciles and writes. A replica that loses the Lease exits (its
+Deployment restarts it as a standby); one that is stopped releases the Lease after its last
+writes, so a standby takes over within a retry period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Gauge
+
+from reconciler.core import Core, CoreSettings
+from reconciler.desired import ClaimKey
+from reconciler.kube.api import CLAIMS, DEPLOYMENTS, PODS, KubeApi, connect
+from reconciler.kube.desired import DEFAULT_RUNTIME_PORT, KubeDesired
+from reconciler.kube.events import EventRecorder, ObjectRef
+from reconciler.kube.informer import Informer, meta
+from reconciler.kube.leader import ElectionSettings, Elector
+from reconciler.kube.routes import RoutePublisher
+from reconciler.kube.status import KubeStatusStore
+from reconciler.model.manifests import POOL_LABEL
+from reconciler.runtime.clock import Clock, RealClock
+from reconciler.status import ClaimEvent, ClaimStatus
+
+log = logging.getLogger("reconciler.kube.app")
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    # The resync is a safety net (watches and the agents' events carry every change): every
+    # claim once in 30 minutes, spread out; the agents' event long-polls last 55 s (limit 60).
+    core: CoreSettings = field(default_factory=lambda: CoreSettings(
+        host="0.0.0.0", resync_interval=1800.0, feed_wait=55, kv_workers=16))
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None  # watch one namespace (None: all)
+    lease_namespace: str = "default"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    leader_election: bool = True
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    watch_timeout: int = 300
+    runtime_port: int = DEFAULT_RUNTIME_PORT
+
+
+class KubeApp(Core):
+    """One replica. ``await run()`` until ``stop()``; answers the process's exit code."""
+
+    def __init__(self, settings: KubeSettings, api: KubeApi, *, clock: Clock | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.api = api
+        clock = clock or RealClock()
+        desired = KubeDesired(default_port=settings.runtime_port)
+        self.recorder = EventRecorder(api, clock=clock, wall=wall)
+        store = KubeStatusStore(api, desired, wall, on_event=self._claim_event)
+        super().__init__(settings.core, desired, store, clock=clock, wall=wall)
+        self.kube_desired = desired
+        self.kube_store = store
+        self.publisher = RoutePublisher(api, desired, self.deps, self.clock, wall)
+        self.deps.routes_out = self.publisher.sync_model
+        store.on_mark = self.publisher.mark
+        ns, w = settings.namespace, settings.watch_timeout
+        self.informers = [
+            Informer(api, CLAIMS, desired.on_claim, namespace=ns, watch_timeout=w, clock=clock),
+            Informer(api, PODS, desired.on_pod, namespace=ns, watch_timeout=w, clock=clock),
+            Informer(api, DEPLOYMENTS, desired.on_deployment, namespace=ns,
+                     label_selector=POOL_LABEL, watch_timeout=w, clock=clock)]
+        desired.on_claim_changed(self._claim_changed)
+        desired.on_agents_changed(self._agents_changed)
+        desired.on_invalid_policy(self._invalid_policy)
+        self.leader = Gauge("reconciler_leader", "1 while this replica leads (and writes).",
+                            registry=self.registry)
+        self.elector = Elector(api, ElectionSettings(
+            settings.lease_namespace, identity=settings.identity,
+            lease_duration=settings.lease_duration, renew_deadline=settings.renew_deadline,
+            retry_period=settings.retry_period), on_started=self._lead,
+            on_stopped=self._lost, clock=self.clock, wall=wall)
+        self._stop = asyncio.Event()
+        self._leading = False
+        self._exit = 0
+
+    # ---- keys -------------------------------------------------------------------------------
+
+    def _claim_changed(self, key: ClaimKey) -> None:
+        obj = self.kube_desired.object(key)
+        if obj is not None:
+            self.kube_store.note_version(key, str(meta(obj).get("resourceVersion") or ""))
+        self.claim_queue.add(key)
+        self.publisher.mark(key)
+
+    def _agents_changed(self, agents: set[str]) -> None:
+        """Pods came, went or changed: the claims placed on them, and those waiting for room."""
+        keys = {st.key for st in self.kube_store.values()
+                if st.instance is not None and st.instance.agent in agents}
+        keys |= set(self.deps.waiting_keys())
+        for agent in agents:
+            obs = self.cache.last(agent)
+            if obs is not None:
+                keys |= set(obs.by_claim)
+            if self.desired.agent(agent) is not None:
+                self.kv_queue.add(agent)
+        for key in sorted(keys):
+            self.claim_queue.add(key)
+            self.publisher.mark(key)
+
+    def _claim_event(self, st: ClaimStatus, event: ClaimEvent) -> None:
+        if self._leading:
+            self.recorder.record(ObjectRef(CLAIMS.api_version, CLAIMS.kind, st.namespace,
+                                           st.name, st.uid), event.type, event.reason,
+                                 event.message)
+
+    def _invalid_policy(self, namespace: str, name: str, why: str) -> None:
+        if self._leading:
+            self.recorder.record(ObjectRef(DEPLOYMENTS.api_version, DEPLOYMENTS.kind,
+                                           namespace, name), "Warning", "InvalidPoolPolicy",
+                                 f"policy turned off: {why}")
+
+    # ---- leading ----------------------------------------------------------------------------
+
+    async def _lead(self) -> None:
+        """Leadership begins: list and watch, then reconcile and write."""
+        self._leading = True
+        self.leader.set(1)
+        for informer in self.informers:
+            informer.start()
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+        self.kube_desired.flush()
+        self.recorder.start()
+        self.kube_store.start()
+        self.publisher.start()
+        await self.start_core()
+        self.publisher.mark_all()
+        log.info("leading: %d claims, %d agents", len(self.desired.claims),
+                 len(self.desired.agents()))
+
+    async def _lead_alone(self) -> None:
+        """Without an election: lead until stopped."""
+        await self._lead()
+        await asyncio.Event().wait()
+
+    async def _lost(self) -> None:
+        self._exit = 1
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        await self.serve_http()
+        log.info("replica %s: serving health and metrics on %s:%d", self.settings.identity,
+                 self.settings.core.host, self.port)
+        if self.settings.leader_election:
+            campaign = asyncio.ensure_future(self.elector.run())
+        else:
+            campaign = asyncio.ensure_future(self._lead_alone())
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            campaign.cancel()
+            stopping.cancel()
+            await asyncio.wait({campaign, stopping})
+            await self._shutdown()
+        return self._exit
+
+    async def _shutdown(self) -> None:
+        """Controllers first (in-flight reconciles finish), then the last writes, then the
+        Lease: a standby starts only after this replica wrote everything it decided."""
+        if self._leading:
+            await self.stop_core()
+            await self.publisher.stop()
+            await self.kube_store.stop()
+            await self.recorder.stop()
+            for informer in self.informers:
+                await informer.stop()
+            await self.elector.release()
+            self._leading = False
+            self.leader.set(0)
+        await self.stop_http()
+        await self.api.close()
+
+
+def request_counter(registry_holder: list[Counter]) -> Callable[[str, str, int], None]:
+    def count(verb: str, resource: str, status: int) -> None:
+        if registry_holder:
+            registry_holder[0].labels(verb=verb, resource=resource, code=str(status)).inc()
+    return count
+
+
+async def serve_until_signalled(settings: KubeSettings) -> int:
+    holder: list[Counter] = []
+    api = await connect(settings.kubeconfig, settings.context, request_counter(holder))
+    app = KubeApp(settings, api)
+    holder.append(Counter("reconciler_kube_requests_total",
+                          "Requests to the Kubernetes API server, by verb, resource and code.",
+                          ["verb", "resource", "code"], registry=app.registry))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, app.stop)
+    return await app.run()
+
+
+def run_kubernetes(settings: KubeSettings) -> int:
+    """Blocking: one replica until SIGTERM (0) or until it loses the Lease (1)."""
+    return asyncio.run(serve_until_signalled(settings))

@@ -1,0 +1,203 @@
+"""Routes and wake requests as Pod annotations: what the gateway reads and what it asks for.
+
+A claim's route is ``route.claim.model.aibrix.ai/<claim>`` on the Pod of its engine, as JSON
+``{"model", "port", "state", "wakeByRequest"}`` (and ``reason`` while it waits), computed by the
+one ``route_of`` the HTTP route table uses. ``RoutePublisher`` keeps the annotations equal to
+it: a claim whose status changed is marked, and the next round patches only the Pods whose
+annotation differs, with a JSON merge patch of just those keys (``null`` removes one); a claim
+that moved loses its annotation on the old Pod, a claim being deleted loses it first (off the
+route before its engine drains). ``sync_model`` publishes one model's route at once and answers
+whether it is out, which a sleep waits for (off the route before a sleep).
+
+The gateway asks for a wake with ``wake.modelclaim.aibrix.ai/<claim>`` (the request time). A
+new value becomes a request in the ``WakeBook`` and the claim is reconciled; once the book no
+longer holds it (the model serves, the wake failed, or it expired after five minutes) the
+annotation is removed with a JSON patch that first tests its value, so a newer request written
+meanwhile is kept. A claim that already serves has its request removed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from reconciler.context import Deps
+from reconciler.desired import ClaimKey, key_text
+from reconciler.kube.api import JSON_PATCH, MERGE_PATCH, PODS, Conflict, KubeApi, KubeError
+from reconciler.kube.desired import ROUTE_PREFIX, WAKE_PREFIX, KubeDesired, PodAgent, pod_of
+from reconciler.routes import Route, route_of
+from reconciler.runtime.clock import Clock
+from reconciler.status import ACTIVE
+
+log = logging.getLogger("reconciler.kube.routes")
+
+PodKey = tuple[str, str]
+WAKE_CHECK_S = 5.0
+
+
+def route_value(route: Route) -> str:
+    """The annotation's JSON, as the guide shows it."""
+    doc: dict[str, Any] = {"model": route.model, "port": route.port, "state": route.state}
+    if route.reason:
+        doc["reason"] = route.reason
+    doc["wakeByRequest"] = route.wake_by_request
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _pointer(key: str) -> str:
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+class RoutePublisher:
+    def __init__(self, api: KubeApi, desired: KubeDesired, deps: Deps, clock: Clock,
+                 wall: Callable[[], float]) -> None:
+        self.api = api
+        self.desired = desired
+        self.d = deps
+        self.clock = clock
+        self.wall = wall
+        self._marked: set[ClaimKey] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._routes: dict[ClaimKey, set[PodKey]] = {}  # Pods that carry a claim's route
+        self._wakes: dict[ClaimKey, tuple[PodKey, str]] = {}  # requests taken, by claim
+        self.patches = 0
+        desired.on_pod_changed(self.on_pod)
+
+    # ---- what the Pods say ------------------------------------------------------------------
+
+    def on_pod(self, before: PodAgent | None, after: PodAgent | None) -> None:
+        pod = before or after
+        assert pod is not None
+        where = (pod.namespace, pod.name)
+        old = before.annotations if before is not None else {}
+        new = after.annotations if after is not None else {}
+        for key in old.keys() | new.keys():
+            if key.startswith(ROUTE_PREFIX):
+                claim = (pod.namespace, key[len(ROUTE_PREFIX):])
+                if key in new:
+                    self._routes.setdefault(claim, set()).add(where)
+                else:
+                    self._routes.get(claim, set()).discard(where)
+            elif key.startswith(WAKE_PREFIX) and key in new and new[key] != old.get(key):
+                self._wake_requested((pod.namespace, key[len(WAKE_PREFIX):]), where, new[key])
+        if after is None or (before is not None and before.url != after.url):
+            for claim, pods in self._routes.items():
+                if where in pods:
+                    self.mark(claim)
+
+    def _wake_requested(self, key: ClaimKey, pod: PodKey, value: str) -> None:
+        self._wakes[key] = (pod, value)
+        st = self.d.store.get(key)
+        claim = self.desired.claim(key)
+        model = claim.model_name if claim is not None else st.model_name if st else None
+        if model is not None and (st is None or st.phase != ACTIVE):
+            _, new = self.d.wakes.request(model, key, self.clock.now(), self.wall())
+            if new:
+                log.info("claim %s: wake requested on %s/%s", key_text(key), *pod)
+                self.d.kick_claim(key)
+        self.mark(key)
+
+    # ---- marking and publishing -------------------------------------------------------------
+
+    def mark(self, key: ClaimKey) -> None:
+        self._marked.add(key)
+        self._wake.set()
+
+    def mark_all(self) -> None:
+        self._marked |= set(self._routes) | self.d.store.keys() | set(self._wakes)
+        self._wake.set()
+
+    async def sync_model(self, model: str) -> bool:
+        key = self.d.desired.by_model(model) or self.d.store.by_model(model)
+        if key is None:
+            return True
+        try:
+            await self._publish(key)
+            return True
+        except Exception as err:
+            log.warning("route of %s: %s", model, err)
+            self.mark(key)
+            return False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="routes")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), WAKE_CHECK_S)
+            except TimeoutError:
+                self._marked |= set(self._wakes)  # expired requests
+            self._wake.clear()
+            marked, self._marked = self._marked, set()
+            failed = False
+            for key in sorted(marked):
+                try:
+                    await self._publish(key)
+                except Exception as err:
+                    failed = True
+                    self._marked.add(key)
+                    log.warning("claim %s: publishing its route failed: %s", key_text(key), err)
+            await self.clock.sleep(1.0 if failed else 0.02)  # coalesce a burst of changes
+
+    async def _publish(self, key: ClaimKey) -> None:
+        st = self.d.store.get(key)
+        urls = {a.name: a.url for a, _ in self.desired.agents()}
+
+        def healthy(agent: str) -> bool:
+            obs = self.d.cache.last(agent)
+            return obs is not None and obs.ok
+
+        route = route_of(st, urls, healthy, self.d.holds, self.d.wakes) if st else None
+        target: PodKey | None = None
+        value: str | None = None
+        if route is not None and st is not None and st.instance is not None:
+            target = pod_of(st.instance.agent)
+            value = route_value(route)
+        annotation = ROUTE_PREFIX + key[1]
+        for pod in sorted(self._routes.get(key, set()) | ({target} if target else set())):
+            agent = self.desired.pod(*pod)
+            if agent is None:
+                continue
+            want = value if pod == target else None
+            if agent.annotations.get(annotation) != want:
+                await self._patch(pod, {annotation: want})
+        await self._wake_done(key, st.model_name if st else None)
+
+    async def _wake_done(self, key: ClaimKey, model: str | None) -> None:
+        taken = self._wakes.get(key)
+        if taken is None:
+            return
+        st = self.d.store.get(key)
+        if model is not None and self.d.wakes.get(model) is not None and (
+                st is None or st.phase != ACTIVE):
+            return
+        pod, value = taken
+        path = _pointer(WAKE_PREFIX + key[1])
+        try:
+            await self.api.patch(PODS, pod[0], pod[1], [{"op": "test", "path": path,
+                                                         "value": value},
+                                                        {"op": "remove", "path": path}],
+                                 JSON_PATCH)
+            self.patches += 1
+            log.info("claim %s: wake request removed from %s/%s", key_text(key), *pod)
+        except (Conflict, KubeError) as err:
+            if err.status not in (404, 409, 422):
+                raise
+        if self._wakes.get(key) == taken:
+            del self._wakes[key]
+
+    async def _patch(self, pod: PodKey, annotations: dict[str, str | None]) -> None:
+        await self.api.patch(PODS, pod[0], pod[1], {"metadata": {"annotations": annotations}},
+                             MERGE_PATCH)
+        self.patches += 1

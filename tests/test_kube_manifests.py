@@ -1,0 +1,243 @@
+"""The reconciler's Kubernetes manifests (``deploy/reconciler/``): valid for the Kubernetes
+versions we support, the guide's table and names, least RBAC, and a CRD schema that agrees with
+the reconciler's own claim parser on every claim generated here."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml  # type: ignore[import-untyped]
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reconciler.model.manifests import ManifestError, claim_from_object
+from reconciler.model.changes import changed_fields
+
+ROOT = Path(__file__).resolve().parents[1]
+DIR = ROOT / "deploy" / "reconciler"
+KUBERNETES_VERSIONS = ("1.30.0", "1.34.0")
+SAMPLES = [d for d in yaml.safe_load_all((ROOT / "samples/modelclaim/modelclaims.yaml")
+                                         .read_text()) if d]
+
+
+def docs() -> list[tuple[str, dict[str, Any]]]:
+    return [(f"{p.name}:{d['kind']}/{d['metadata']['name']}", d)
+            for p in sorted(DIR.glob("*.yaml")) if p.name != "kustomization.yaml"
+            for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def crd() -> dict[str, Any]:
+    (doc,) = [d for _, d in docs() if d["kind"] == "CustomResourceDefinition"]
+    return doc
+
+
+def version() -> dict[str, Any]:
+    (v,) = crd()["spec"]["versions"]
+    return v
+
+
+@pytest.mark.parametrize("kube_version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize(("name", "doc"), docs(), ids=[n for n, _ in docs()])
+def test_each_manifest_passes_the_kubernetes_openapi_schema(name: str, doc: dict[str, Any],
+                                                            kube_version: str) -> None:
+    assert kubernetes_validate.validate(doc, kube_version, strict=True)
+
+
+def test_the_kustomization_applies_every_manifest() -> None:
+    kustomization = yaml.safe_load((DIR / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in DIR.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def test_the_crd_is_the_guides_group_version_names_and_table() -> None:
+    spec = crd()["spec"]
+    assert (spec["group"], version()["name"], spec["names"]["kind"]) == (
+        "model.aibrix.ai", "v1alpha1", "ModelClaim")
+    assert crd()["metadata"]["name"] == "modelclaims.model.aibrix.ai"
+    assert set(spec["names"]["shortNames"]) >= {"mc"}
+    assert version()["subresources"] == {"status": {}}
+    columns = [c["name"].upper() for c in version()["additionalPrinterColumns"]]
+    assert ["NAME", *columns] == ["NAME", "PHASE", "DESIRED", "READY", "ENGINE", "ARTIFACT",
+                                  "AGE"]
+
+
+def test_every_field_but_per_gpu_is_immutable_through_cel_rules() -> None:
+    rules = " ".join(r["rule"] for r in
+                     version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
+                         "x-kubernetes-validations"])
+    fields = set(version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"])
+    guarded = {f for f in fields if f"oldSelf.{f}" in rules}
+    assert guarded == fields - {"perGPU"}
+    assert all(r["rule"].count("oldSelf") and r["message"].endswith("create it again")
+               for r in version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
+                   "x-kubernetes-validations"])
+
+
+def test_the_rbac_grants_only_what_the_reconciler_uses() -> None:
+    rules = {(g, r): set(rule["verbs"]) for _, d in docs() if d["kind"] in ("ClusterRole", "Role")
+             for rule in d["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert rules == {
+        ("model.aibrix.ai", "modelclaims"): {"get", "list", "watch", "patch"},
+        ("model.aibrix.ai", "modelclaims/status"): {"patch"},
+        ("", "pods"): {"list", "watch", "patch"},
+        ("apps", "deployments"): {"list", "watch"},
+        ("", "events"): {"create", "patch"},
+        ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    }
+    assert not any("delete" in verbs or "*" in verbs for verbs in rules.values())
+
+
+# ---- the schema and the parser agree ---------------------------------------------------------
+
+# The CRD's CEL rules that judge a single object, and their meaning for this check (the test
+# fails if a rule's text changes, so a new rule cannot be skipped silently).
+CEL_ON_CREATE = {
+    "self.metadata.name.size() <= 63":
+        lambda obj: len(obj["metadata"]["name"]) <= 63,
+    "!self.contains('..') && !self.contains('//') && !self.endsWith('/')":
+        lambda name: ".." not in name and "//" not in name and not name.endswith("/"),
+    "self.operator in ['In', 'NotIn'] ? has(self.values) && self.values.size() > 0 : "
+    "!has(self.values) || self.values.size() == 0":
+        lambda e: bool(e.get("values")) if e.get("operator") in ("In", "NotIn")
+        else not e.get("values"),
+}
+
+
+def strict(schema: Any) -> Any:
+    """The structural schema as JSON Schema, with the API server's strict field validation
+    (kubectl's default): unknown fields are refused."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()
+           if not k.startswith("x-kubernetes") and k not in ("default", "nullable", "format")}
+    if schema.get("type") == "object" and "properties" in schema and "metadata" not in schema[
+            "properties"]:
+        out.setdefault("additionalProperties", False)
+    if schema.get("nullable"):
+        out = {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+def cel_rules(schema: Any, at: str = "$") -> list[tuple[str, str]]:
+    found = []
+    if isinstance(schema, dict):
+        found += [(at, r["rule"]) for r in schema.get("x-kubernetes-validations", ())
+                  if "oldSelf" not in r["rule"]]
+        for key, sub in schema.get("properties", {}).items():
+            found += cel_rules(sub, f"{at}.{key}")
+        if "items" in schema:
+            found += cel_rules(schema["items"], f"{at}[]")
+    return found
+
+
+def schema_accepts(obj: dict[str, Any]) -> bool:
+    schema = version()["schema"]["openAPIV3Schema"]
+    try:
+        jsonschema.validate(obj, strict(schema))
+    except jsonschema.ValidationError:
+        return False
+    rules = cel_rules(schema)
+    assert {r for _, r in rules} == set(CEL_ON_CREATE), "a CEL rule this test does not know"
+    spec = obj["spec"]
+    checks = [CEL_ON_CREATE["self.metadata.name.size() <= 63"](obj)]
+    if "modelName" in spec:
+        checks.append(CEL_ON_CREATE[rules[1][1]](spec["modelName"]) if rules[1][0].endswith(
+            "modelName") else True)
+    for expr in (spec.get("podSelector") or {}).get("matchExpressions") or ():
+        checks.append(CEL_ON_CREATE[[r for p, r in rules if p.endswith("matchExpressions[]")][0]](
+            expr))
+    return all(checks)
+
+
+def parser_accepts(obj: dict[str, Any]) -> bool:
+    try:
+        claim_from_object(obj)
+    except ManifestError:
+        return False
+    return True
+
+
+QUANTITIES = st.one_of(st.sampled_from(["6Gi", "1Gi", "0", "-1Gi", "1G", "512Mi", "1.5Gi",
+                                        "six", "", "1e3", "6 Gi", ".5Ki"]),
+                       st.integers(-5, 10**12), st.booleans(), st.floats(0.5, 10.0),
+                       st.none())
+VALUES = st.one_of(st.text(max_size=6), st.integers(0, 4096), st.booleans(), st.none(),
+                   st.floats(0.5, 2.0), st.lists(st.text(max_size=2), max_size=1))
+
+
+@st.composite
+def claims(draw: st.DrawFn) -> dict[str, Any]:
+    obj = copy.deepcopy(draw(st.sampled_from(SAMPLES)))
+    spec = obj["spec"]
+    obj["metadata"]["name"] = draw(st.sampled_from(
+        [obj["metadata"]["name"], "a" * 63, "b" * 64, "x"]))
+    for field, values in {
+        "modelName": st.sampled_from(["qwen3-0.6b", "Qwen/Qwen3", "a..b", "a//b", "a/",
+                                      "bad name", "-x", "x" * 128, "x" * 129, "", 7]),
+        "artifactURL": st.sampled_from(["huggingface://Qwen/Qwen3-0.6B", "", "a b", 3]),
+        "engine": st.sampled_from(["vllm", "sglang", "ollama", "tgi", 1]),
+        "replicas": st.sampled_from([1, 2, 0, True, "1"]),
+        "perGPU": st.one_of(st.none(), st.text(max_size=3),
+                            st.fixed_dictionaries({"maximumFootprint": QUANTITIES,
+                                                   "kvFloor": QUANTITIES}),
+                            st.fixed_dictionaries({"maximumFootprint": QUANTITIES,
+                                                   "extra": QUANTITIES})),
+        "engineConfig": st.one_of(st.none(), st.fixed_dictionaries({"args": st.dictionaries(
+            st.sampled_from(["--max-model-len", "--enforce-eager", "-tp"]), VALUES,
+            max_size=2)}), st.just({"other": {}})),
+        "podSelector": st.sampled_from([
+            spec["podSelector"], {}, {"matchLabels": {"a": 1}},
+            {"matchExpressions": [{"key": "a", "operator": "In"}]},
+            {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+            {"matchExpressions": [{"key": "a", "operator": "Near", "values": ["b"]}]}]),
+        "unknownField": st.just(1),
+    }.items():
+        choice = draw(st.sampled_from(["keep", "set", "drop"]))
+        if choice == "set":
+            value = draw(values)
+            if value is None:
+                spec.pop(field, None)
+            else:
+                spec[field] = value
+        elif choice == "drop":
+            spec.pop(field, None)
+    return obj
+
+
+@settings(max_examples=400, deadline=None)
+@given(claims())
+def test_the_crd_schema_and_the_parser_accept_and_refuse_the_same_claims(
+        obj: dict[str, Any]) -> None:
+    assert schema_accepts(obj) == parser_accepts(obj), obj
+
+
+def test_the_guides_samples_pass_the_crd_schema_and_the_parser() -> None:
+    for obj in SAMPLES:
+        assert schema_accepts(obj) and parser_accepts(obj)
+
+
+def test_an_edit_refused_by_the_crd_is_one_the_reconciler_keeps_from_running() -> None:
+    """CEL transition rules (``self.X == oldSelf.X``) name the fields ``take_change`` guards."""
+    rules = [r["rule"] for r in version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"]]
+    guarded = sorted({m for r in rules for m in re.findall(r"oldSelf\.(\w+)", r)})
+    old = claim_from_object(SAMPLES[0])
+    for field in guarded:
+        edited = copy.deepcopy(SAMPLES[0])
+        edited["spec"][field] = {
+            "modelName": "other", "artifactURL": "huggingface://x/y", "engine": "sglang",
+            "replicas": 1, "podSelector": {"matchLabels": {"p": "q"}},
+            "engineConfig": {"args": {"--max-model-len": "4096"}}}[field]
+        new = claim_from_object(edited)
+        if field == "replicas":  # a default written out is no change, for both
+            assert changed_fields(old, new) == []
+            continue
+        assert changed_fields(old, new) == [f"spec.{field}"]

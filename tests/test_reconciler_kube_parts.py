@@ -1,0 +1,117 @@
+"""The Kubernetes mode's parts that decide alone: the Event recorder's spam filter, aggregation
+and deduplication (client-go's rules), the change rule shared by both modes, and pool Pods read
+as agents."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from reconciler.kube.desired import pod_agent
+from reconciler.kube.events import COMBINED, EventRecorder, ObjectRef
+from reconciler.model.changes import IMMUTABLE_FIELD_CHANGED, take_change
+from reconciler.model.manifests import claim_from_object
+from reconciler.runtime.clock import FakeClock
+
+REF = ObjectRef("model.aibrix.ai/v1alpha1", "ModelClaim", "default", "c", "uid-1")
+
+
+class Recording:
+    """What an EventRecorder sends, recorded instead of sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+
+    async def create(self, res: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.sent.append(("create", body))
+        return body
+
+    async def patch(self, res: Any, namespace: str, name: str, body: Any,
+                    content_type: str = "") -> dict[str, Any]:
+        self.sent.append(("patch", body))
+        return {}
+
+
+async def drained(recorder: EventRecorder) -> None:
+    await asyncio.wait_for(recorder._queue.join(), 5)
+
+
+async def test_a_claim_gets_25_events_in_a_burst_then_one_every_five_minutes() -> None:
+    api, clock = Recording(), FakeClock()
+    recorder = EventRecorder(api, clock=clock, wall=lambda: 1.8e9)  # type: ignore[arg-type]
+    recorder.start()
+    for i in range(40):
+        recorder.record(REF, "Normal", f"R{i}", "m")
+    await drained(recorder)
+    assert len(api.sent) == 25 and recorder.dropped == 15
+    clock.advance(299)
+    recorder.record(REF, "Normal", "Late", "m")
+    clock.advance(1)
+    recorder.record(REF, "Normal", "OnTime", "m")
+    await drained(recorder)
+    assert [b["reason"] for _, b in api.sent[25:]] == ["OnTime"]
+    await recorder.stop()
+
+
+async def test_a_repeated_event_is_counted_on_the_first_instead_of_sent_again() -> None:
+    api = Recording()
+    recorder = EventRecorder(api, clock=FakeClock(), wall=lambda: 1.8e9)  # type: ignore[arg-type]
+    recorder.start()
+    for _ in range(3):
+        recorder.record(REF, "Warning", "WakeFailed", "no room")
+    await drained(recorder)
+    kinds = [k for k, _ in api.sent]
+    assert kinds == ["create", "patch", "patch"] and api.sent[-1][1]["count"] == 3
+    await recorder.stop()
+
+
+async def test_many_similar_events_are_combined_into_one() -> None:
+    api = Recording()
+    recorder = EventRecorder(api, clock=FakeClock(), wall=lambda: 1.8e9)  # type: ignore[arg-type]
+    recorder.start()
+    for i in range(14):
+        recorder.record(REF, "Normal", "KVLimitSet", f"KV limit {i} GiB")
+    await drained(recorder)
+    creates = [b for k, b in api.sent if k == "create"]
+    assert len(creates) == 11 and creates[-1]["message"].startswith(COMBINED)
+    assert [k for k, _ in api.sent[11:]] == ["patch"] * 3
+    await recorder.stop()
+
+
+def claim(**spec: Any) -> Any:
+    doc = {"apiVersion": "model.aibrix.ai/v1alpha1", "kind": "ModelClaim",
+           "metadata": {"name": "c"},
+           "spec": {"podSelector": {"matchLabels": {"p": "a"}}, "artifactURL": "hf://x/y",
+                    "perGPU": {"maximumFootprint": "6Gi", "kvFloor": "1Gi"}, **spec}}
+    return claim_from_object(doc)
+
+
+def test_only_a_per_gpu_change_takes_effect() -> None:
+    running = claim()
+    taken = take_change(running, claim(perGPU={"maximumFootprint": "5Gi", "kvFloor": "1Gi"}))
+    assert taken.problem is None and taken.claim.per_gpu is not None
+    assert taken.claim.per_gpu.maximum_footprint == 5 << 30
+    both = take_change(running, claim(engine="sglang",
+                                      perGPU={"maximumFootprint": "4Gi", "kvFloor": "1Gi"}))
+    assert both.problem is not None and both.problem.reason == IMMUTABLE_FIELD_CHANGED
+    assert "spec.engine" in both.problem.message and both.claim.engine == "vllm"
+    assert both.claim.per_gpu is not None and both.claim.per_gpu.maximum_footprint == 4 << 30
+
+
+def pod(phase: str = "Running", ip: str | None = "10.0.0.5", deleting: bool = False,
+        port: int | None = 8090) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "ns", "labels": {"a": "b"}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    ports = [{"name": "runtime", "containerPort": port}] if port else []
+    return {"metadata": meta, "spec": {"containers": [{"ports": ports}]},
+            "status": {"phase": phase, **({"podIP": ip} if ip else {})}}
+
+
+def test_a_pool_pod_is_an_agent_only_while_it_runs_with_an_ip() -> None:
+    assert pod_agent(pod(), "pool-a").url == "http://10.0.0.5:8090"
+    assert pod_agent(pod(port=None), "pool-a").url == "http://10.0.0.5:8080"
+    assert pod_agent(pod(ip="fd00::5"), "pool-a").url == "http://[fd00::5]:8090"
+    for stopped in (pod(phase="Pending"), pod(ip=None), pod(deleting=True),
+                    pod(phase="Succeeded")):
+        assert pod_agent(stopped, "pool-a").url is None
