@@ -10,8 +10,9 @@ Run modes:
 
 * ``run_reconciler(claims_dir, pool_file, host, port)``: standalone, against the agents the
   pool file names (``runtime-agent reconcile --claims DIR --pool FILE``).
-* ``start_embedded(agent_url, claims_dir, listen_host, listen_port)``: next to one agent in
-  the same process; the local agent is the pool (``runtime-agent serve --claims DIR``).
+* ``start_embedded(agent_url, claims_dir, listen_host, listen_port, door)``: next to one agent
+  in the same process; the local agent is the pool (``runtime-agent serve --claims DIR``), and
+  the front door (``reconciler.door``) is on by default there.
 
 The claims directory is polled every 50 ms (``directory_interval``): a change reaches the
 agent within about that much. Polling costs one ``scandir`` and a ``stat`` per manifest per
@@ -39,6 +40,9 @@ from reconciler.claims import ClaimReconciler
 from reconciler.client import AgentApi, HttpAgentClient
 from reconciler.context import Deps, Timings
 from reconciler.desired import ClaimKey, DesiredState
+from reconciler.door.ledger import Ledger
+from reconciler.door.service import FrontDoor
+from reconciler.door.settings import DoorSettings
 from reconciler.kv import KvReconciler
 from reconciler.metrics import ClaimMetrics
 from reconciler.model.manifests import AgentRef
@@ -71,6 +75,7 @@ class Settings:
     snapshot_ttl: float = 0.1
     feed_wait: int = 30
     timings: Timings = field(default_factory=Timings)
+    door: DoorSettings | None = None  # the front door (None: off)
 
 
 class ReconcilerApp:
@@ -93,9 +98,13 @@ class ReconcilerApp:
         tracker = IdleTracker()
         cache = SnapshotCache(self._client, self.clock, ttl=settings.snapshot_ttl,
                               on_snapshot=tracker.observe)
+        ledger = Ledger()  # the door's requests in flight: the idle check reads them
         self.deps = Deps(self.clock, wall, self.desired, self.store, self._client, cache,
                          tracker=tracker, metrics=self.metrics, timings=settings.timings,
-                         kick_kv=self.kv_queue.add, kick_claim=self.claim_queue.add)
+                         kick_kv=self.kv_queue.add, kick_claim=self.claim_queue.add,
+                         in_flight=ledger.in_flight)
+        self.door = FrontDoor(settings.door, self.deps, self.registry, ledger) \
+            if settings.door is not None else None
         shared = ControllerMetrics.shared(self.registry)
         self.claims = ClaimReconciler(self.deps)
         self.claim_controller: Controller[ClaimKey] = Controller(
@@ -181,12 +190,16 @@ class ReconcilerApp:
         self.kv_controller.start()
         self._runner, self.port = await serve(make_app(self.deps, self.registry), s.host,
                                               s.port)
+        if self.door is not None:
+            await self.door.start()
         log.info("reconciler: %d claims, %d agents, listening on %s:%d",
                  len(self.desired.claims), len(self.desired.agents()), s.host, self.port)
 
     async def stop(self) -> None:
         """Stop sources, feeds and controllers (in-flight reconciles get 10 s), then the
-        server; statuses are flushed to disk."""
+        server; statuses are flushed to disk. The door stops first: no new requests."""
+        if self.door is not None:
+            await self.door.stop()
         for feed in list(self._feeds.values()):
             await feed.stop()
         self._feeds.clear()
@@ -207,11 +220,13 @@ def local_agent(agent_url: str, name: str | None = None) -> AgentRef:
 
 
 async def start_embedded(agent_url: str, claims_dir: Path | str, listen_host: str = "127.0.0.1",
-                         listen_port: int = DEFAULT_PORT) -> ReconcilerApp:
-    """Start a reconciler whose pool is the one agent at ``agent_url``; ``await
-    handle.stop()`` stops it. The agent may still be starting: the reconciler waits for it."""
+                         listen_port: int = DEFAULT_PORT,
+                         door: DoorSettings | None = None) -> ReconcilerApp:
+    """Start a reconciler whose pool is the one agent at ``agent_url`` (and its front door,
+    with ``door``); ``await handle.stop()`` stops it. The agent may still be starting: the
+    reconciler waits for it."""
     app = ReconcilerApp(Settings(Path(claims_dir), host=listen_host, port=listen_port,
-                                 local_agent=local_agent(agent_url)))
+                                 local_agent=local_agent(agent_url), door=door))
     await app.start()
     return app
 
@@ -231,8 +246,8 @@ async def serve_until_signalled(settings: Settings) -> None:
 
 
 def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: str = "0.0.0.0",
-                   port: int = DEFAULT_PORT) -> None:
+                   port: int = DEFAULT_PORT, door: DoorSettings | None = None) -> None:
     """Blocking: reconcile ``claims_dir`` against the agents of ``pool_file`` until SIGTERM."""
     asyncio.run(serve_until_signalled(Settings(
-        Path(claims_dir), Path(pool_file) if pool_file else None, host, port)))
+        Path(claims_dir), Path(pool_file) if pool_file else None, host, port, door=door)))
 

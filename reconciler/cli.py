@@ -2,14 +2,16 @@
 
 ``add_commands(subparsers)`` adds:
 
-* ``reconcile --claims DIR --pool FILE [--host H] [--port P]``: run the reconciler standalone
-  against the agents the pool file names;
+* ``reconcile --claims DIR --pool FILE [--host H] [--port P] [--door-port P]``: run the
+  reconciler standalone against the agents the pool file names (with a front door when
+  ``--door-port`` is given);
 * ``claims get [NAME] [--url URL] [-o table|json]``: the guide's table (NAME, PHASE, DESIRED,
   READY, ENGINE, ARTIFACT, AGE) from a reconciler's ``/v1/claims``;
 * ``claims describe NAME [-n NAMESPACE] [--url URL]``: a claim's conditions, instance, route and
   events.
 
-``add_serve_options(parser)`` adds ``--claims DIR`` and ``--claims-port`` to ``serve``, and
+``add_serve_options(parser)`` adds ``--claims DIR``, ``--claims-port`` and the front door's
+options (``--door-port``, on by default, or ``--no-door``) to ``serve``, and
 ``serve_with_claims`` runs the agent's main coroutine with an embedded reconciler beside it.
 """
 
@@ -27,9 +29,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Awaitable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
+from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
@@ -46,6 +50,7 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--host", default="0.0.0.0")
     r.add_argument("--port", type=int, default=DEFAULT_PORT)
     r.add_argument("--log-level", default="info")
+    _door_options(r, None)
     r.set_defaults(func=_reconcile)
     c = sub.add_parser("claims", help="show ModelClaims of a reconciler")
     csub = c.add_subparsers(dest="claims_command", required=True)
@@ -63,23 +68,58 @@ def add_commands(sub: Any) -> None:
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
-    """``serve --claims DIR [--claims-port P]``: reconcile DIR with this agent as the pool."""
+    """``serve --claims DIR [--claims-port P] [--door-port P | --no-door] [door options]``:
+    reconcile DIR with this agent as the pool, with the front door on by default."""
     parser.add_argument("--claims", help="run the ModelClaim reconciler for this directory "
                         "beside the agent, with the agent as its pool")
     parser.add_argument("--claims-port", type=int, default=DEFAULT_PORT,
                         help="port of the embedded reconciler's API")
+    _door_options(parser, DEFAULT_DOOR_PORT)
+    parser.add_argument("--no-door", action="store_true",
+                        help="no front door beside the embedded reconciler (engines then "
+                        "listen on 0.0.0.0 unless --engine-host says otherwise)")
+
+
+def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
+    on = "on by default with --claims" if port is not None else "off unless a port is given"
+    parser.add_argument("--door-port", type=int, default=port,
+                        help=f"port of the OpenAI-compatible front door ({on}; 0: any free "
+                        "port)")
+    parser.add_argument("--door-api-keys", default=None, metavar="FILE",
+                        help="API keys for the door, one per line, each optionally followed "
+                        "by the models it may use (re-read when it changes)")
+    parser.add_argument("--door-max-held", type=int, default=DoorSettings.max_held,
+                        help="requests held per model for a wake, room or a start; more: 503")
+    parser.add_argument("--door-max-wait", type=float, default=DoorSettings.max_wait_s,
+                        help="seconds a request is held at most before a 503")
+    parser.add_argument("--door-access-log", default="-", metavar="-|off|FILE",
+                        help="the door's JSON access log: stderr (-), off, or a file")
+
+
+def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
+    """The door's settings from the command line; None when it is off."""
+    if getattr(args, "no_door", False) or args.door_port is None:
+        return None
+    if args.door_max_held < 1 or args.door_max_wait <= 0:
+        raise SystemExit("--door-max-held must be at least 1 and --door-max-wait positive")
+    return DoorSettings(host=host, port=args.door_port, max_held=args.door_max_held,
+                        max_wait_s=args.door_max_wait,
+                        api_keys=Path(args.door_api_keys) if args.door_api_keys else None,
+                        access_log=args.door_access_log)
 
 
 async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
-                            claims_dir: str, listen_host: str, listen_port: int) -> None:
+                            claims_dir: str, listen_host: str, listen_port: int,
+                            door: DoorSettings | None = None) -> None:
     """Run ``agent_main`` (the agent's ``serve`` coroutine) with an embedded reconciler whose
-    pool is that agent; the reconciler stops when the agent does (its engines keep running)."""
+    pool is that agent (and its front door, with ``door``); the reconciler stops when the agent
+    does (its engines keep running)."""
     agent = asyncio.ensure_future(agent_main)
     host = "127.0.0.1" if agent_host in ("", "0.0.0.0", "::") else agent_host
     host = f"[{host}]" if ":" in host else host
     try:
         handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
-                                      listen_port)
+                                      listen_port, door)
     except BaseException:
         agent.cancel()
         raise
@@ -92,7 +132,7 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
 def _reconcile(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_reconciler(args.claims, args.pool, args.host, args.port)
+    run_reconciler(args.claims, args.pool, args.host, args.port, door_settings(args, args.host))
     return 0
 
 

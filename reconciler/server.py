@@ -107,9 +107,7 @@ async def wake(request: web.Request) -> web.Response:
         return web.json_response({"status": "success", "model": model,
                                   "claim": f"{key[0]}/{key[1]}", "new": False,
                                   "message": "the model serves; nothing to wake"})
-    req, new = deps.wakes.request(model, key, deps.clock.now(), deps.wall())
-    if new:
-        deps.kick_claim(key)
+    req, new = deps.ask_wake(model, key)
     return web.json_response({"status": "accepted", "model": model,
                               "claim": f"{key[0]}/{key[1]}", "new": new,
                               "requests": req.repeats + 1}, status=202)

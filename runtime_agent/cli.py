@@ -60,7 +60,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     low, high = args.engine_ports
     return Settings(
         host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
-        port_high=high, engine_bind_host=args.engine_host, restart_delays=args.restart_delays,
+        port_high=high, engine_bind_host=args.engine_host or _default_engine_host(args),
+        restart_delays=args.restart_delays,
         stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
         scrape_interval_s=args.scrape_interval, kv_shm_dir=Path(args.kv_shm_dir),
         kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
@@ -75,16 +76,25 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+def _default_engine_host(args: argparse.Namespace) -> str:
+    """Loopback when the embedded front door is the way in (``--claims`` without
+    ``--no-door``); every address otherwise."""
+    door = getattr(args, "claims", None) and not getattr(args, "no_door", False) \
+        and getattr(args, "door_port", None) is not None
+    return "127.0.0.1" if door else "0.0.0.0"
+
+
 def _serve(args: argparse.Namespace) -> int:
     from runtime_agent.agent import serve
 
     setup_logging(args.log_format, args.log_level)
     settings = settings_from(args)
     if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
-        from reconciler.cli import serve_with_claims
+        from reconciler.cli import door_settings, serve_with_claims
 
         asyncio.run(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
-                                      args.host, args.claims_port))
+                                      args.host, args.claims_port,
+                                      door_settings(args, args.host)))
     else:
         asyncio.run(serve(settings))
     return 0
@@ -193,7 +203,9 @@ def parser() -> argparse.ArgumentParser:
                    help="engine binaries: auto = real vLLM when a GPU and vllm are present, "
                    "else the simulated engine")
     s.add_argument("--engine-ports", type=_port_range, default=(20000, 20999))
-    s.add_argument("--engine-host", default="0.0.0.0", help="address engines listen on")
+    s.add_argument("--engine-host", default=None,
+                   help="address engines listen on (default 0.0.0.0; 127.0.0.1 with --claims "
+                   "and its front door, the only way in)")
     s.add_argument("--restart-delays", type=_delays, default=(2.0, 4.0, 8.0, 16.0, 32.0),
                    help="seconds before restarts 1..N (default 2,4,8,16,32)")
     s.add_argument("--stop-grace", type=float, default=10.0)

@@ -72,6 +72,8 @@ class SimOptions:
     load_seconds: float = 0.2  # Ollama: loading one model
     kv_bytes_per_token: int = 64 * KIB  # Ollama: KV slab = this x context_length x num_parallel
     missing_models: tuple[str, ...] = ()  # Ollama: normalised names that answer "not found"
+    runner: str = "generate"  # vLLM's --runner: "pooling" serves /v1/embeddings instead of completions
+    embedding_dim: int = 384  # the width of the simulated embedding vectors
     ollama: OllamaSettings | None = None  # present in --sim-mode ollama
     ignored_args: tuple[str, ...] = ()
     # kvcached, from the environment like the real engine: ENABLE_KVCACHED=true and KVCACHED_IPC_NAME
@@ -121,7 +123,10 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("reload_seconds", float, 0.0, False),
     ("load_seconds", float, 0.2, False),
     ("kv_bytes_per_token", int, 64 * KIB, False),
+    ("embedding_dim", int, 384, False),
 )
+# vLLM's --task values (older releases) and --convert values that make a pooling (embedding) model.
+POOLING_TASKS = frozenset({"embed", "embedding", "classify", "score", "reward", "pooling"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--disable-uvicorn-access-log", action="store_true")
+    parser.add_argument("--runner", choices=["auto", "generate", "pooling", "draft"], default="auto")
+    parser.add_argument("--task", default=None)
+    parser.add_argument("--convert", default=None)
     for dest, convert, _default, is_bool in _SIM_FLAGS:
         flag = "--sim-" + dest.replace("_", "-")
         if is_bool:
@@ -187,6 +195,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         raise OptionsError(f"--sim-mode {sim['mode']!r} is not supported (choose from {SUPPORTED_MODES})")
     if not model and sim["mode"] == "vllm":
         raise OptionsError("a model is required: 'serve MODEL' or 'serve --model MODEL'")
+    if sim["embedding_dim"] < 1:
+        raise OptionsError("--sim-embedding-dim must be at least 1")
     if sim["max_running"] < 1:
         raise OptionsError("--sim-max-running must be at least 1")
     for dest in ("startup_seconds", "sleep_seconds", "wake_seconds", "request_seconds", "token_seconds",
@@ -217,6 +227,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         kvcached_ipc_name = None  # Ollama's runners do not use kvcached
         model = model or ""
     names = tuple(namespace.served_model_name or (model,))
+    pooling = namespace.runner == "pooling" or namespace.task in POOLING_TASKS \
+        or namespace.convert in POOLING_TASKS
     return SimOptions(
         model=model,
         served_model_names=names,
@@ -229,5 +241,6 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         kvcached_ipc_name=kvcached_ipc_name,
         kvcached_shm_dir=env.get("KVCACHED_SHM_DIR") or DEFAULT_SHM_DIR,
         ollama=ollama,
+        runner="pooling" if pooling else "generate",
         **sim,
     )

@@ -1,0 +1,178 @@
+"""The door's HTTP server: OpenAI's inference routes, and nothing else of an engine.
+
+| method and path | what |
+|---|---|
+| ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` | routed by ``model`` |
+| ``GET /v1/models``, ``GET /v1/models/{model}`` | every model the key may use, with ``max_model_len`` and ``state`` |
+| ``GET /healthz`` | ``{"status": "ok"}`` (no key needed) |
+
+Everything else is a 404 in OpenAI's error format: no engine's sleep, wake, tokenize or debug
+route is reachable through the door. With API keys configured, every route but ``/healthz``
+needs ``Authorization: Bearer KEY``.
+
+The server runs with handler cancellation: a client that disconnects cancels its handler, so a
+held request leaves its queue at once and a forwarded one closes its engine connection. Every
+request, answered by an engine or by the door, is counted in the metrics and written to the
+access log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from reconciler.door import access, errors
+from reconciler.door.access import AccessRecord
+from reconciler.door.door import Door, Refused, Ticket
+from reconciler.door.keys import Key, KeyFile, bearer
+from reconciler.door.proxy import Outcome
+
+DOOR_KEY: web.AppKey[Door] = web.AppKey("door", Door)
+KEYS_KEY: web.AppKey[KeyFile] = web.AppKey("keys", KeyFile)
+LOG_KEY: web.AppKey[Any] = web.AppKey("access_log", object)
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
+             "/v1/embeddings": "embedding"}
+CLIENT_CLOSED = 499  # nginx's code for a client that went away before the answer
+
+
+def _peer(request: web.Request) -> str:
+    return request.remote or "-"
+
+
+@web.middleware
+async def _front(request: web.Request,
+                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                 ) -> web.StreamResponse:
+    """API keys, and OpenAI-shaped errors for what aiohttp answers itself."""
+    keys = request.app[KEYS_KEY]
+    if keys.enabled and request.path != "/healthz":
+        given = bearer(request.headers.get("Authorization"))
+        found = keys.lookup(given)
+        if found is None:
+            return errors.unauthorized(
+                "No API key given: send 'Authorization: Bearer KEY'." if given is None else
+                "The API key given is not valid for this endpoint.")
+        request["key"] = found
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 404:
+            return errors.error_response(404, f"No such endpoint: {request.method} "
+                                         f"{request.path}. The door serves "
+                                         f"{', '.join(ENDPOINTS)} and /v1/models.",
+                                         "invalid_request_error", "unknown_url")
+        if exc.status == 413:
+            return errors.error_response(413, f"The request body is larger than "
+                                         f"{request.app[DOOR_KEY].settings.max_body_bytes} "
+                                         "bytes.", "invalid_request_error", "body_too_large")
+        return errors.error_response(exc.status, exc.text or exc.reason,
+                                     "invalid_request_error", None)
+
+
+async def infer(request: web.Request) -> web.StreamResponse:
+    door = request.app[DOOR_KEY]
+    endpoint = ENDPOINTS[request.path]
+    key: Key | None = request.get("key")
+    rec = AccessRecord("POST", request.path, _peer(request), time.monotonic(),
+                       key=key.id if key else None)
+    outcome = Outcome()
+    ticket = Ticket(door.ledger)
+    reason: str | None = None
+    response: web.StreamResponse | None = None
+    try:
+        body = await request.read()
+        doc = _document(body)
+        rec.model = doc["model"]
+        response = await door.serve(request, endpoint, doc, body, key, ticket, rec, outcome)
+        reason = outcome.error
+        return response
+    except Refused as refused:
+        reason, response = refused.reason, refused.response
+        return response
+    except asyncio.CancelledError:
+        reason = "client_disconnected"
+        raise
+    finally:
+        ticket.leave()
+        _account(door, request, endpoint, rec, outcome, response, reason)
+
+
+def _document(body: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise Refused(errors.bad_request(f"The request body is not valid JSON: {err}"),
+                      "bad_request") from err
+    if not isinstance(doc, dict):
+        raise Refused(errors.bad_request("The request body must be a JSON object."),
+                      "bad_request")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise Refused(errors.bad_request("The request names no model: give 'model' (see GET "
+                                         "/v1/models).", "model"), "bad_request")
+    return doc
+
+
+def _account(door: Door, request: web.Request, endpoint: str, rec: AccessRecord,
+             outcome: Outcome, response: web.StreamResponse | None, reason: str | None) -> None:
+    now = time.monotonic()
+    label = rec.model if rec.claim is not None and rec.model else ""
+    if reason == "client_disconnected":
+        status = CLIENT_CLOSED
+    else:
+        status = outcome.status or (response.status if response is not None else 500)
+    rec.status, rec.stream, rec.bytes, rec.error = status, outcome.stream, outcome.bytes_out, reason
+    rec.duration_ms = round((now - rec.started) * 1000, 3)
+    if outcome.first_byte is not None:
+        rec.ttft_ms = round((outcome.first_byte - rec.started) * 1000, 3)
+        door.metrics.first_token(label, outcome.first_byte - rec.started)
+    if outcome.prompt_tokens or outcome.completion_tokens:
+        rec.prompt_tokens, rec.completion_tokens = outcome.prompt_tokens, \
+            outcome.completion_tokens
+        door.metrics.usage(label, outcome.prompt_tokens, outcome.completion_tokens)
+    door.metrics.answered(label, endpoint, status, now - rec.started)
+    if reason is not None:
+        door.metrics.failed(label, reason)
+    access.write(request.app[LOG_KEY], rec)
+
+
+async def models(request: web.Request) -> web.Response:
+    door = request.app[DOOR_KEY]
+    key: Key | None = request.get("key")
+    await door.refresh_names()
+    return web.json_response({"object": "list", "data": door.listing(key)})
+
+
+async def model(request: web.Request) -> web.Response:
+    door = request.app[DOOR_KEY]
+    key: Key | None = request.get("key")
+    name = request.match_info["model"]
+    await door.refresh_names()
+    found = [m for m in door.listing(key) if m["id"] == name]
+    if not found:
+        return errors.unknown_model(name, door.visible_names(key))
+    return web.json_response(found[0])
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def make_app(door: Door, keys: KeyFile, access_log: Any) -> web.Application:
+    app = web.Application(middlewares=[_front], client_max_size=door.settings.max_body_bytes)
+    app[DOOR_KEY] = door
+    app[KEYS_KEY] = keys
+    app[LOG_KEY] = access_log
+    for path in ENDPOINTS:
+        app.router.add_post(path, infer)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
+    app.router.add_get("/healthz", healthz)
+    return app
