@@ -8,7 +8,7 @@
 
 Everything else is a 404 in OpenAI's error format: no engine's sleep, wake, tokenize or debug
 route is reachable through the door. With API keys configured, every route but ``/healthz``
-needs ``Authorization: Bearer KEY``.
+needs ``Authorization: Bearer KEY`` (401 without a valid one).
 
 The server runs with handler cancellation: a client that disconnects cancels its handler, so a
 held request leaves its queue at once and a forwarded one closes its engine connection. Every
@@ -48,16 +48,7 @@ def _peer(request: web.Request) -> str:
 async def _front(request: web.Request,
                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                  ) -> web.StreamResponse:
-    """API keys, and OpenAI-shaped errors for what aiohttp answers itself."""
-    keys = request.app[KEYS_KEY]
-    if keys.enabled and request.path != "/healthz":
-        given = bearer(request.headers.get("Authorization"))
-        found = keys.lookup(given)
-        if found is None:
-            return errors.unauthorized(
-                "No API key given: send 'Authorization: Bearer KEY'." if given is None else
-                "The API key given is not valid for this endpoint.")
-        request["key"] = found
+    """OpenAI-shaped errors for what aiohttp answers itself (no such route, too large)."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -76,17 +67,31 @@ async def _front(request: web.Request,
                                      "invalid_request_error", None)
 
 
+def _authorize(request: web.Request) -> Key | None:
+    """The request's API key (None when the door asks for none); ``Refused`` without one."""
+    keys = request.app[KEYS_KEY]
+    if not keys.enabled:
+        return None
+    given = bearer(request.headers.get("Authorization"))
+    found = keys.lookup(given)
+    if found is None:
+        raise Refused(errors.unauthorized(
+            "No API key given: send 'Authorization: Bearer KEY'." if given is None else
+            "The API key given is not valid here."), "unauthorized")
+    return found
+
+
 async def infer(request: web.Request) -> web.StreamResponse:
     door = request.app[DOOR_KEY]
     endpoint = ENDPOINTS[request.path]
-    key: Key | None = request.get("key")
-    rec = AccessRecord("POST", request.path, _peer(request), time.monotonic(),
-                       key=key.id if key else None)
+    rec = AccessRecord("POST", request.path, _peer(request), time.monotonic())
     outcome = Outcome()
     ticket = Ticket(door.ledger)
     reason: str | None = None
     response: web.StreamResponse | None = None
     try:
+        key = _authorize(request)
+        rec.key = key.id if key else None
         body = await request.read()
         doc = _document(body)
         rec.model = doc["model"]
@@ -145,14 +150,20 @@ def _account(door: Door, request: web.Request, endpoint: str, rec: AccessRecord,
 
 async def models(request: web.Request) -> web.Response:
     door = request.app[DOOR_KEY]
-    key: Key | None = request.get("key")
+    try:
+        key = _authorize(request)
+    except Refused as refused:
+        return refused.response
     await door.refresh_names()
     return web.json_response({"object": "list", "data": door.listing(key)})
 
 
 async def model(request: web.Request) -> web.Response:
     door = request.app[DOOR_KEY]
-    key: Key | None = request.get("key")
+    try:
+        key = _authorize(request)
+    except Refused as refused:
+        return refused.response
     name = request.match_info["model"]
     await door.refresh_names()
     found = [m for m in door.listing(key) if m["id"] == name]
