@@ -40,6 +40,7 @@ from reconciler.door.keys import Key
 from reconciler.door.ledger import Changes, Ledger
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.settings import DoorSettings
+from reconciler.door.upstream import Upstream
 from reconciler.routes import Route, route_of
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
 
@@ -101,9 +102,11 @@ class Door:
         self.ledger = ledger
         self.changes = changes
         self.catalog = Catalog(deps.desired, self.endpoint)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # the engines' other routes
+        self.upstream = Upstream()  # requests forwarded to engines
         self._urls: tuple[object, dict[str, str]] | None = None
         self._targets: dict[tuple[str, int, str], URL] = {}
+        self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
 
     # ---- the reconciler's view ------------------------------------------------------------
 
@@ -137,8 +140,19 @@ class Door:
         return claim.model_name if claim is not None else key[1]
 
     def decide(self, keys: tuple[ClaimKey, ...]) -> plan.Decision:
+        """``plan.decide`` for each claim and ``plan.choose`` among them. A lone claim that
+        serves is remembered until the next status or route change (``Changes``): its agent's
+        health, which changes without one, is looked at on every call."""
+        if len(keys) == 1:
+            known = self._decided.get(keys[0])
+            if known is not None and known[0] == self.changes.version \
+                    and self._healthy(known[1].agent):
+                return known[1]
         decisions = [plan.decide(k, *self.status_and_route(k)) for k in keys]
-        return plan.choose(decisions, lambda k: self.ledger.in_flight(self.model_of(k)))
+        chosen = plan.choose(decisions, lambda k: self.ledger.in_flight(self.model_of(k)))
+        if len(keys) == 1 and isinstance(chosen, plan.Forward):
+            self._decided[keys[0]] = (self.changes.version, chosen)
+        return chosen
 
     # ---- holding ----------------------------------------------------------------------------
 
@@ -221,8 +235,8 @@ class Door:
             body = json.dumps({**doc, "model": upstream_name}).encode()
         self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
         try:
-            return await proxy.forward(request, self.session, self._url(fwd, request.path), body,
-                                       outcome)
+            return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
+                                       body, outcome)
         finally:
             self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
 

@@ -26,15 +26,15 @@ from typing import Any
 
 from aiohttp import web
 
-from reconciler.door import access, errors
-from reconciler.door.access import AccessRecord
+from reconciler.door import errors
+from reconciler.door.access import AccessLog, AccessRecord
 from reconciler.door.door import Door, Refused, Ticket
 from reconciler.door.keys import Key, KeyFile, bearer
 from reconciler.door.proxy import Outcome
 
 DOOR_KEY: web.AppKey[Door] = web.AppKey("door", Door)
 KEYS_KEY: web.AppKey[KeyFile] = web.AppKey("keys", KeyFile)
-LOG_KEY: web.AppKey[Any] = web.AppKey("access_log", object)
+LOG_KEY: web.AppKey[AccessLog] = web.AppKey("access_log", AccessLog)
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
              "/v1/embeddings": "embedding"}
 CLIENT_CLOSED = 499  # nginx's code for a client that went away before the answer
@@ -145,7 +145,7 @@ def _account(door: Door, request: web.Request, endpoint: str, rec: AccessRecord,
     door.metrics.answered(label, endpoint, status, now - rec.started)
     if reason is not None:
         door.metrics.failed(label, reason)
-    access.write(request.app[LOG_KEY], rec)
+    request.app[LOG_KEY].write(rec)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -176,7 +176,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def make_app(door: Door, keys: KeyFile, access_log: Any) -> web.Application:
+def make_app(door: Door, keys: KeyFile, access_log: AccessLog) -> web.Application:
     app = web.Application(middlewares=[_front], client_max_size=door.settings.max_body_bytes)
     app[DOOR_KEY] = door
     app[KEYS_KEY] = keys

@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from reconciler.context import Deps
-from reconciler.door.access import access_logger
+from reconciler.door.access import AccessLog
 from reconciler.door.door import Door
 from reconciler.door.keys import KeyFile
 from reconciler.door.ledger import Changes, Ledger
@@ -43,6 +43,7 @@ class FrontDoor:
         self.metrics = DoorMetrics(registry, ledger)
         self.door = Door(settings, deps, self.metrics, ledger, self.changes)
         self.keys = KeyFile(settings.api_keys)
+        self.access = AccessLog(settings.access_log)
         deps.store.listen(self.changes.bump)
         deps.holds.listen(self.changes.bump)
         self.port = settings.port
@@ -55,8 +56,10 @@ class FrontDoor:
         self.door.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            auto_decompress=False, skip_auto_headers=("User-Agent",))
-        app = make_app(self.door, self.keys, access_logger(s.access_log))
+            auto_decompress=False, skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar())  # engines set no cookies: skip the jar's work
+        await asyncio.to_thread(self.access.open)
+        app = make_app(self.door, self.keys, self.access)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                      shutdown_timeout=SHUTDOWN_S)
         await self._runner.setup()
@@ -83,6 +86,8 @@ class FrontDoor:
                 await self._keys_task
         if self._runner is not None:
             await self._runner.cleanup()
+        self.access.close()
         await self.door.catalog.stop()
+        self.door.upstream.close()
         if self.door.session is not None:
             await self.door.session.close()
