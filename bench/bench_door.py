@@ -54,6 +54,7 @@ import psutil
 
 from bench.common import Result, log, percentile, run_main, session
 from tests.harness import AgentProcess, engine_port, free_port, port_is_open, wait_until
+from tests.reconciler_fakes import claim_yaml
 
 CONCURRENCY = (1, 16, 64)
 GOAL_ADDED_P50_MS, GOAL_ADDED_P99_MS, GOAL_THROUGHPUT, GOAL_WAKE_MS = 0.5, 2.0, 0.5, 50.0
@@ -65,18 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def claim(name: str, args: dict[str, str]) -> str:
-    listed = ", ".join(f'"{k}": "{v}"' for k, v in {**BASE, **args}.items())
-    return f"""apiVersion: model.aibrix.ai/v1alpha1
-kind: ModelClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  modelName: {name}
-  podSelector: {{matchLabels: {{claim.model.aibrix.ai/pool: pool-a}}}}
-  artifactURL: huggingface://bench/{name}
-  engine: vllm
-  perGPU: {{maximumFootprint: 4Gi, kvFloor: 1Gi}}
-  engineConfig: {{args: {{{listed}}}}}
-"""
+    return claim_yaml(name, footprint="4Gi", args={**BASE, **args})
 
 
 @dataclass

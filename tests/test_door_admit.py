@@ -16,7 +16,7 @@ from reconciler.door.ledger import Changes, Ledger
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.plan import Forward
 from reconciler.door.settings import DoorSettings
-from reconciler.model.quantity import GiB
+from contract.quantity import GiB
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 from tests.test_reconciler_claims_lifecycle import (
     IDLE_POLICY,

@@ -20,6 +20,7 @@ from reconciler.app import ReconcilerApp, Settings
 from reconciler.door.settings import DoorSettings
 from reconciler.status import ClaimStatus
 from tests.harness import AgentProcess, free_port
+from tests.reconciler_fakes import claim_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 GiB = 1 << 30
@@ -31,21 +32,9 @@ CHAT = [{"role": "user", "content": "Say hello."}]
 
 
 def claim(name: str, footprint: str = "3Gi", engine: str = "vllm",
-          artifact: str | None = None, **args: str) -> str:
-    flags = {**SIM, "--max-model-len": "2048"} if engine == "vllm" else dict(SIM)
-    flags.update(args)
-    listed = ", ".join(f'"{k}": "{v}"' for k, v in flags.items())
-    return f"""apiVersion: model.aibrix.ai/v1alpha1
-kind: ModelClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  modelName: {name}
-  podSelector: {{matchLabels: {{claim.model.aibrix.ai/pool: pool-a}}}}
-  artifactURL: {artifact or f"huggingface://t/{name}"}
-  engine: {engine}
-  perGPU: {{maximumFootprint: {footprint}, kvFloor: 1Gi}}
-  engineConfig: {{args: {{{listed}}}}}
-"""
+          artifact: str | None = None, model: str | None = None, **args: str) -> str:
+    return claim_yaml(name, model or name, footprint, "1Gi", {**SIM, **args}, engine=engine,
+                      artifact=artifact)
 
 
 class Door:
@@ -343,9 +332,8 @@ async def test_an_over_long_prompt_is_refused_with_openais_shape(door: Door) -> 
 async def test_an_ollama_engine_is_reached_through_the_same_door(door: Door) -> None:
     door.pool()
     await door.start()
-    door.write("q", claim("qwen3-0-6b", engine="ollama", artifact="ollama://qwen3:0.6b",
-                          **{"--context-length": "4096"}).replace(
-        "name: qwen3-0-6b, namespace", "name: q, namespace"))
+    door.write("q", claim("q", engine="ollama", artifact="ollama://qwen3:0.6b",
+                          model="qwen3-0-6b", **{"--context-length": "4096"}))
     door.write("m", claim("m"))
     await door.phase("q", "Active")
     await door.phase("m", "Active")
@@ -362,6 +350,10 @@ async def test_an_ollama_engine_is_reached_through_the_same_door(door: Door) -> 
         listed = {m["id"]: m for m in (await resp.json())["data"]}
     assert listed["qwen3-0-6b"]["max_model_len"] == 4096 and listed["m"]["max_model_len"] == 2048
     assert listed["qwen3-0-6b"]["state"] == "active"
+    async with door.http.get(door.url + "/v1/models/qwen3-0-6b") as resp:
+        assert (await resp.json())["root"] == "ollama://qwen3:0.6b"
+    async with door.http.get(door.url + "/v1/models/nope") as resp:
+        assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
 
 
 async def test_api_keys_guard_the_door_and_limit_keys_to_their_models(door: Door,

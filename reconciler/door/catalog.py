@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from contract.engines import ollama_tag
 from reconciler.desired import ClaimKey, DesiredState
 from reconciler.door.window import context_from_args
 from reconciler.model.manifests import ModelClaim
@@ -34,10 +35,6 @@ log = logging.getLogger("reconciler.door.catalog")
 
 LEARN_TIMEOUT_S = 2.0
 REFRESH_EVERY_S = 1.0
-
-
-def ollama_tag(artifact_url: str) -> str:
-    return artifact_url.removeprefix("ollama://")
 
 
 @dataclass(frozen=True)

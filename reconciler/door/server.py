@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -31,6 +30,7 @@ from reconciler.door.access import AccessLog, AccessRecord
 from reconciler.door.door import Door, Refused, Ticket
 from reconciler.door.keys import Key, KeyFile, bearer
 from reconciler.door.proxy import Outcome
+from reconciler.server import error_middleware
 
 DOOR_KEY: web.AppKey[Door] = web.AppKey("door", Door)
 KEYS_KEY: web.AppKey[KeyFile] = web.AppKey("keys", KeyFile)
@@ -44,27 +44,18 @@ def _peer(request: web.Request) -> str:
     return request.remote or "-"
 
 
-@web.middleware
-async def _front(request: web.Request,
-                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                 ) -> web.StreamResponse:
+def _render(request: web.Request, status: int, message: str) -> web.Response:
     """OpenAI-shaped errors for what aiohttp answers itself (no such route, too large)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        if exc.status == 404:
-            return errors.error_response(404, f"No such endpoint: {request.method} "
-                                         f"{request.path}. The door serves "
-                                         f"{', '.join(ENDPOINTS)} and /v1/models.",
-                                         "invalid_request_error", "unknown_url")
-        if exc.status == 413:
-            return errors.error_response(413, f"The request body is larger than "
-                                         f"{request.app[DOOR_KEY].settings.max_body_bytes} "
-                                         "bytes.", "invalid_request_error", "body_too_large")
-        return errors.error_response(exc.status, exc.text or exc.reason,
-                                     "invalid_request_error", None)
+    if status == 404:
+        return errors.error_response(404, f"No such endpoint: {request.method} {request.path}. "
+                                     f"The door serves {', '.join(ENDPOINTS)} and /v1/models.",
+                                     "invalid_request_error", "unknown_url")
+    if status == 413:
+        return errors.error_response(413, f"The request body is larger than "
+                                     f"{request.app[DOOR_KEY].settings.max_body_bytes} bytes.",
+                                     "invalid_request_error", "body_too_large")
+    return errors.error_response(status, message, "invalid_request_error" if status < 500
+                                 else "server_error", None)
 
 
 def _authorize(request: web.Request) -> Key | None:
@@ -149,24 +140,18 @@ def _account(door: Door, request: web.Request, endpoint: str, rec: AccessRecord,
 
 
 async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models`` and ``GET /v1/models/{model}``."""
     door = request.app[DOOR_KEY]
     try:
         key = _authorize(request)
     except Refused as refused:
         return refused.response
     await door.refresh_names()
-    return web.json_response({"object": "list", "data": door.listing(key)})
-
-
-async def model(request: web.Request) -> web.Response:
-    door = request.app[DOOR_KEY]
-    try:
-        key = _authorize(request)
-    except Refused as refused:
-        return refused.response
-    name = request.match_info["model"]
-    await door.refresh_names()
-    found = [m for m in door.listing(key) if m["id"] == name]
+    listed = door.listing(key)
+    name = request.match_info.get("model")
+    if name is None:
+        return web.json_response({"object": "list", "data": listed})
+    found = [m for m in listed if m["id"] == name]
     if not found:
         return errors.unknown_model(name, door.visible_names(key))
     return web.json_response(found[0])
@@ -177,13 +162,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_app(door: Door, keys: KeyFile, access_log: AccessLog) -> web.Application:
-    app = web.Application(middlewares=[_front], client_max_size=door.settings.max_body_bytes)
+    app = web.Application(middlewares=[error_middleware(_render)],
+                          client_max_size=door.settings.max_body_bytes)
     app[DOOR_KEY] = door
     app[KEYS_KEY] = keys
     app[LOG_KEY] = access_log
     for path in ENDPOINTS:
         app.router.add_post(path, infer)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/models/{model:.+}", model)
+    app.router.add_get("/v1/models/{model:.+}", models)
     app.router.add_get("/healthz", healthz)
     return app

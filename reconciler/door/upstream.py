@@ -77,14 +77,8 @@ class ResponseParser:
                 raise UpstreamError("the engine sent bytes after its answer")
             return False
         if state == "head":
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    raise UpstreamError("the engine's answer head is too large")
-                return False
-            head = bytes(buf[:end])
-            del buf[:end + 4]
-            return self._start(head)
+            head = _cut(buf, b"\r\n\r\n", "the head")
+            return head is not None and self._start(head)
         if state in ("length", "chunk-data"):
             if not buf:
                 return False
@@ -102,13 +96,9 @@ class ResponseParser:
                 out.append(bytes(buf))
                 buf.clear()
             return False
-        line_end = buf.find(b"\r\n")
-        if line_end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
-                raise UpstreamError("a chunk line of the engine's answer is too long")
+        line = _cut(buf, b"\r\n", "a chunk line")
+        if line is None:
             return False
-        line = bytes(buf[:line_end])
-        del buf[:line_end + 2]
         if state == "chunk-crlf":
             if line:
                 raise UpstreamError("a chunk of the engine's answer does not end with CRLF")
@@ -160,6 +150,18 @@ class ResponseParser:
             self._state, keep = "close", False
         self.head = Head(status, headers, keep)
         return True
+
+
+def _cut(buf: bytearray, separator: bytes, what: str) -> bytes | None:
+    """What ``buf`` holds before ``separator`` (both taken out of it); None while incomplete."""
+    end = buf.find(separator)
+    if end < 0:
+        if len(buf) > MAX_HEAD_BYTES:
+            raise UpstreamError(f"{what} of the engine's answer is too long")
+        return None
+    piece = bytes(buf[:end])
+    del buf[:end + len(separator)]
+    return piece
 
 
 class _Connection(asyncio.Protocol):

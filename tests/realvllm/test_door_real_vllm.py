@@ -13,6 +13,7 @@ import pytest
 from reconciler.app import ReconcilerApp, Settings
 from reconciler.door.settings import DoorSettings
 from tests.harness import AgentProcess
+from tests.reconciler_fakes import claim_yaml
 
 MODEL = "minilm"
 BOOT_TIMEOUT_S = 480.0
@@ -20,21 +21,6 @@ pytestmark = pytest.mark.timeout(900)
 AGENT_ARGS = ["--engines", "vllm", "--vllm-sleep-mode", "off", "--start-stall-timeout", "600"]
 ENGINE_ARGS = {"--runner": "pooling", "--dtype": "float32", "--max-model-len": "256",
                "--enforce-eager": ""}
-
-
-def claim(model_dir: Path) -> str:
-    args = ", ".join(f'"{k}": "{v}"' for k, v in ENGINE_ARGS.items())
-    return f"""apiVersion: model.aibrix.ai/v1alpha1
-kind: ModelClaim
-metadata: {{name: {MODEL}, namespace: default}}
-spec:
-  modelName: {MODEL}
-  podSelector: {{matchLabels: {{claim.model.aibrix.ai/pool: pool-a}}}}
-  artifactURL: {model_dir}
-  engine: vllm
-  perGPU: {{maximumFootprint: 2Gi, kvFloor: 1Gi}}
-  engineConfig: {{args: {{{args}}}}}
-"""
 
 
 async def test_embeddings_come_through_the_door_from_a_real_vllm(
@@ -49,7 +35,8 @@ async def test_embeddings_come_through_the_door_from_a_real_vllm(
             "kind: WarmPool\nmetadata:\n  name: pool-a\n  labels: {claim.model.aibrix.ai/pool: "
             'pool-a, claim.model.aibrix.ai/enabled: "true"}\nspec:\n  agents:\n'
             f'    - {{name: agent-a, url: "{agent.url}"}}\n')
-        (claims / "minilm.yaml").write_text(claim(model_dir))
+        (claims / "minilm.yaml").write_text(claim_yaml(MODEL, footprint="2Gi", args=ENGINE_ARGS,
+                                                       artifact=str(model_dir)))
         app = ReconcilerApp(Settings(claims, port=0, door=DoorSettings(
             port=0, max_wait_s=BOOT_TIMEOUT_S, access_log=str(tmp_path / "access.log"))))
         await app.start()
