@@ -120,6 +120,12 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
     try:
         handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
                                       listen_port, door)
+    except OSError as err:  # a port in use: say which, without a stack trace
+        agent.cancel()
+        raise SystemExit(f"runtime-agent: the embedded reconciler (port {listen_port}) or its "
+                         f"front door (port {door.port if door else '-'}) cannot listen: {err}; "
+                         "choose other ports with --claims-port / --door-port, or --no-door"
+                         ) from err
     except BaseException:
         agent.cancel()
         raise

@@ -61,7 +61,7 @@ async def test_requests_for_a_sleeping_model_ask_one_wake_and_go_once_it_serves(
     rig, a = await sleeping_m(tmp_path)
     door = door_for(rig)
     tickets = [Ticket(door.ledger) for _ in range(3)]
-    waiting = [asyncio.ensure_future(door.admit((M,), t, record())) for t in tickets]
+    waiting = [asyncio.ensure_future(door.admit("m", (M,), t, record())) for t in tickets]
     await settle()
     req = rig.deps.wakes.get("m")
     assert req is not None and req.repeats == 2 and rig.claim_kicks == [M]
@@ -83,10 +83,10 @@ async def test_past_its_bound_a_request_is_refused_at_once_with_retry_after(
         tmp_path: Path) -> None:
     rig, _ = await sleeping_m(tmp_path)
     door = door_for(rig, max_held=1)
-    first = asyncio.ensure_future(door.admit((M,), Ticket(door.ledger), record()))
+    first = asyncio.ensure_future(door.admit("m", (M,), Ticket(door.ledger), record()))
     await settle()
     with pytest.raises(Refused) as refused:
-        await door.admit((M,), Ticket(door.ledger), record())
+        await door.admit("m", (M,), Ticket(door.ledger), record())
     assert refused.value.reason == "queue_full"
     assert refused.value.response.status == 503
     assert refused.value.response.headers["Retry-After"] == "10"
@@ -98,7 +98,7 @@ async def test_a_held_request_gives_up_after_the_wait_bound(tmp_path: Path) -> N
     door = door_for(rig, max_wait_s=0.2, recheck_s=0.05)
     ticket = Ticket(door.ledger)
     with pytest.raises(Refused) as refused:
-        await door.admit((M,), ticket, record())
+        await door.admit("m", (M,), ticket, record())
     assert refused.value.reason == "wait_timeout"
     assert refused.value.response.headers["Retry-After"] == "10"
     assert b"did not become ready within 0.2 s (waiting for: wake)" in \
@@ -110,14 +110,14 @@ async def test_a_cancelled_held_request_leaves_the_queue(tmp_path: Path) -> None
     rig, _ = await sleeping_m(tmp_path)
     door = door_for(rig, max_held=1)
     ticket = Ticket(door.ledger)
-    held = asyncio.ensure_future(door.admit((M,), ticket, record()))
+    held = asyncio.ensure_future(door.admit("m", (M,), ticket, record()))
     await settle()
     assert door.ledger.held("m") == 1
     held.cancel()
     await asyncio.gather(held, return_exceptions=True)
     ticket.leave()
     assert door.ledger.held("m") == 0 and door.ledger.in_flight("m") == 0
-    again = asyncio.ensure_future(door.admit((M,), Ticket(door.ledger), record()))
+    again = asyncio.ensure_future(door.admit("m", (M,), Ticket(door.ledger), record()))
     await settle()
     assert door.ledger.held("m") == 1 and not again.done()
     again.cancel()
@@ -135,7 +135,7 @@ async def test_a_request_for_an_unplaced_claim_kicks_it_and_waits_for_room(
     door = door_for(rig)
     rec = record()
     three = ("default", "three")
-    waiting = asyncio.ensure_future(door.admit((three,), Ticket(door.ledger), rec))
+    waiting = asyncio.ensure_future(door.admit("three", (three,), Ticket(door.ledger), rec))
     await settle()
     assert rig.claim_kicks[-1] == three and rec.held_for == "room"
     rig.clock.advance(31)
@@ -158,7 +158,7 @@ async def test_a_model_with_a_request_in_flight_through_the_door_is_not_put_to_s
     await active_claim(rig, a, "m")
     door = door_for(rig)
     ticket = Ticket(door.ledger)
-    assert await door.admit((M,), ticket, record()) == Forward(
+    assert await door.admit("m", (M,), ticket, record()) == Forward(
         M, "agent-a.pool", a.models["m"]["port"], "agent-a")
     await rig.reconcile("m", advance=61)  # the engine itself shows no request yet
     assert a.calls_of("sleep") == [] and rig.status("m").phase == "Active"
@@ -187,3 +187,16 @@ async def test_a_model_with_a_request_in_flight_is_not_slept_to_make_room(
     door.ledger.leave("old")
     await rig.reconcile("sleeper", advance=1)
     assert ("sleep", "old", 1) in a.calls
+
+
+async def test_a_request_held_for_a_claim_deleted_meanwhile_is_told_the_model_is_gone(
+        tmp_path: Path) -> None:
+    rig, _ = await sleeping_m(tmp_path)
+    door = door_for(rig)
+    held = asyncio.ensure_future(door.admit("m", (M,), Ticket(door.ledger), record()))
+    await settle()
+    rig.write_claims("")
+    await rig.reconcile("m")  # the drain marks the status deleted: a change
+    with pytest.raises(Refused) as refused:
+        await asyncio.wait_for(held, 5)
+    assert refused.value.reason == "unknown_model" and refused.value.response.status == 404

@@ -156,9 +156,10 @@ class Door:
 
     # ---- holding ----------------------------------------------------------------------------
 
-    async def admit(self, keys: tuple[ClaimKey, ...], ticket: Ticket,
+    async def admit(self, name: str, keys: tuple[ClaimKey, ...], ticket: Ticket,
                     rec: AccessRecord) -> plan.Forward:
-        """The claim to forward to, once it serves; ``Refused`` when it cannot in time."""
+        """The claim to forward to, once it serves; ``Refused`` when it cannot in time, or
+        when its claims were deleted meanwhile."""
         s = self.settings
         deadline = rec.started + s.max_wait_s
         held_since: float | None = None
@@ -166,6 +167,10 @@ class Door:
         try:
             while True:
                 changed = self.changes.next()  # before looking: a change after it wakes us
+                keys = tuple(k for k in keys if self.d.desired.claim(k) is not None)
+                if not keys:
+                    raise Refused(errors.unknown_model(name, self.catalog.names()),
+                                  "unknown_model")
                 d = self.decide(keys)
                 model = self.model_of(d.claim)
                 ticket.enter(model)  # no await since the decision: the idle check sees it
@@ -221,10 +226,9 @@ class Door:
             raise Refused(errors.unknown_model(name, self.visible_names(key)), "unknown_model")
         if key is not None and not self.allowed(key, name, keys):
             raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
-        fwd = await self.admit(keys, ticket, rec)
+        fwd = await self.admit(name, keys, ticket, rec)
         claim = self.catalog.claim(fwd.claim)
-        if claim is None:  # deleted while the request was held
-            raise Refused(errors.unknown_model(name, self.visible_names(key)), "unknown_model")
+        assert claim is not None  # admit looked, with no await since
         model = claim.model_name
         rec.upstream = f"{fwd.agent} {fwd.host}:{fwd.port}"
         assert self.session is not None
