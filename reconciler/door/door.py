@@ -157,7 +157,7 @@ class Door:
     # ---- holding ----------------------------------------------------------------------------
 
     async def admit(self, name: str, keys: tuple[ClaimKey, ...], ticket: Ticket,
-                    rec: AccessRecord) -> plan.Forward:
+                    rec: AccessRecord, key: Key | None = None) -> plan.Forward:
         """The claim to forward to, once it serves; ``Refused`` when it cannot in time, or
         when its claims were deleted meanwhile."""
         s = self.settings
@@ -169,7 +169,7 @@ class Door:
                 changed = self.changes.next()  # before looking: a change after it wakes us
                 keys = tuple(k for k in keys if self.d.desired.claim(k) is not None)
                 if not keys:
-                    raise Refused(errors.unknown_model(name, self.catalog.names()),
+                    raise Refused(errors.unknown_model(name, self.visible_names(key)),
                                   "unknown_model")
                 d = self.decide(keys)
                 model = self.model_of(d.claim)
@@ -226,7 +226,7 @@ class Door:
             raise Refused(errors.unknown_model(name, self.visible_names(key)), "unknown_model")
         if key is not None and not self.allowed(key, name, keys):
             raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
-        fwd = await self.admit(name, keys, ticket, rec)
+        fwd = await self.admit(name, keys, ticket, rec, key)
         claim = self.catalog.claim(fwd.claim)
         assert claim is not None  # admit looked, with no await since
         model = claim.model_name

@@ -290,7 +290,11 @@ class Response:
             yield piece
 
     async def read(self) -> bytes:
-        return b"".join([piece async for piece in self.chunks()])
+        assert self._conn is not None
+        pieces = []
+        while (piece := await self._conn.piece()) is not None:
+            pieces.append(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def release(self) -> None:
         conn, self._conn = self._conn, None
