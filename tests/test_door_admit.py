@@ -200,3 +200,44 @@ async def test_a_request_held_for_a_claim_deleted_meanwhile_is_told_the_model_is
     with pytest.raises(Refused) as refused:
         await asyncio.wait_for(held, 5)
     assert refused.value.reason == "unknown_model" and refused.value.response.status == 404
+
+
+# ---- names the engines serve ------------------------------------------------------------------
+
+
+async def test_served_names_and_lora_adapters_an_engine_lists_route_to_its_claim(
+        tmp_path: Path) -> None:
+    from aiohttp import ClientSession, web
+
+    async def models(request: web.Request) -> web.Response:  # vLLM's /v1/models, one adapter
+        return web.json_response({"object": "list", "data": [
+            {"id": "m", "object": "model", "root": "t/m", "parent": None, "max_model_len": 8192},
+            {"id": "sql-lora", "object": "model", "root": "/adapters/sql", "parent": "m",
+             "max_model_len": 8192}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"))
+    door = door_for(rig)
+    try:
+        assert door.catalog.claims_for("sql-lora") == ()
+        assert door.catalog.context(M, "m") == 2048  # declared, until the engine says
+        async with ClientSession() as session:
+            door.catalog.learn_soon(session, M, "127.0.0.1", port)
+            for _ in range(100):
+                if door.catalog.claims_for("sql-lora"):
+                    break
+                await asyncio.sleep(0.02)
+        assert door.catalog.claims_for("sql-lora") == (M,)
+        assert door.catalog.adapters(M) == ("sql-lora",)
+        assert door.catalog.context(M, "sql-lora") == 8192 == door.catalog.context(M, "m")
+        listed = {m["id"]: m for m in door.listing(None)}
+        assert listed["sql-lora"]["parent"] == "m" and listed["m"]["parent"] is None
+    finally:
+        await runner.cleanup()
