@@ -90,7 +90,8 @@ A, B, C = ("default", "a"), ("default", "b"), ("default", "c")
 
 def test_placement_prefers_the_awake_claim_with_the_fewest_requests_in_flight() -> None:
     load = {A: 3, B: 1, C: 0}
-    decisions = [Forward(A, "h", 1, "x"), Forward(B, "h", 2, "x"), Hold(C, WAKE, wake=True)]
+    decisions: list[Forward | Hold | Refuse] = [Forward(A, "h", 1, "x"), Forward(B, "h", 2, "x"),
+                                                Hold(C, WAKE, wake=True)]
     assert choose(decisions, load.__getitem__) == Forward(B, "h", 2, "x")
 
 
