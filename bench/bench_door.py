@@ -11,9 +11,14 @@ intervals, the door's access log on, as by default) serving simulated vLLM engin
   stress row, not judged by the goals);
 * ``s``: ``--wake-seconds`` (1 s) to wake, for the time to first token of a sleeping model.
 
-The load generator is this process: asyncio + aiohttp, ``c`` closed-loop workers each sending
+The load generator is this process: asyncio + aiohttp, ``c`` closed-loop clients each sending
 ``POST /v1/completions`` (``max_tokens`` 16, streamed or not) one after the other over keep-alive
-connections, for ``--seconds`` per slice. Each concurrency and mode runs six slices, direct
+connections, for ``--seconds`` per slice. Independent clients do not start in step: client i
+starts ``i / c`` of one request's time late (measured on the engine's port), and only requests
+sent after the last client started count. With a simulated engine every request takes the same
+time, so clients started together stay in step and every answer of a round arrives at once:
+the ``burst`` rows (c = 16, all started together) show what such a burst costs through the
+door, which handles its answers one after the other. Each concurrency and mode runs six slices, direct
 (the engine's port), door, relay, relay, door, direct, so that drift in the machine's load hits both alike;
 the samples of a target's two slices are pooled. A third target, ``relay``, is the cheapest
 proxy asyncio can be (a byte pump per connection, no HTTP, in its own process): what any extra
@@ -102,15 +107,20 @@ def _cpu(proc: psutil.Process) -> float:
 
 
 async def load(http: aiohttp.ClientSession, url: str, c: int, seconds: float, stream: bool,
-               tokens: int, procs: dict[str, psutil.Process]) -> Slice:
+               tokens: int, procs: dict[str, psutil.Process], spread: float = 0.0) -> Slice:
+    """``c`` closed-loop clients for ``seconds``; client i starts ``i * spread / c`` late (0: all
+    at once, a burst), and only requests sent after the last one started are measured."""
     body = json.dumps({"model": url.rsplit("#", 1)[1], "prompt": "the warm pool",
                        "max_tokens": tokens, "stream": stream}).encode()
     target = url.rsplit("#", 1)[0]
     out = Slice()
     headers = {"Content-Type": "application/json"}
-    stop = time.perf_counter() + seconds
+    begin = time.perf_counter()
+    measured_from = begin + spread
+    stop = measured_from + seconds
 
-    async def worker() -> None:
+    async def worker(i: int) -> None:
+        await asyncio.sleep(i * spread / c)
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
             first = None
@@ -123,6 +133,8 @@ async def load(http: aiohttp.ClientSession, url: str, c: int, seconds: float, st
                     await resp.read()
                 ok = resp.status == 200
             t1 = time.perf_counter()
+            if t0 < measured_from:
+                continue
             if not ok:
                 out.errors += 1
                 continue
@@ -132,9 +144,8 @@ async def load(http: aiohttp.ClientSession, url: str, c: int, seconds: float, st
 
     before = {k: _cpu(p) for k, p in procs.items()}
     own = os.times()
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(c)))
-    out.seconds = time.perf_counter() - started
+    await asyncio.gather(*(worker(i) for i in range(c)))
+    out.seconds = stop - measured_from
     after = os.times()
     out.cpu = {k: _cpu(p) - before[k] for k, p in procs.items()}
     out.cpu["loadgen"] = (after.user + after.system) - (own.user + own.system)
@@ -282,27 +293,30 @@ async def measure(args: argparse.Namespace) -> Result:
 
 async def side_by_side(http: aiohttp.ClientSession, args: argparse.Namespace, door: str,
                        routes: dict[str, dict[str, Any]], procs: dict[str, psutil.Process],
-                       relays: dict[str, int]) -> dict[tuple[str, int, bool, str], Slice]:
-    table: dict[tuple[str, int, bool, str], Slice] = {}
-    runs = [("m", c, stream) for stream in (False, True) for c in CONCURRENCY]
-    runs += [("f", c, False) for c in CONCURRENCY]
-    for model, c, stream in runs:
+                       relays: dict[str, int]) -> dict[tuple[str, int, str, str], Slice]:
+    table: dict[tuple[str, int, str, str], Slice] = {}
+    runs = [("m", c, stream, True) for stream in (False, True) for c in CONCURRENCY]
+    runs += [("m", 16, stream, False) for stream in (False, True)]  # bursts of 16
+    runs += [("f", c, False, True) for c in CONCURRENCY]
+    for model, c, stream, spread_out in runs:
         urls = {"direct": f"http://127.0.0.1:{routes[model]['port']}/v1/completions#{model}",
                 "relay": f"http://127.0.0.1:{relays[model]}/v1/completions#{model}",
                 "door": f"{door}/v1/completions#{model}"}
-        for target in urls:  # warm the connections
-            await load(http, urls[target], c, 0.5, stream, args.max_tokens, procs)
+        warm = {t: await load(http, u, c, 0.5, stream, args.max_tokens, procs)
+                for t, u in urls.items()}  # warms the connections, and times one request
+        spread = warm["direct"].ms(50) / 1000 if spread_out else 0.0
+        mode = ("stream" if stream else "json") + ("" if spread_out else " burst")
         for target in ("direct", "door", "relay", "relay", "door", "direct"):
-            got = await load(http, urls[target], c, args.seconds, stream, args.max_tokens, procs)
-            table.setdefault((model, c, stream, target), Slice()).add(got)
-        d, g, r = (table[(model, c, stream, t)] for t in ("direct", "door", "relay"))
-        log(f"{model} c={c} {'stream' if stream else 'json'}: direct p50 {d.ms(50):.2f} ms "
-            f"{d.rate:.0f}/s, relay {r.ms(50):.2f} ms {r.rate:.0f}/s, door p50 {g.ms(50):.2f} ms "
-            f"{g.rate:.0f}/s")
+            got = await load(http, urls[target], c, args.seconds, stream, args.max_tokens, procs,
+                             spread)
+            table.setdefault((model, c, mode, target), Slice()).add(got)
+        d, g, r = (table[(model, c, mode, t)] for t in ("direct", "door", "relay"))
+        log(f"{model} c={c} {mode}: direct p50 {d.ms(50):.2f} ms {d.rate:.0f}/s, relay "
+            f"{r.ms(50):.2f} ms {r.rate:.0f}/s, door p50 {g.ms(50):.2f} ms {g.rate:.0f}/s")
     return table
 
 
-def report(args: argparse.Namespace, table: dict[tuple[str, int, bool, str], Slice],
+def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slice],
            wake_direct: list[float], ttft_awake: list[float],
            ttft_sleeping: list[float]) -> Result:
     lines = [f"engine m: {args.engine_request_seconds * 1000:g} ms to the first token, "
@@ -312,14 +326,15 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, bool, str], Sli
              "added p50 / p99 ms | req/s direct, relay, door | door share | CPU ms/req: door, "
              "relay, engine, loadgen |", "|---|---|---|---|---|---|---|---|---|"]
     passed, details = True, {}
-    for (model, c, stream, target), got in sorted(table.items()):
+    for (model, c, kind, target), got in sorted(table.items()):
         if target != "door":
             continue
-        d, r = table[(model, c, stream, "direct")], table[(model, c, stream, "relay")]
+        d, r = table[(model, c, kind, "direct")], table[(model, c, kind, "relay")]
+        stream = kind.startswith("stream")
         for ttft in ((False, True) if stream else (False,)):
             added50, added99 = got.ms(50, ttft) - d.ms(50, ttft), got.ms(99, ttft) - d.ms(99, ttft)
             share = got.rate / d.rate if d.rate else 0.0
-            mode = ("stream TTFT" if ttft else "stream") if stream else "json"
+            mode = kind.replace("stream", "stream TTFT") if ttft else kind
             door_cpu = got.cpu_ms("agent+door") - d.cpu_ms("agent+door")  # less its idle work
             lines.append(
                 f"| {model} | {c} | {mode} | {d.ms(50, ttft):.2f} / {d.ms(99, ttft):.2f} | "
@@ -329,8 +344,8 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, bool, str], Sli
                 f", {got.cpu_ms('engine ' + model):.2f}, {got.cpu_ms('loadgen'):.2f} |")
             details[f"{model} c{c} {mode}"] = {"added_p50_ms": added50, "added_p99_ms": added99,
                                                "share": share, "errors": got.errors + d.errors}
-            if model == "m" and c == 16 and (added50 > GOAL_ADDED_P50_MS
-                                             or added99 > GOAL_ADDED_P99_MS):
+            if model == "m" and c == 16 and "burst" not in mode and (
+                    added50 > GOAL_ADDED_P50_MS or added99 > GOAL_ADDED_P99_MS):
                 passed = False
             if model == "m" and not ttft and share < GOAL_THROUGHPUT:
                 passed = False
