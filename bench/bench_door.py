@@ -16,16 +16,17 @@ The load generator is this process: asyncio + aiohttp, ``c`` closed-loop clients
 connections, for ``--seconds`` per slice. Independent clients do not start in step: client i
 starts ``i / c`` of one request's time late (measured on the engine's port), and only requests
 sent after the last client started count. With a simulated engine every request takes the same
-time, so clients started together stay in step and every answer of a round arrives at once:
-the ``burst`` rows (c = 16, all started together) show what such a burst costs through the
-door, which handles its answers one after the other. Each concurrency and mode runs six slices, direct
-(the engine's port), door, relay, relay, door, direct, so that drift in the machine's load hits both alike;
-the samples of a target's two slices are pooled. A third target, ``relay``, is the cheapest
-proxy asyncio can be (a byte pump per connection, no HTTP, in its own process): what any extra
-hop written in Python costs on this machine, for scale. Latency is send to last byte; time to first
-token (streams) is send to the first body chunk. Added latency is the difference of the two
-targets' percentiles (requests cannot be paired). CPU seconds per request are measured for the
-agent process (where the door runs), the engine and the load generator itself.
+time, so clients started together stay in step and every answer of a round arrives at once: the
+``burst`` rows (c = 16, all started together) show what such a burst costs through the door,
+which handles its answers one after the other. Each concurrency and mode runs ``--rounds`` times
+six slices: direct (the engine's port), door, relay, relay, door, direct, so that drift in the
+machine's load hits every target alike; the samples of a target's slices are pooled. The third
+target, ``relay``, is the cheapest proxy asyncio can be (a byte pump per connection, no HTTP, in
+its own process): what any extra hop written in Python costs on this machine, for scale.
+Latency is send to last byte; time to first token (streams) is send to the first body chunk.
+Added latency is the difference of two targets' percentiles (requests cannot be paired). CPU
+seconds per request are measured for the agent process (where the door runs, less what it
+spends while the direct slices run), the relay, the engine and the load generator itself.
 
 Sleeping model: ``--wake-rounds`` times, ``s`` is put to sleep through the agent's API and the
 claim shows Sleeping; then a streamed request goes to the door and its time to first token is
@@ -306,7 +307,7 @@ async def side_by_side(http: aiohttp.ClientSession, args: argparse.Namespace, do
                 for t, u in urls.items()}  # warms the connections, and times one request
         spread = warm["direct"].ms(50) / 1000 if spread_out else 0.0
         mode = ("stream" if stream else "json") + ("" if spread_out else " burst")
-        for target in ("direct", "door", "relay", "relay", "door", "direct"):
+        for target in ("direct", "door", "relay", "relay", "door", "direct") * args.rounds:
             got = await load(http, urls[target], c, args.seconds, stream, args.max_tokens, procs,
                              spread)
             table.setdefault((model, c, mode, target), Slice()).add(got)
@@ -321,7 +322,8 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slic
            ttft_sleeping: list[float]) -> Result:
     lines = [f"engine m: {args.engine_request_seconds * 1000:g} ms to the first token, "
              f"{args.engine_token_seconds * 1000:g} ms per further token, {args.max_tokens} "
-             f"tokens; engine f: no simulated compute; {args.seconds:g} s x 2 slices per target",
+             f"tokens; engine f: no simulated compute; {args.seconds:g} s x {2 * args.rounds} slices "
+             "per target",
              "", "| engine | c | mode | direct p50 / p99 ms | relay: added p50 / p99 ms | door: "
              "added p50 / p99 ms | req/s direct, relay, door | door share | CPU ms/req: door, "
              "relay, engine, loadgen |", "|---|---|---|---|---|---|---|---|---|"]
@@ -376,7 +378,9 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slic
 
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--seconds", type=float, default=4.0, help="per slice (6 slices per run)")
+    p.add_argument("--seconds", type=float, default=3.0, help="per slice")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="direct, door, relay, relay, door, direct slices this many times per run")
     p.add_argument("--engine-request-seconds", type=float, default=0.02)
     p.add_argument("--engine-token-seconds", type=float, default=0.005)
     p.add_argument("--max-tokens", type=int, default=16)
