@@ -1,9 +1,9 @@
 """Sleep and wake: idle models asleep, woken models served, room made by sleeping others.
 
 * Idle sleep (the pool's ``sleepAfterSeconds``): ``idle_to_sleep`` names the model; it is taken
-  off the route first, a fresh snapshot must still show no request running or waiting, and no
-  request may be in flight through the front door, and only then is it put to sleep (level 1)
-  -> Sleeping, event ``Sleeping``. A model that turned busy stays awake and on the route.
+  off the route first, a fresh snapshot must still show no request running or waiting and the
+  front door none in flight; only then is it put to sleep (level 1) -> Sleeping, event
+  ``Sleeping``. A model that turned busy stays awake and on the route.
 * Wake requests (``WakeBook``): a sleeping claim wakes where it is when its GPUs have room for it
   (``victims`` answers []); the agent's own check may still refuse (409
   ``InsufficientGPUMemory``). With ``noWakeReserveWhileAsleep`` the idle models on those GPUs are
