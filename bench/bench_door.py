@@ -24,7 +24,10 @@ machine's load hits every target alike; the samples of a target's slices are poo
 target, ``relay``, is the cheapest proxy asyncio can be (a byte pump per connection, no HTTP, in
 its own process): what any extra hop written in Python costs on this machine, for scale.
 Latency is send to last byte; time to first token (streams) is send to the first body chunk.
-Added latency is the difference of two targets' percentiles (requests cannot be paired). CPU
+Added latency is the difference of two targets' percentiles (requests cannot be paired). The
+door's own time is per request, from its access log: its time in the door less the engine's
+(``upstream_ms``): what the door spends inside, without the scheduling waits of a process on a
+loaded machine before it reads a request and after it writes the answer. CPU
 seconds per request are measured for the agent process (where the door runs, less what it
 spends while the direct slices run), the relay, the engine and the load generator itself.
 
@@ -79,6 +82,7 @@ def claim(name: str, args: dict[str, str]) -> str:
 class Slice:
     latency: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)  # the door's own time (its access log)
     seconds: float = 0.0
     errors: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
@@ -86,6 +90,7 @@ class Slice:
     def add(self, other: Slice) -> None:
         self.latency += other.latency
         self.ttft += other.ttft
+        self.own += other.own
         self.seconds += other.seconds
         self.errors += other.errors
         for k, v in other.cpu.items():
@@ -261,9 +266,10 @@ async def measure(args: argparse.Namespace) -> Result:
         for name, flags in (("m", realistic), ("f", {}), ("s", sleeper)):
             (claims / f"{name}.yaml").write_text(claim(name, flags))
         door_port, claims_port = free_port(), free_port()
+        access = s.tmp / "access.log"
         agent = s.agent(engine_host=None, extra_args=[
             *AGENT_ARGS, "--claims", str(claims), "--claims-port", str(claims_port),
-            "--door-port", str(door_port)])
+            "--door-port", str(door_port), "--door-access-log", str(access)])
         door = f"http://127.0.0.1:{door_port}"
         claims_url = f"http://127.0.0.1:{claims_port}"
         assert agent.proc is not None
@@ -281,7 +287,8 @@ async def measure(args: argparse.Namespace) -> Result:
             try:
                 for m, proc in relays.items():
                     procs[f"relay {m}"] = psutil.Process(proc.pid)
-                table = await side_by_side(http, args, door, routes, procs, relay_ports)
+                table = await side_by_side(http, args, door, routes, procs, relay_ports,
+                                           AccessTail(access))
             finally:
                 for proc in relays.values():
                     os.killpg(proc.pid, 9)
@@ -292,9 +299,33 @@ async def measure(args: argparse.Namespace) -> Result:
         return report(args, table, wake_direct, ttft_awake, ttft_sleeping)
 
 
+class AccessTail:
+    """The door's own time per request, from the lines its access log gained: the request's
+    time in the door less the engine's (``upstream_ms``) and any hold."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    async def take(self) -> list[float]:
+        await asyncio.sleep(0.3)  # the door writes its lines within 0.2 s
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        self.offset += len(data)
+        out = []
+        for line in data.decode().splitlines():
+            doc = json.loads(line)
+            if doc.get("upstream_ms") is not None and doc["status"] == 200:
+                out.append((doc["duration_ms"] - doc["upstream_ms"] - (doc["held_ms"] or 0.0))
+                           / 1000)
+        return out
+
+
 async def side_by_side(http: aiohttp.ClientSession, args: argparse.Namespace, door: str,
                        routes: dict[str, dict[str, Any]], procs: dict[str, psutil.Process],
-                       relays: dict[str, int]) -> dict[tuple[str, int, str, str], Slice]:
+                       relays: dict[str, int],
+                       tail: AccessTail) -> dict[tuple[str, int, str, str], Slice]:
     table: dict[tuple[str, int, str, str], Slice] = {}
     runs = [("m", c, stream, True) for stream in (False, True) for c in CONCURRENCY]
     runs += [("m", 16, stream, False) for stream in (False, True)]  # bursts of 16
@@ -307,11 +338,14 @@ async def side_by_side(http: aiohttp.ClientSession, args: argparse.Namespace, do
                 "door": f"{door}/v1/completions#{model}"}
         warm = {t: await load(http, u, c, 0.5, stream, args.max_tokens, procs)
                 for t, u in urls.items()}  # warms the connections, and times one request
+        await tail.take()
         spread = warm["direct"].ms(50) / 1000 if spread_out else 0.0
         mode = ("stream" if stream else "json") + ("" if spread_out else " burst")
         for target in ("direct", "door", "relay", "relay", "door", "direct") * args.rounds:
             got = await load(http, urls[target], c, args.seconds, stream, args.max_tokens, procs,
                              spread)
+            if target == "door":
+                got.own = await tail.take()
             table.setdefault((model, c, mode, target), Slice()).add(got)
         d, g, r = (table[(model, c, mode, t)] for t in ("direct", "door", "relay"))
         log(f"{model} c={c} {mode}: direct p50 {d.ms(50):.2f} ms {d.rate:.0f}/s, relay "
@@ -327,8 +361,9 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slic
              f"tokens; engine f: no simulated compute; {args.seconds:g} s x {2 * args.rounds} slices "
              "per target",
              "", "| engine | c | mode | direct p50 / p99 ms | relay: added p50 / p99 ms | door: "
-             "added p50 / p99 ms | req/s direct, relay, door | door share | CPU ms/req: door, "
-             "relay, engine, loadgen |", "|---|---|---|---|---|---|---|---|---|"]
+             "added p50 / p99 ms | door's own p50 / p99 ms | req/s direct, relay, door | door "
+             "share | CPU ms/req: door, relay, engine, loadgen |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     passed, details = True, {}
     for (model, c, kind, target), got in sorted(table.items()):
         if target != "door":
@@ -340,10 +375,12 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slic
             share = got.rate / d.rate if d.rate else 0.0
             mode = kind.replace("stream", "stream TTFT") if ttft else kind
             door_cpu = got.cpu_ms("agent+door") - d.cpu_ms("agent+door")  # less its idle work
+            own = "-" if ttft or not got.own else \
+                f"{percentile(got.own, 50) * 1000:.2f} / {percentile(got.own, 99) * 1000:.2f}"
             lines.append(
                 f"| {model} | {c} | {mode} | {d.ms(50, ttft):.2f} / {d.ms(99, ttft):.2f} | "
                 f"{r.ms(50, ttft) - d.ms(50, ttft):+.2f} / {r.ms(99, ttft) - d.ms(99, ttft):+.2f}"
-                f" | {added50:+.2f} / {added99:+.2f} | {d.rate:.0f}, {r.rate:.0f}, "
+                f" | {added50:+.2f} / {added99:+.2f} | {own} | {d.rate:.0f}, {r.rate:.0f}, "
                 f"{got.rate:.0f} | {share:.2f} | {door_cpu:.2f}, {r.cpu_ms('relay ' + model):.2f}"
                 f", {got.cpu_ms('engine ' + model):.2f}, {got.cpu_ms('loadgen'):.2f} |")
             details[f"{model} c{c} {mode}"] = {"added_p50_ms": added50, "added_p99_ms": added99,

@@ -1,11 +1,13 @@
 """The door's access log: one JSON line per request, to stderr or a file.
 
-A line says who asked for what, where it went and how it went::
+A line says who asked for what, where it went and how it went (``duration_ms`` less
+``held_ms`` and ``upstream_ms``, the engine's part, is the door's own)::
 
     {"ts": "2026-11-30T08:42:23.123Z", "logger": "door.access", "method": "POST",
      "path": "/v1/chat/completions", "client": "10.0.0.7", "model": "qwen3-0.6b",
      "claim": "default/qwen3-0-6b", "upstream": "local 127.0.0.1:20001", "status": 200,
-     "stream": true, "duration_ms": 812.4, "ttft_ms": 35.1, "held_ms": 402.2,
+     "stream": true, "duration_ms": 812.4, "ttft_ms": 35.1, "upstream_ms": 409.6,
+     "held_ms": 402.2,
      "held_for": "wake", "prompt_tokens": 12, "completion_tokens": 16, "bytes": 2431,
      "error": null, "key": "sha256:1a2b3c4d"}
 
@@ -41,6 +43,7 @@ class AccessRecord:
     stream: bool = False
     duration_ms: float = 0.0
     ttft_ms: float | None = None
+    upstream_ms: float | None = None  # sent to the engine -> its last byte passed on
     held_ms: float | None = None
     held_for: str | None = None
     prompt_tokens: int | None = None

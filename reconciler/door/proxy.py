@@ -48,6 +48,7 @@ class Outcome:
     completion_tokens: int = 0
     error: str | None = None  # a reason for the errors metric
     bytes_out: int = 0
+    upstream_s: float | None = None  # sent to the engine -> its last byte passed on
 
 
 def usage_of(data: bytes) -> tuple[int, int] | None:
@@ -90,6 +91,7 @@ async def forward(request: web.Request, upstream_pool: Upstream, host: str, port
                   path: str, body: bytes, outcome: Outcome) -> web.StreamResponse:
     """Send ``body`` to the engine at ``host:port``; the answer for the client (a 502 when the
     engine did not answer)."""
+    sent = time.monotonic()
     try:
         upstream = await upstream_pool.post(host, port, path, _request_headers(request), body)
     except UpstreamError as err:
@@ -107,6 +109,7 @@ async def forward(request: web.Request, upstream_pool: Upstream, host: str, port
             return upstream_failed(f"the model's engine broke off its answer: {err}")
     finally:
         upstream.release()
+        outcome.upstream_s = time.monotonic() - sent
     if upstream.status >= 400:
         outcome.error = "upstream_error"
     usage = usage_of(data) if upstream.status < 400 else None

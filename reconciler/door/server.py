@@ -126,6 +126,8 @@ def _account(door: Door, request: web.Request, endpoint: str, rec: AccessRecord,
         status = outcome.status or (response.status if response is not None else 500)
     rec.status, rec.stream, rec.bytes, rec.error = status, outcome.stream, outcome.bytes_out, reason
     rec.duration_ms = round((now - rec.started) * 1000, 3)
+    if outcome.upstream_s is not None:
+        rec.upstream_ms = round(outcome.upstream_s * 1000, 3)
     if outcome.first_byte is not None:
         rec.ttft_ms = round((outcome.first_byte - rec.started) * 1000, 3)
         door.metrics.first_token(label, outcome.first_byte - rec.started)
