@@ -5,6 +5,8 @@ The agent launches engines with the command line real vLLM expects (``vllm serve
 exact command line unchanged, so it parses the few flags it models, ignores every other flag (and its
 value), and adds its own ``--sim-*`` knobs for tuning and fault injection. Each ``--sim-*`` flag has an
 environment fallback (``SIM_STARTUP_SECONDS`` for ``--sim-startup-seconds`` and so on); the flag wins.
+Like vLLM, ``--runner pooling`` (or the older ``--task embed``, ``--convert embed``) makes a pooling
+model: it serves ``/v1/embeddings`` (``--sim-embedding-dim`` wide) instead of completions.
 
 ``--sim-mode ollama`` turns the process into one ``ollama serve``: no model argument, configuration
 from the ``OLLAMA_*`` environment (``engines.sim.ollama_config``); ``--host``/``--port`` still override
