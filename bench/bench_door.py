@@ -1,4 +1,4 @@
-"""Figure 8: the front door against calling the engine directly, side by side in one run.
+"""Figure 9: the front door against calling the engine directly, side by side in one run.
 
 One agent in the README's embedded mode (``runtime-agent serve --claims DIR --door-port P``,
 through ``tests.harness.AgentProcess``; engines on loopback, production scrape and KV-hold
@@ -411,7 +411,7 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slic
                 f"{c16['added_p99_ms']:+.2f} ms; door throughput share min "
                 f"{min(shares, default=float('nan')):.2f}; sleeping TTFT over the wake p50 "
                 f"{over50:.1f} ms")
-    return Result("8. front door vs direct", "c=16: added p50 <= 0.5 ms, p99 <= 2 ms; door "
+    return Result("9. front door vs direct", "c=16: added p50 <= 0.5 ms, p99 <= 2 ms; door "
                   "throughput >= 0.5 x direct; sleeping TTFT <= wake + 50 ms", measured, passed,
                   details, lines)
 

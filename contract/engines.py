@@ -11,6 +11,7 @@ Everything here is pure: no I/O, no clock. Whether a local path exists is the ag
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -35,8 +36,11 @@ AGENT_OWNED_FLAGS = frozenset(
     {"--model", "--served-model-name", "--host", "--port", "--enable-sleep-mode"})
 _OWNED: Mapping[str, frozenset[str]] = MappingProxyType({
     "vllm": AGENT_OWNED_FLAGS,
-    # SGLang's --model-path is vLLM's MODEL; --enable-memory-saver is what lets it sleep.
-    "sglang": AGENT_OWNED_FLAGS | {"--model-path", "--enable-memory-saver"},
+    # SGLang's --model-path is vLLM's MODEL; --enable-memory-saver is what lets it sleep, with
+    # the weights kept in host memory (--enable-weights-cpu-backup); the agent reads its
+    # request figures from --enable-metrics.
+    "sglang": AGENT_OWNED_FLAGS | {"--model-path", "--enable-memory-saver",
+                                   "--enable-weights-cpu-backup", "--enable-metrics"},
 })
 # kvcached manages the KV cache, so an engine must not size it from a fraction of the GPU.
 _FORBIDDEN: Mapping[str, frozenset[str]] = MappingProxyType({
@@ -152,6 +156,29 @@ def gpus_needed(engine: str, args: Mapping[str, str]) -> int:
         if norm in sizes and _positive_int(value):
             sizes[norm] = int(value)
     return sizes[TENSOR] * sizes[PIPELINE]
+
+
+def lora_enabled(engine: str, args: Mapping[str, str]) -> bool:
+    """The engine was started to take LoRA adapters (vLLM: --enable-lora; SGLang also turns
+    it on with --lora-paths)."""
+    kind = _rules_kind(engine)
+    if kind == "ollama":
+        return False
+    flags = {normalise_flag(flag, kind): value for flag, value in args.items()}
+    if kind == "sglang" and "--lora-paths" in flags:
+        return True
+    return "--enable-lora" in flags and flags["--enable-lora"].lower() not in ("false", "0")
+
+
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def adapter_name_problem(name: str) -> str | None:
+    """A LoRA adapter name, as the AIBrix sidecar takes it and engines serve it."""
+    if not _ADAPTER_NAME.match(name):
+        return (f"lora_name {name!r} must be 1-128 letters, digits, '.', '_' or '-', starting "
+                "with a letter or digit")
+    return None
 
 
 def device_count_problem(engine: str, args: Mapping[str, str], device_count: int) -> str | None:

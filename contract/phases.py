@@ -29,7 +29,8 @@ _ALLOWED: dict[Phase, frozenset[Phase]] = {
     Phase.ACTIVE: frozenset({Phase.SLEEPING, Phase.RESTARTING, Phase.FAILED, Phase.STOPPING}),
     Phase.SLEEPING: frozenset({Phase.ACTIVE, Phase.RESTARTING, Phase.FAILED, Phase.STOPPING}),
     Phase.RESTARTING: frozenset({Phase.BOOTING, Phase.RESTARTING, Phase.FAILED, Phase.STOPPING}),
-    Phase.FAILED: frozenset({Phase.STOPPING}),
+    # A failed engine stays failed until deactivated, or activated again with its spec.
+    Phase.FAILED: frozenset({Phase.STOPPING, Phase.RESTARTING}),
     Phase.STOPPING: frozenset({Phase.STOPPED}),
     Phase.STOPPED: frozenset(),
 }

@@ -23,6 +23,7 @@ SLEEP_FAILED = "SleepFailed"
 WAKE_FAILED = "WakeFailed"
 STORAGE_UNAVAILABLE = "StorageUnavailable"
 ENGINE_MISSING = "EngineExecutableMissing"
+PORT_HELD = "PortHeld"
 
 # Claim conditions and events (the reconciler's).
 AGENT_NOT_READY = "AgentNotReady"

@@ -19,9 +19,9 @@ from registry.record import EngineRecord
 class Observation:
     """What an engine says about itself; None where it does not say."""
 
-    running: float | None = None
-    waiting: float | None = None
-    success_total: float | None = None
+    running: int | None = None  # requests being served now
+    waiting: int | None = None  # requests queued
+    success_total: int | None = None  # requests finished successfully, ever (a counter)
     footprint_bytes: int | None = None  # Ollama's size_vram of the loaded model
     context_length: int | None = None  # Ollama's context_length of the loaded model
 
@@ -35,6 +35,7 @@ class LaunchContext:
     bind_host: str
     base_env: Mapping[str, str]
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    model_path: str | None = None  # a local copy of the artifact to start on (the weight cache)
 
 
 class EngineAdapter(Protocol):
@@ -48,8 +49,14 @@ class EngineAdapter(Protocol):
         """Why this engine cannot sleep (a 409 for sleep requests), or None when it can."""
         ...
 
-    async def healthy(self, timeout_s: float) -> bool:
-        """The engine's port answers its health endpoint."""
+    async def healthy(self, timeout_s: float, asleep: bool = False) -> bool:
+        """The engine's port answers its health endpoint. ``asleep``: the agent believes the
+        engine sleeps (SGLang's /health must not be asked then)."""
+        ...
+
+    async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
+        """One health probe of a running engine: did it answer, and its word on sleep (None:
+        it does not say). Cheap: one request, bounded by ``timeout_s``."""
         ...
 
     async def prepare(self, timeout_s: float) -> None:
@@ -72,5 +79,24 @@ class EngineAdapter(Protocol):
     async def observe(self, timeout_s: float) -> Observation | None:
         ...
 
+    async def load_adapter(self, name: str, path: str, timeout_s: float) -> None:
+        """Load a LoRA adapter at run time. Raises EngineCallError (``status`` the engine's)."""
+        ...
+
+    async def unload_adapter(self, name: str, timeout_s: float) -> None:
+        """Raises EngineCallError; an engine that never had it answers 404 (vLLM) or 400."""
+        ...
+
+    async def loaded_adapters(self, timeout_s: float) -> dict[str, str] | None:
+        """The adapters the engine serves now (name -> path); None when it does not say."""
+        ...
+
     async def close(self) -> None:
         ...
+
+
+def adapters_from_cards(cards: list[dict[str, object]] | None) -> dict[str, str] | None:
+    """LoRA adapters among ``/v1/models`` cards: the ones with a ``parent`` (vLLM, SGLang)."""
+    if cards is None:
+        return None
+    return {str(c["id"]): str(c.get("root") or "") for c in cards if c.get("parent")}

@@ -9,56 +9,66 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class EngineCallError(RuntimeError):
-    """An engine answered a lifecycle call with an error, or did not answer in time."""
+    """An engine answered a lifecycle call with an error, or did not answer in time.
+
+    ``status`` is the engine's HTTP status when it answered one (None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
 class RequestFigures:
-    running: float
-    waiting: float
-    success_total: float
+    """Request counts: whole numbers (Prometheus writes them as floats, e.g. ``3.0``)."""
+
+    running: int
+    waiting: int
+    success_total: int
 
 
-_FIGURES = {
+# Sample names of the request figures, per engine kind.
+VLLM_FIGURES: Mapping[str, str] = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
     "vllm:request_success_total": "success_total",
 }
 
 
-def parse_request_figures(text: str) -> RequestFigures:
-    """Sum vLLM's three request series over their labels from a Prometheus text exposition.
+def parse_request_figures(text: str,
+                          names: Mapping[str, str] = VLLM_FIGURES) -> RequestFigures | None:
+    """Sum the request series in ``names`` over their labels from a Prometheus exposition.
 
-    A line scan, not a full parser: vLLM's /metrics carries hundreds of histogram lines the agent
-    does not need, and this runs every few seconds for every engine.
+    An engine's /metrics carries hundreds of histogram lines the agent does not need, and this
+    runs every few seconds for every engine, so only the lines of the wanted series are handed
+    to prometheus_client's parser (a whole vLLM page through the parser costs milliseconds).
+    None when the page carries none of them (metrics off, or another engine's page).
     """
-    sums = {"running": 0.0, "waiting": 0.0, "success_total": 0.0}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name_end = len(line)
-        for sep in ("{", " "):
-            idx = line.find(sep)
-            if 0 <= idx < name_end:
-                name_end = idx
-        key = _FIGURES.get(line[:name_end])
-        if key is None:
-            continue
-        value_part = line.rsplit("}", 1)[-1] if "}" in line else line[name_end:]
-        fields = value_part.split()
-        if not fields:
-            continue
-        try:
-            sums[key] += float(fields[0])
-        except ValueError:
-            continue
-    return RequestFigures(**sums)
+    wanted = tuple(names)
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    sums = {key: 0.0 for key in names.values()}
+    seen = False
+    try:
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+            for sample in family.samples:
+                key = names.get(sample.name)
+                if key is not None and math.isfinite(sample.value):
+                    sums[key] += sample.value
+                    seen = True
+    except ValueError:  # a malformed line: no figures rather than wrong ones
+        return None
+    if not seen:
+        return None
+    return RequestFigures(**{k: int(round(v)) for k, v in sums.items()})
 
 
 class EngineClient:
@@ -93,23 +103,38 @@ class EngineClient:
         value = body.get("is_sleeping") if isinstance(body, dict) else None
         return value if isinstance(value, bool) else None
 
-    async def post(self, path: str, timeout_s: float, body: object | None = None) -> None:
-        """POST to the engine; any answer but 2xx, or none in time, is an EngineCallError."""
+    async def post(self, path: str, timeout_s: float, body: object | None = None) -> str:
+        """POST to the engine and return its answer's text; any answer but 2xx, or none in
+        time, is an EngineCallError."""
         try:
             async with self._session.post(
                 f"{self._base}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
+                text = await resp.text()
                 if resp.status >= 300:
-                    text = (await resp.text())[:500]
-                    raise EngineCallError(f"POST {path} answered {resp.status}: {text}")
+                    raise EngineCallError(f"POST {path} answered {resp.status}: {text[:500]}",
+                                          resp.status)
+                return text
         except asyncio.TimeoutError as exc:
             raise EngineCallError(f"POST {path} got no answer within {timeout_s:g} s") from exc
         except aiohttp.ClientError as exc:
             raise EngineCallError(f"POST {path} failed: {exc}") from exc
 
 
-    async def request_figures(self, timeout_s: float) -> RequestFigures | None:
+    async def served_models(self, timeout_s: float) -> list[dict[str, object]] | None:
+        """The cards of ``GET /v1/models`` (base model and LoRA adapters); None without one."""
+        answer = await self._get("/v1/models", timeout_s)
+        if answer is None or answer[0] != 200:
+            return None
+        try:
+            data = json.loads(answer[1]).get("data")
+        except (ValueError, AttributeError):
+            return None
+        return [card for card in data if isinstance(card, dict)] if isinstance(data, list) else None
+
+    async def request_figures(self, timeout_s: float,
+                              names: Mapping[str, str] = VLLM_FIGURES) -> RequestFigures | None:
         answer = await self._get("/metrics", timeout_s)
         if answer is None or answer[0] != 200:
             return None
-        return parse_request_figures(answer[1])
+        return parse_request_figures(answer[1], names)

@@ -60,8 +60,12 @@ class OllamaAdapter:
     def sleep_unsupported(self) -> str | None:
         return None
 
-    async def healthy(self, timeout_s: float) -> bool:
+    async def healthy(self, timeout_s: float, asleep: bool = False) -> bool:
         return await self._http.health(timeout_s, "/")  # "Ollama is running"
+
+    async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
+        found = await self._names(timeout_s)
+        return (False, None) if found is None else (True, not _loaded(found[0], self._model))
 
     async def prepare(self, timeout_s: float) -> None:
         await self._load(timeout_s)
@@ -108,6 +112,16 @@ class OllamaAdapter:
             raise EngineCallError(f"Ollama {what} answered {exc.status_code}: {exc.error}") from exc
         except (httpx.HTTPError, OSError) as exc:
             raise EngineCallError(f"Ollama {what} failed: {exc}") from exc
+
+    async def load_adapter(self, name: str, path: str, timeout_s: float) -> None:
+        raise EngineCallError("Ollama takes no LoRA adapter at run time; build a model with "
+                              "an ADAPTER line in its Modelfile instead", 400)
+
+    async def unload_adapter(self, name: str, timeout_s: float) -> None:
+        raise EngineCallError("Ollama takes no LoRA adapter at run time", 400)
+
+    async def loaded_adapters(self, timeout_s: float) -> dict[str, str] | None:
+        return None
 
     async def close(self) -> None:
         await self._client.close()  # type: ignore[no-untyped-call]

@@ -18,13 +18,14 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from registry.identity import process_start_time
+from registry.identity import process_start_time, scan_engines
+from registry.record import ENV_ENGINE_ID
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,12 @@ class ExitInfo:
     code: int | None
     signal: int | None
     detected_at: float  # time.monotonic() when the agent saw it
+    lingering: bool = False  # still there after SIGKILL and the kill wait (uninterruptible)
 
     def describe(self) -> str:
+        if self.lingering:
+            return ("did not end within the kill wait after SIGKILL (stuck in an "
+                    "uninterruptible wait, such as a hung device or file system)")
         if self.signal is not None:
             return f"killed by signal {signal.Signals(self.signal).name}"
         if self.code is not None:
@@ -58,6 +63,7 @@ class EngineProcess:
         self.exited: asyncio.Future[ExitInfo] = loop.create_future()
         self._loop = loop
         self._pidfd = os.pidfd_open(pid)
+        self._worker_fds: list[int] = []
         loop.add_reader(self._pidfd, self._on_pidfd_readable)
 
     def _on_pidfd_readable(self) -> None:
@@ -74,6 +80,7 @@ class EngineProcess:
                         info = ExitInfo(None, result.si_status, detected_at)
         os.close(self._pidfd)
         self._pidfd = -1
+        self._forget_workers()
         # The leader is gone; whatever it left in its group (workers, engine cores) goes too.
         self.signal_group(signal.SIGKILL)
         if not self.exited.done():
@@ -84,8 +91,10 @@ class EngineProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
-    async def stop(self, grace_s: float) -> ExitInfo:
-        """SIGTERM the group, wait ``grace_s``, then SIGKILL it; no descendant survives."""
+    async def stop(self, grace_s: float, kill_wait_s: float = 10.0) -> ExitInfo:
+        """SIGTERM the group, wait ``grace_s``, then SIGKILL it; no descendant survives. Ends
+        within ``grace_s + kill_wait_s``: a process that outlives SIGKILL that long (stuck in
+        the kernel) is reported ``lingering``."""
         if self.exited.done():
             return self.exited.result()
         descendants = await asyncio.to_thread(_descendants, self.pid)  # blocking /proc reads
@@ -94,13 +103,44 @@ class EngineProcess:
             info = await asyncio.wait_for(asyncio.shield(self.exited), grace_s)
         except TimeoutError:
             self.signal_group(signal.SIGKILL)
-            info = await self.exited
+            try:
+                info = await asyncio.wait_for(asyncio.shield(self.exited), kill_wait_s)
+            except TimeoutError:
+                return ExitInfo(None, None, time.monotonic(), lingering=True)
         # Descendants that left the group (setsid) are found by the tree taken before the stop.
         await asyncio.to_thread(_kill_survivors, descendants)
         return info
 
+    def watch_workers(self, workers: Sequence[tuple[int, str]],
+                      on_exit: Callable[[int, str], None]) -> None:
+        """Watch the engine's workers (``group_workers``) through pidfds: ``on_exit(pid,
+        name)`` when one ends while the leader lives. An engine whose EngineCore died is dead
+        though its API server still answers."""
+        for pid, name in workers:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                on_exit(pid, name)  # gone already
+                continue
+            self._worker_fds.append(fd)
+
+            def ended(fd: int = fd, pid: int = pid, name: str = name) -> None:
+                self._loop.remove_reader(fd)
+                if not self.exited.done():
+                    on_exit(pid, name)
+
+            self._loop.add_reader(fd, ended)
+
+    def _forget_workers(self) -> None:
+        for fd in self._worker_fds:
+            self._loop.remove_reader(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._worker_fds.clear()
+
     def close(self) -> None:
         """Stop watching without touching the process (the agent is shutting down)."""
+        self._forget_workers()
         if self._pidfd >= 0:
             self._loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
@@ -109,10 +149,21 @@ class EngineProcess:
             self.exited.cancel()
 
 
+def group_workers(leader: int) -> list[tuple[int, str]]:
+    """The descendants of ``leader`` in its process group (blocking /proc reads: call in a
+    thread): its workers, as (pid, name). Helpers that left the group are not workers."""
+    found = []
+    for proc in _descendants(leader):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == leader:
+                found.append((proc.pid, proc.name()))
+    return found
+
+
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
+    except (psutil.Error, OSError):  # gone, or /proc unreadable now (no descriptors left)
         return []
 
 
@@ -121,6 +172,21 @@ def _kill_survivors(processes: Sequence[psutil.Process]) -> None:
         with contextlib.suppress(psutil.Error):
             if proc.is_running():  # is_running checks the create time: no reused PID is hit
                 proc.kill()
+
+
+def kill_leftovers(state_dir: str, engine_id: str, spare: int | None = None) -> list[int]:
+    """SIGKILL every process that carries ``engine_id`` in its environment (blocking /proc
+    reads: call in a thread): the descendants that left the engine's process group (a
+    ``setsid`` worker, a daemon) die with a crash as they do with a stop. ``spare``: a pid to
+    leave alone. The ids of the processes signalled."""
+    killed = []
+    for found in scan_engines(state_dir, every=True):
+        if found.environ.get(ENV_ENGINE_ID) != engine_id or found.pid == spare:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(found.pid, signal.SIGKILL)
+            killed.append(found.pid)
+    return killed
 
 
 def resolve_executable(name: str) -> str:

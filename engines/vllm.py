@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 
 import aiohttp
 
-from contract.engines import model_argument
-from engines.adapter import LaunchContext, Observation
+from contract.engines import lora_enabled, model_argument
+from engines.adapter import LaunchContext, Observation, adapters_from_cards
 from engines.client import EngineClient
 from registry.record import EngineRecord
 
@@ -40,9 +40,12 @@ def build_argv(
     return argv
 
 
-def build_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+def build_env(base: Mapping[str, str], extra: Mapping[str, str],
+              lora: bool = False) -> dict[str, str]:
     env = dict(base)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # the sleep endpoints exist only in dev mode
+    if lora:  # /v1/load_lora_adapter and /v1/unload_lora_adapter exist only with this
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "true"
     env.update(extra)
     return env
 
@@ -61,15 +64,24 @@ class VllmAdapter:
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:
         spec = record.spec
-        argv = build_argv(ctx.command, spec.artifact_url, spec.model_name, ctx.bind_host,
+        argv = build_argv(ctx.command, ctx.model_path or spec.artifact_url, spec.model_name,
+                          ctx.bind_host,
                           record.port, spec.args, sleep_mode=self._sleep_mode)
-        return argv, build_env(ctx.base_env, ctx.extra_env)
+        return argv, build_env(ctx.base_env, ctx.extra_env, lora_enabled(spec.engine, spec.args))
 
     def sleep_unsupported(self) -> str | None:
         return None if self._sleep_mode else SLEEP_UNSUPPORTED
 
-    async def healthy(self, timeout_s: float) -> bool:
+    async def healthy(self, timeout_s: float, asleep: bool = False) -> bool:
         return await self._client.health(timeout_s)
+
+    async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
+        if not self._sleep_mode:
+            return await self._client.health(timeout_s), False
+        # /is_sleeping asks the engine core, so an answer shows the core works, not only the
+        # API server (vLLM's /health reads a flag the core may never set when it hangs).
+        sleeping = await self._client.is_sleeping(timeout_s)
+        return sleeping is not None, sleeping
 
     async def prepare(self, timeout_s: float) -> None:
         return None
@@ -96,6 +108,16 @@ class VllmAdapter:
             return None
         return Observation(running=figures.running, waiting=figures.waiting,
                            success_total=figures.success_total)
+
+    async def load_adapter(self, name: str, path: str, timeout_s: float) -> None:
+        await self._client.post("/v1/load_lora_adapter", timeout_s,
+                                {"lora_name": name, "lora_path": path})
+
+    async def unload_adapter(self, name: str, timeout_s: float) -> None:
+        await self._client.post("/v1/unload_lora_adapter", timeout_s, {"lora_name": name})
+
+    async def loaded_adapters(self, timeout_s: float) -> dict[str, str] | None:
+        return adapters_from_cards(await self._client.served_models(timeout_s))
 
     async def close(self) -> None:
         return None

@@ -75,6 +75,7 @@ class Settings:
     snapshot_ttl: float = 0.1
     feed_wait: int = 30
     timings: Timings = field(default_factory=Timings)
+    agent_token: str | None = field(default=None, repr=False)  # the agents' bearer token
     door: DoorSettings | None = None  # the front door (None: off)
 
 
@@ -172,7 +173,10 @@ class ReconcilerApp:
     async def start(self) -> None:
         await asyncio.to_thread(self.desired.load)
         await asyncio.to_thread(self.store.load)
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        token = self.settings.agent_token  # every call to an agent carries it, feeds too
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            headers={"Authorization": f"Bearer {token}"} if token else None)
         self.store.start()
         s = self.settings
         self.claim_controller.watch(DirectorySource(s.claims_dir, self.desired.on_file,
@@ -221,12 +225,14 @@ def local_agent(agent_url: str, name: str | None = None) -> AgentRef:
 
 async def start_embedded(agent_url: str, claims_dir: Path | str, listen_host: str = "127.0.0.1",
                          listen_port: int = DEFAULT_PORT,
+                         agent_token: str | None = None,
                          door: DoorSettings | None = None) -> ReconcilerApp:
     """Start a reconciler whose pool is the one agent at ``agent_url`` (and its front door,
     with ``door``); ``await handle.stop()`` stops it. The agent may still be starting: the
     reconciler waits for it."""
     app = ReconcilerApp(Settings(Path(claims_dir), host=listen_host, port=listen_port,
-                                 local_agent=local_agent(agent_url), door=door))
+                                 local_agent=local_agent(agent_url), agent_token=agent_token,
+                                 door=door))
     await app.start()
     return app
 
@@ -246,8 +252,10 @@ async def serve_until_signalled(settings: Settings) -> None:
 
 
 def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: str = "0.0.0.0",
-                   port: int = DEFAULT_PORT, door: DoorSettings | None = None) -> None:
+                   port: int = DEFAULT_PORT, agent_token: str | None = None,
+                   door: DoorSettings | None = None) -> None:
     """Blocking: reconcile ``claims_dir`` against the agents of ``pool_file`` until SIGTERM."""
     asyncio.run(serve_until_signalled(Settings(
-        Path(claims_dir), Path(pool_file) if pool_file else None, host, port, door=door)))
+        Path(claims_dir), Path(pool_file) if pool_file else None, host, port,
+        agent_token=agent_token, door=door)))
 

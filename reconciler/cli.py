@@ -50,6 +50,8 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--host", default="0.0.0.0")
     r.add_argument("--port", type=int, default=DEFAULT_PORT)
     r.add_argument("--log-level", default="info")
+    r.add_argument("--agent-token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
+                   help="the agents' bearer token (or RUNTIME_AGENT_TOKEN)")
     _door_options(r, None)
     r.set_defaults(func=_reconcile)
     c = sub.add_parser("claims", help="show ModelClaims of a reconciler")
@@ -110,6 +112,7 @@ def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
 
 async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
                             claims_dir: str, listen_host: str, listen_port: int,
+                            agent_token: str | None = None,
                             door: DoorSettings | None = None) -> None:
     """Run ``agent_main`` (the agent's ``serve`` coroutine) with an embedded reconciler whose
     pool is that agent (and its front door, with ``door``); the reconciler stops when the agent
@@ -119,7 +122,7 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
     host = f"[{host}]" if ":" in host else host
     try:
         handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
-                                      listen_port, door)
+                                      listen_port, agent_token, door)
     except OSError as err:  # a port in use: say which, without a stack trace
         agent.cancel()
         raise SystemExit(f"runtime-agent: the embedded reconciler (port {listen_port}) or its "
@@ -138,7 +141,12 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
 def _reconcile(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_reconciler(args.claims, args.pool, args.host, args.port, door_settings(args, args.host))
+    token = None
+    if args.agent_token_file:
+        token = Path(args.agent_token_file).read_text().strip() or None
+    run_reconciler(args.claims, args.pool, args.host, args.port,
+                   token or os.environ.get("RUNTIME_AGENT_TOKEN") or None,
+                   door_settings(args, args.host))
     return 0
 
 

@@ -105,6 +105,8 @@ class AgentApi(Protocol):
 
     async def kv_limit(self, model_name: str, limit_bytes: int) -> Reply: ...
 
+    async def download(self, artifact_url: str) -> Reply: ...
+
 
 class HttpAgentClient:
     """``AgentApi`` over HTTP. ``session``: shared by every agent's client (one pool of
@@ -150,6 +152,11 @@ class HttpAgentClient:
     async def kv_limit(self, model_name: str, limit_bytes: int) -> Reply:
         return await self._call("POST", "/v1/runtime/models/kv-limit",
                                 {"model_name": model_name, "limit_bytes": limit_bytes},
+                                self._timeout)
+
+    async def download(self, artifact_url: str) -> Reply:
+        """Stage ``artifact_url`` in the agent's weight cache (starts or joins; answers at once)."""
+        return await self._call("POST", "/v1/model/download", {"artifact_url": artifact_url},
                                 self._timeout)
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None,

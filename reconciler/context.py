@@ -153,6 +153,8 @@ class Deps:
     def event_keys(self, agent: str, event: dict[str, object]) -> list[ClaimKey]:
         """An agent's engine event: the claims to look at again (and a KV division)."""
         self.cache.invalidate(agent)
+        if event.get("kind") == "artifact":
+            return []  # a weight-cache entry changed: the next snapshot shows it
         model, src, dst = str(event.get("model", "")), event.get("from"), event.get("to")
         keys: list[ClaimKey] = []
         key = self.desired.by_model(model) or next(

@@ -124,6 +124,7 @@ class AgentObs:
     engines: tuple[EngineObs, ...] = ()
     cached_artifacts: frozenset[str] = frozenset()
     first_at: float | None = None  # when this reconciler first asked the agent
+    staging_artifacts: frozenset[str] = frozenset()
 
     @property
     def silent_since(self) -> float | None:
@@ -146,7 +147,9 @@ class AgentObs:
         engines = tuple(EngineObs.from_entry(m) for m in snap.get("models") or ()
                         if isinstance(m, Mapping) and "model_name" in m)
         return cls(name, True, at, at, None, tuple(sorted(gpus, key=lambda g: g.index)), engines,
-                   frozenset(str(a) for a in snap.get("cached_artifacts") or ()))
+                   frozenset(str(a) for a in snap.get("cached_artifacts") or ()),
+                   staging_artifacts=frozenset(str(a) for a in snap.get("artifacts_staging")
+                                               or ()))
 
 
 class IdleTracker:
@@ -339,7 +342,8 @@ def candidate(obs: AgentObs, agent: AgentRef, pool: WarmPool,
             placed[d].append(resident)
     gpus = tuple(Gpu(g.index, g.usable, tuple(placed[g.index]), other[g.index]) for g in obs.gpus)
     result = Candidate(agent.name, gpus, agent.labels, pool.namespace, obs.ok,
-                       obs.cached_artifacts, pool.policy, obs.fetched_at, tuple(foreign))
+                       obs.cached_artifacts, pool.policy, obs.fetched_at, tuple(foreign),
+                       obs.staging_artifacts)
     for res in reservations:
         result = result.with_resident(res.resident, res.devices)
     return result

@@ -34,6 +34,7 @@ from reconciler.planning.placement import (
     Placed,
     Unplaced,
     place,
+    prestage_targets,
     retry_delay,
 )
 from reconciler.planning.sleep_policy import MakeRoom, make_room
@@ -57,6 +58,7 @@ from reconciler.status import (
 )
 
 log = logging.getLogger("reconciler.placing")
+PRE_STAGING = "PreStaging"
 
 
 def gpus_text(devices: tuple[int, ...]) -> str:
@@ -83,7 +85,29 @@ class Placer:
                              world.now, max_snapshot_age=self.d.timings.max_snapshot_age)
             if room is not None:
                 return await self._make_room(claim, st, room, world)
+        await self._pre_stage(claim, st, need, candidates, world)
         return self.pending(st, got)
+
+    async def _pre_stage(self, claim: ModelClaim, st: ClaimStatus, need: ClaimNeed,
+                         candidates: list[Candidate], world: World) -> None:
+        """A claim that waits to be placed has its artifact staged on the agents that may take
+        it, when their pool's policy asks (``artifacts.preStage``): the start reads local disk."""
+        if claim.engine == "ollama":
+            return  # Ollama pulls its own models
+        for agent in prestage_targets(need, candidates, world.now,
+                                      self.d.timings.max_snapshot_age):
+            try:
+                reply = await self.d.client(agent).download(claim.artifact_url)
+            except (AgentUnreachable, LookupError) as err:
+                log.info("pre-staging %s on %s: %s", claim.artifact_url, agent, err)
+                continue
+            self.d.cache.invalidate(agent)
+            if reply.ok:
+                st.event(self.d.wall(), PRE_STAGING, f"{agent} stages {claim.artifact_url} "
+                         "while the claim waits to be placed")
+            else:
+                log.info("pre-staging %s on %s refused: %s", claim.artifact_url, agent,
+                         reply.message)
 
     def pending(self, st: ClaimStatus, got: Unplaced) -> Result:
         now = self.d.wall()

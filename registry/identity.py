@@ -58,6 +58,8 @@ class StatFields:
     comm: str
     state: str
     ppid: int
+    pgrp: int
+    session: int
     flags: int
     start_time: int
     env_end: int | None  # field 51 (Linux >= 3.5); 0 until an exec has set up the new image
@@ -78,6 +80,13 @@ class FoundEngine:
     pid: int
     start_time: int
     environ: dict[str, str]
+    pgid: int = 0  # its process group: an engine the agent started leads its own (setsid)
+
+    @property
+    def leads_its_group(self) -> bool:
+        """The agent starts every engine as a session and group leader; a worker whose leader
+        died (an orphaned EngineCore) carries the engine's id but not its group."""
+        return self.pid == self.pgid
 
 
 def parse_stat(line: str) -> StatFields:
@@ -102,6 +111,8 @@ def parse_stat(line: str) -> StatFields:
         comm=line[open_paren + 1 : close_paren],
         state=rest[0],
         ppid=field(_PPID_FIELD),
+        pgrp=field(_PPID_FIELD + 1),
+        session=field(_PPID_FIELD + 2),
         flags=field(_FLAGS_FIELD),
         start_time=field(_STARTTIME_FIELD),
         env_end=field(_ENV_END_FIELD) if has_env_end else None,
@@ -228,12 +239,14 @@ def verify(pid: int, start_time: int, engine_id: str) -> Verdict:
         return Verdict.MATCH
 
 
-def scan_engines(state_dir: str | os.PathLike[str]) -> list[FoundEngine]:
+def scan_engines(state_dir: str | os.PathLike[str], *, every: bool = False
+                 ) -> list[FoundEngine]:
     """Every live engine top process started by the agent owning ``state_dir``, by PID.
 
     A process counts when its environment has ``ENV_STATE_DIR == state_dir`` and an
     ``ENV_ENGINE_ID``, unless its parent has the same engine id (a worker that merely inherited
-    the engine's environment). Processes that vanish or cannot be read mid-scan are skipped.
+    the engine's environment). With ``every``, workers too: each process that carries an engine
+    id (leftovers to kill). Processes that vanish or cannot be read mid-scan are skipped.
     """
     wanted = os.fspath(state_dir)
     candidates: dict[int, tuple[StatFields, dict[str, str]]] = {}
@@ -264,9 +277,9 @@ def scan_engines(state_dir: str | os.PathLike[str]) -> list[FoundEngine]:
         return outside_ids[pid]
 
     return [
-        FoundEngine(pid=pid, start_time=fields.start_time, environ=env)
+        FoundEngine(pid=pid, start_time=fields.start_time, environ=env, pgid=fields.pgrp)
         for pid, (fields, env) in sorted(candidates.items())
-        if engine_id_of(fields.ppid) != env[ENV_ENGINE_ID]
+        if every or engine_id_of(fields.ppid) != env[ENV_ENGINE_ID]
     ]
 
 

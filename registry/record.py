@@ -24,7 +24,7 @@ ENV_ENGINE_ID = "AIBRIX_ENGINE_ID"
 ENV_STATE_DIR = "AIBRIX_AGENT_STATE_DIR"
 ENV_ENGINE_SPEC = "AIBRIX_ENGINE_SPEC"
 
-EngineKind = Literal["vllm", "ollama", "sim"]
+EngineKind = Literal["vllm", "sglang", "ollama", "sim"]
 Desired = Literal["awake", "asleep"]
 
 # Operation results kept per record for idempotency; the oldest are dropped first.
@@ -34,9 +34,9 @@ MAX_OPERATIONS = 64
 class ClaimRef(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    namespace: str = ""
-    name: str = ""
-    uid: str = ""
+    namespace: str = Field(default="", max_length=253)
+    name: str = Field(default="", max_length=253)
+    uid: str = Field(default="", max_length=128)
 
 
 class EngineSpec(BaseModel):
@@ -63,6 +63,28 @@ class PerGpu(BaseModel):
     @property
     def need_bytes(self) -> int:
         return self.maximum_footprint_bytes + self.kv_floor_bytes
+
+
+class LoraAdapter(BaseModel):
+    """A LoRA adapter the engine serves under ``name``, loaded at run time from ``path``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    path: str  # a local directory or a Hugging Face repo id, as the engine loads it
+    artifact_url: str | None = None  # where it came from, when it was named by URL
+
+
+class InFlight(BaseModel):
+    """A sleep or wake the agent started and had not seen end: written before the engine is
+    called, cleared when the call returns. An agent that finds one after a restart resolves it
+    by asking the engine, never by assuming the call went through."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action: Literal["sleep", "wake"]
+    level: int = 1
+    started_at: float = 0.0
 
 
 class EngineRecord(BaseModel):
@@ -93,6 +115,16 @@ class EngineRecord(BaseModel):
     # Lifetime counters kept with the record so metrics do not drop to zero on an agent restart.
     op_counts: dict[str, int] = Field(default_factory=dict)  # "sleep:success" -> n
     budget_exhausted: int = 0
+    # Environment variables for the engine alone (HF_TOKEN, AWS_*): kept only here (a 0600
+    # file in a 0700 directory) and in the engine's own environment; never shown or logged.
+    credentials: dict[str, str] = Field(default_factory=dict, repr=False)
+    # The sleep or wake in flight (None: none): resolved by observation after an agent restart.
+    operation: InFlight | None = None
+    # When the engine last became ready without a crash since: its restart budget starts
+    # again after it served for a while (``budget_reset_s``).
+    healthy_since: float | None = None
+    # LoRA adapters to serve: loaded again after every restart and checked after re-adoption.
+    adapters: list[LoraAdapter] = Field(default_factory=list)
 
     def count_operation(self, action: str, result: str) -> None:
         key = f"{action}:{result}"

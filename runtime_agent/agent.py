@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,16 +26,21 @@ from contract.phases import Phase
 from engines.process import ProcessLauncher, tail_lines, trim_log
 from registry.store import RegistryStore
 from runtime_agent import __version__
+from runtime_agent.api.app import make_app
 from runtime_agent.api.events import EventLog
+from runtime_agent.api.limits import Slots
 from runtime_agent.api.metrics import AgentMetrics, memory_families
-from runtime_agent.api.routes import make_app
 from runtime_agent.api.snapshot import build_snapshot, memory_entry, short_entry
-from runtime_agent.artifacts import ArtifactMarkers
+from runtime_agent.artifacts.cache import ArtifactCache, CacheConfig
+from runtime_agent.artifacts.staging import EngineStager, engine_users
 from runtime_agent.gpu.backend import GpuBackend, GpuUnavailable
 from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.nvml import NvmlBackend
 from runtime_agent.gpu.simulated import SimulatedGpuBackend
+from runtime_agent.loops import Throttled, keep_running
 from runtime_agent.settings import Settings
+from runtime_agent.statelock import StateLock
+from runtime_agent.supervision.durability import StorageHealth
 from runtime_agent.supervision.engine_kinds import make_adapter
 from runtime_agent.supervision.messages import StartMode
 from runtime_agent.supervision.owner import OwnerDeps
@@ -49,21 +56,36 @@ class Agent:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.events = EventLog()
-        self.markers = ArtifactMarkers(settings.weight_cache_dir)
+        self.storage = StorageHealth()  # what owners last found writing the state directory
+        self.streams = Slots(64, "event streams")
+        self.waiters = Slots(512, "event long-polls")
+        # The weight cache (issue 14); None when AIBRIX_WEIGHT_CACHE_DIR is not set.
+        self.artifacts = make_cache(settings, self.events, self._artifact_users)
         self.started_at = time.time()
         # The agent's own process: no *_created series, as vLLM does.
         disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.metrics = AgentMetrics(lambda: self.pool.views(), lambda: memory_families(self))
+        self.metrics = AgentMetrics(lambda: self.pool.views(), lambda: itertools.chain(
+            memory_families(self), self.artifacts.metric_families() if self.artifacts else ()))
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._lock = StateLock(settings.state_dir)
+        self._recovered_at: float | None = None  # monotonic time re-adoption was planned
+        self._taken_over: list[str] = []  # models whose engines the previous agent left
         self.pool: EnginePool
         self.memory: MemoryBroker
 
     async def start(self) -> None:
         s = self.settings
         for path in (s.state_dir, s.engines_dir, s.logs_dir):
-            path.mkdir(parents=True, exist_ok=True)
+            # Private: records hold activation credentials, logs hold what engines print.
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.chmod(0o700)
+        self._lock.acquire()  # before the registry is read: one agent per state directory
+        if s.api_token is None and s.host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning("the control API on %s:%d needs no token: anyone who reaches this "
+                        "address can start and stop engines; set --token-file (or "
+                        "RUNTIME_AGENT_TOKEN), or bind 127.0.0.1", s.host, s.port)
         if overlaps_ephemeral(s.port_low, s.port_high, ephemeral_range()):
             log.warning("engine ports %d-%d overlap the kernel's ephemeral port range %s: an "
                         "outgoing connection can take an engine's port; pick a range below it",
@@ -78,11 +100,13 @@ class Agent:
         session = self._session
         deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd()),
                          adapter_for=lambda record: make_adapter(s, session, record),
-                         on_event=self._on_event,
-                         on_view=self._on_view, memory=self.memory)
+                         on_event=self._on_event, on_view=self._on_view, memory=self.memory,
+                         stager=EngineStager(self.artifacts) if self.artifacts else None,
+                         storage=self.storage, throttled=Throttled(log))
         self.pool = EnginePool(deps)
         await self.memory.start()
-        await asyncio.to_thread(self.markers.load)
+        if self.artifacts is not None:
+            await self.artifacts.start()
         loaded, steps = await recover(store, str(s.state_dir))
         for step in steps:  # taken-over engines keep their place on their cards
             rec = step.record
@@ -91,10 +115,14 @@ class Agent:
                                   rec.per_gpu.need_bytes if rec.per_gpu else 0,
                                   rec.phase is Phase.SLEEPING)
         self.pool.adopt(steps)
+        self._taken_over = [step.record.spec.model_name for step in steps]
+        self._recovered_at = time.monotonic()
         self.metrics.count_readoptions(_readoption_result(step) for step in steps)
         log.info("registry: %d records, %d quarantined; %d engines taken over",
                  len(loaded.records), len(loaded.quarantined), len(steps))
-        self._tasks.append(asyncio.create_task(self._trim_logs(), name="trim-logs"))
+        self._tasks.append(asyncio.create_task(
+            keep_running("engine-log trimming", self._trim_logs, Throttled(log)),
+            name="trim-logs"))
         self._runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
@@ -110,16 +138,48 @@ class Agent:
         for task in self._tasks:
             task.cancel()
         await self.pool.close()
+        if self.artifacts is not None:
+            await self.artifacts.close()
         await self.memory.close()
         if self._session is not None:
             await self._session.close()
+        self._lock.release()
 
     # ---- readers ----------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         agent = {"version": __version__, "state_dir": str(self.settings.state_dir),
                  "started_at": self.started_at, "simulated_engines": self.settings.simulate_engines}
-        return build_snapshot(self.pool.views(), self.markers.listing(), agent, self.memory)
+        cache = self.artifacts
+        snap = build_snapshot(self.pool.views(), cache.ready_urls() if cache else [], agent,
+                              self.memory)
+        # Strings stay strings for AIBrix's decoder; sizes and revisions go beside them.
+        snap["cached_artifact_details"] = cache.ready_sizes() if cache else []
+        snap["artifacts_staging"] = cache.downloading_urls() if cache else []
+        return snap
+
+    def health(self) -> dict[str, Any]:
+        """``/healthz``: ok, or degraded with what is wrong (still 200: a restart of the agent
+        would not mend a full disk, and the engines are still supervised)."""
+        problem = self.storage.problem
+        if problem is None:
+            return {"status": "ok", "boot_id": self.events.boot_id}
+        return {"status": "degraded", "boot_id": self.events.boot_id, "conditions": [
+            {"type": "StorageUnavailable", "message": f"the state directory cannot be written: "
+             f"{problem}; engines are still supervised, changes are refused until it can"}]}
+
+    def not_ready_reason(self) -> str | None:
+        """Why ``/ready`` is not 200 yet: the registry unread, or engines still being taken
+        over (each until its first state is known, at most ``settle_timeout_s``)."""
+        if self._recovered_at is None:
+            return "reading the registry"
+        if time.monotonic() - self._recovered_at >= self.settings.settle_timeout_s:
+            return None
+        pending = sorted(name for name in self._taken_over
+                         if (o := self.pool.owners.get(name)) is not None and not o.settled.done())
+        if pending:
+            return f"re-adopting {len(pending)} engine(s): {', '.join(pending[:8])}"
+        return None
 
     def model_list(self) -> dict[str, Any]:
         views = sorted(self.pool.views(), key=lambda v: v.spec.model_name)
@@ -149,11 +209,14 @@ class Agent:
         return refs
 
     def _on_view(self, view: EngineView) -> None:
-        url = view.spec.artifact_url
-        if view.phase is Phase.ACTIVE and self.markers.note(url):
-            task = asyncio.create_task(asyncio.to_thread(self.markers.write, url))
-            self._tasks.append(task)  # keep a reference until it finishes
-            task.add_done_callback(self._tasks.remove)
+        return None
+
+    def _artifact_users(self) -> list[tuple[str, str, str | None]]:
+        """Engines that may read their weights now: their cache entries are never evicted."""
+        if not hasattr(self, "pool"):
+            return []
+        return engine_users((v.spec.model_name, v.spec) for v in self.pool.views()
+                            if v.phase not in (Phase.STOPPED, Phase.FAILED))
 
     async def _trim_logs(self) -> None:
         while True:
@@ -174,6 +237,16 @@ def make_gpu_backend(settings: Settings) -> tuple[GpuBackend, Path | None]:
             log.info("no GPU through NVML (%s); simulating %s", exc, settings.simulate_gpus)
     channel = settings.state_dir / "sim-gpu"
     return SimulatedGpuBackend(settings.simulate_gpus, channel), channel
+
+
+def make_cache(settings: Settings, events: EventLog,
+               users: Callable[[], list[tuple[str, str, str | None]]]) -> ArtifactCache | None:
+    if settings.weight_cache_dir is None:
+        return None
+    config = CacheConfig(settings.weight_cache_dir, settings.artifact_reserve_bytes,
+                         settings.artifact_local_roots, settings.hf_endpoint, settings.hf_token,
+                         settings.s3_endpoint_url)
+    return ArtifactCache(config, users=users, on_event=events.append)
 
 
 def _readoption_result(step: Step) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.quantity import QuantityError, parse_size
-from runtime_agent.client import AgentClient, AgentError
+from runtime_agent.client import AgentClient, AgentError, read_token
 from runtime_agent.logs import setup_logging
 from runtime_agent.settings import DEFAULT_STATE_DIR, Settings
 
@@ -48,6 +48,10 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _size_or_zero(text: str) -> int:
+    return 0 if text.strip() == "0" else _size(text)
+
+
 def gpu_present() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
@@ -56,7 +60,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     engines = args.engines
     if engines == "auto":
         engines = "vllm" if gpu_present() and shutil.which("vllm") else "sim"
-    cache = os.environ.get("AIBRIX_WEIGHT_CACHE_DIR")
+    cache = args.weight_cache_dir
+    env = os.environ
     low, high = args.engine_ports
     return Settings(
         host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
@@ -69,10 +74,19 @@ def settings_from(args: argparse.Namespace) -> Settings:
         gpu_sample_interval_s=args.gpu_sample_interval, host_reserve_bytes=args.host_reserve,
         vllm_command=tuple(args.vllm_command.split()),
         ollama_command=tuple(args.ollama_command.split()),
+        sglang_command=tuple(args.sglang_command.split()),
         vllm_sleep_mode=(args.vllm_sleep_mode == "on" or (args.vllm_sleep_mode == "auto"
                                                           and (gpu_present() or engines == "sim"))),
         simulate_engines=engines == "sim",
         weight_cache_dir=Path(cache) if cache else None,
+        api_token=read_token(args.token_file), auth_reads=args.auth_reads,
+        health_interval_s=args.health_interval, unresponsive_after=args.unresponsive_after,
+        unresponsive_grace_s=args.unresponsive_grace, budget_reset_s=args.budget_reset,
+        allow_trust_remote_code=args.allow_trust_remote_code,
+        artifact_reserve_bytes=args.artifact_reserve,
+        artifact_local_roots=tuple(Path(os.path.abspath(p)) for p in args.artifact_local_root),
+        hf_endpoint=env.get("HF_ENDPOINT") or None, hf_token=env.get("HF_TOKEN") or None,
+        s3_endpoint_url=args.s3_endpoint_url,
     )
 
 
@@ -84,19 +98,27 @@ def _default_engine_host(args: argparse.Namespace) -> str:
     return "127.0.0.1" if door else "0.0.0.0"
 
 
+EXIT_STATE_DIR_BUSY = 3
+
+
 def _serve(args: argparse.Namespace) -> int:
     from runtime_agent.agent import serve
+    from runtime_agent.statelock import StateDirBusy
 
     setup_logging(args.log_format, args.log_level)
     settings = settings_from(args)
-    if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
-        from reconciler.cli import door_settings, serve_with_claims
+    try:
+        if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
+            from reconciler.cli import door_settings, serve_with_claims
 
-        asyncio.run(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
-                                      args.host, args.claims_port,
-                                      door_settings(args, args.host)))
-    else:
-        asyncio.run(serve(settings))
+            asyncio.run(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
+                                          args.host, args.claims_port, settings.api_token,
+                                          door_settings(args, args.host)))
+        else:
+            asyncio.run(serve(settings))
+    except StateDirBusy as exc:
+        print(f"runtime-agent: {exc}", file=sys.stderr)
+        return EXIT_STATE_DIR_BUSY
     return 0
 
 
@@ -139,7 +161,7 @@ def _num(value: Any) -> str:
 
 
 def _client_command(args: argparse.Namespace) -> int:
-    client = AgentClient(args.url)
+    client = AgentClient(args.url, token=read_token(args.token_file))
     try:
         if args.command == "snapshot":
             snap = client.snapshot()
@@ -184,7 +206,8 @@ def _follow(client: AgentClient, follow: bool) -> int:
         page = client.events(cursor, wait=30 if follow else 0)
         for item in page["events"]:
             when = time.strftime("%H:%M:%S", time.localtime(item["ts"]))
-            print(f"{when} {item['model']}: {item['from']} -> {item['to']} "
+            who = item["model"] or item.get("artifact_url", "")
+        print(f"{when} {who}: {item['from']} -> {item['to']} "
                   f"({item['reason']}) {item['message'].splitlines()[0] if item['message'] else ''}",
                   flush=True)
         cursor = page["cursor"]
@@ -196,7 +219,25 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="runtime-agent", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the agent daemon")
-    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--host", default="0.0.0.0",
+                   help="address of the control API (0.0.0.0: every interface; set a token)")
+    s.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
+                   help="a file holding the API's bearer token (or RUNTIME_AGENT_TOKEN): every "
+                   "call that changes something must carry it")
+    s.add_argument("--auth-reads", action="store_true",
+                   help="reads need the token too (/healthz, /ready and /metrics stay open)")
+    s.add_argument("--health-interval", type=float, default=1.0,
+                   help="seconds between health probes of a ready engine")
+    s.add_argument("--unresponsive-after", type=int, default=3,
+                   help="missed probes in a row before an engine is not ready")
+    s.add_argument("--unresponsive-grace", type=float, default=30.0,
+                   help="seconds an unresponsive engine is given before it is restarted")
+    s.add_argument("--budget-reset", type=float, default=600.0,
+                   help="seconds an engine must serve without a crash before its restart "
+                   "budget starts again")
+    s.add_argument("--allow-trust-remote-code", action="store_true",
+                   help="let activations pass --trust-remote-code (runs a model repository's "
+                   "code on this node)")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     s.add_argument("--engines", choices=("auto", "vllm", "sim"), default="auto",
@@ -218,6 +259,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--vllm-command", default="vllm serve",
                    help="how to run vLLM, before MODEL and its flags (split on spaces)")
     s.add_argument("--ollama-command", default="ollama serve")
+    s.add_argument("--sglang-command", default="python3 -m sglang.launch_server",
+                   help="how to run SGLang, before --model-path and its flags (split on spaces)")
     s.add_argument("--vllm-sleep-mode", choices=("auto", "on", "off"), default="auto",
                    help="auto: on with a GPU or simulated engines (vLLM on CPU refuses "
                    "--enable-sleep-mode)")
@@ -234,6 +277,15 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds between checks that each KV limit still holds")
     s.add_argument("--kv-shm-dir", default="/dev/shm",
                    help="where kvcached segments live (tests point it at a temp dir)")
+    s.add_argument("--weight-cache-dir", default=os.environ.get("AIBRIX_WEIGHT_CACHE_DIR"),
+                   help="the weight cache (default: $AIBRIX_WEIGHT_CACHE_DIR; unset: off)")
+    s.add_argument("--artifact-reserve", type=_size_or_zero, default=1 << 30,
+                   help="disk space the weight cache always leaves free (default 1GiB)")
+    s.add_argument("--artifact-local-root", action="append", default=[],
+                   help="a directory whose files the cache may copy (repeatable)")
+    s.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL_S3")
+                   or os.environ.get("AWS_ENDPOINT_URL"),
+                   help="an S3-compatible endpoint for s3:// artifacts")
     s.add_argument("--log-format", choices=("json", "text"), default="json")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=_serve)
@@ -245,6 +297,8 @@ def parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_text)
         c.add_argument("--url", default=os.environ.get("RUNTIME_AGENT_URL",
                                                        "http://127.0.0.1:8080"))
+        c.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
+                       help="the agent's bearer token (or RUNTIME_AGENT_TOKEN)")
         c.set_defaults(func=_client_command)
         return c
 
@@ -274,6 +328,9 @@ def parser() -> argparse.ArgumentParser:
     c = client_parser("events", "print engine events (-f to follow)")
     c.add_argument("-f", "--follow", action="store_true")
     add_commands(sub)  # reconcile --claims DIR --pool FILE; claims get|describe
+    from runtime_agent.artifacts.commands import add_commands as add_artifact_commands
+
+    add_artifact_commands(sub)  # download URL; artifacts
     return p
 
 

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
+
+
+def read_token(token_file: str | None) -> str | None:
+    """The API token from ``--token-file`` or ``RUNTIME_AGENT_TOKEN``; None when neither."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"runtime-agent: cannot read the token file {token_file}: "
+                             f"{exc.strerror}") from None
+        if not token:
+            raise SystemExit(f"runtime-agent: the token file {token_file} is empty")
+        return token
+    return os.environ.get("RUNTIME_AGENT_TOKEN") or None
 
 
 class AgentError(RuntimeError):
@@ -17,14 +33,18 @@ class AgentError(RuntimeError):
 
 
 class AgentClient:
-    def __init__(self, url: str = "http://127.0.0.1:8080", timeout_s: float = 330.0) -> None:
+    def __init__(self, url: str = "http://127.0.0.1:8080", timeout_s: float = 330.0,
+                 token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers=self._headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return dict(json.loads(resp.read() or b"{}"))
@@ -76,3 +96,18 @@ class AgentClient:
 
     def events(self, since: int = 0, wait: int = 0) -> dict[str, Any]:
         return self._call("GET", f"/v1/runtime/events?since={since}&wait={wait}")
+
+    # ---- the weight cache -------------------------------------------------------------------
+
+    def download(self, artifact_url: str, revision: str | None = None,
+                 credentials: dict[str, str] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"artifact_url": artifact_url, "credentials": credentials or {}}
+        if revision is not None:
+            body["revision"] = revision
+        return self._call("POST", "/v1/model/download", body)
+
+    def artifacts(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/model/list")["data"])
+
+    def delete_artifact(self, artifact_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/model/{urllib.parse.quote(artifact_id, safe='')}")

@@ -38,3 +38,6 @@ def setup_logging(fmt: str = "json", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # The weight cache's HTTP libraries log every request at INFO; its own events say enough.
+    for noisy in ("httpx", "httpx2", "huggingface_hub", "botocore", "boto3", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -14,6 +14,7 @@ from runtime_agent.supervision.backoff import DEFAULT_RESTART_DELAYS
 DEFAULT_STATE_DIR = Path("/var/run/aibrix")
 SIM_ENGINE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "engines.sim", "serve")
 VLLM_ENGINE_COMMAND: tuple[str, ...] = ("vllm", "serve")
+SGLANG_ENGINE_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Settings:
     # Engine commands: the argv prefix for each engine kind, before "MODEL --flags".
     vllm_command: tuple[str, ...] = VLLM_ENGINE_COMMAND
     ollama_command: tuple[str, ...] = ("ollama", "serve")
+    sglang_command: tuple[str, ...] = SGLANG_ENGINE_COMMAND
     # Real vLLM can sleep only on GPU platforms; on CPU it refuses --enable-sleep-mode.
     vllm_sleep_mode: bool = True
     # GPU memory: "auto" (NVML if it finds a GPU, else simulated), "nvml" or "sim".
@@ -62,13 +64,32 @@ class Settings:
     sim_command: tuple[str, ...] = SIM_ENGINE_COMMAND
     # Run simulated engines in place of vLLM (the embedded default on a machine without a GPU).
     simulate_engines: bool = False
-    # Where engines keep weights; served artifacts leave a marker here.
+    # The weight cache (AIBRIX_WEIGHT_CACHE_DIR): artifacts staged before engines need them.
     weight_cache_dir: Path | None = None
+    artifact_reserve_bytes: int = 1 << 30  # kept free on the cache's disk
+    artifact_local_roots: tuple[Path, ...] = ()  # local paths the cache may copy from
+    hf_endpoint: str | None = None  # HF_ENDPOINT
+    hf_token: str | None = field(default=None, repr=False)  # HF_TOKEN
+    s3_endpoint_url: str | None = None  # an S3-compatible store (AWS_ENDPOINT_URL_S3)
     # kvcached segments: their directory, how often to look for a new one, how often to check it.
     kv_shm_dir: Path = Path("/dev/shm")
     kv_watch_s: float = 0.01
     kv_hold_s: float = 1.0
     extra_engine_env: dict[str, str] = field(default_factory=dict)
+    # /ready waits this long at most for re-adopted engines to show their first state.
+    settle_timeout_s: float = 60.0
+    # Access: a bearer token for every call that changes something (and reads, if asked).
+    api_token: str | None = field(default=None, repr=False)
+    auth_reads: bool = False
+    # --trust-remote-code runs a model repository's code on this node: off unless allowed.
+    allow_trust_remote_code: bool = False
+    # Alive is not enough: an awake engine is probed this often; after this many misses in a row
+    # it is not ready (EngineUnresponsive), and after this long unresponsive it is restarted.
+    health_interval_s: float = 1.0
+    unresponsive_after: int = 3
+    unresponsive_grace_s: float = 30.0
+    # The restart budget starts again after an engine served this long without a crash.
+    budget_reset_s: float = 600.0
 
     @property
     def engines_dir(self) -> Path:

@@ -2,12 +2,17 @@
 # Creates .venv (once) and installs the agent with its test dependencies into it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# promtool (Debian's prometheus package) checks the agent's /metrics exposition in the tests.
-if ! command -v promtool >/dev/null 2>&1; then
+# Tools the tests use as real peers, from Debian when this runs as root (else they are named):
+# promtool (package prometheus) checks the agent's /metrics exposition; Go (golang-go) decodes
+# the agent's answers exactly as AIBrix's Go controller does (tests/test_aibrix_wire.py).
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "promtool is missing: install Debian's 'prometheus' package (the metrics test needs it)" >&2
+    echo "missing tools for some tests: install Debian's ${missing[*]}" >&2
   fi
 fi
 if [ ! -x .venv/bin/python ]; then

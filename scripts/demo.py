@@ -114,15 +114,16 @@ def main() -> int:
          f"its front door on :{args.door_port} (state in {state_dir}, claims in {claims_dir})")
     log = open(work / "agent.log", "ab")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "runtime_agent.cli", "serve", "--port", str(args.port),
+        [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
+         "--port", str(args.port),
          "--state-dir", str(state_dir), "--log-format", "text", "--restart-delays", "1,2,4,8,16",
          "--scrape-interval", "0.5", "--claims", str(claims_dir),
          "--claims-port", str(args.claims_port), "--door-port", str(args.door_port)],
         cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
     try:
         door_url = f"http://127.0.0.1:{args.door_port}"
-        wait_until(lambda: client.health() == {"status": "ok"} and bool(get(rec_url + "/healthz"))
-                   and bool(get(door_url + "/healthz")),
+        wait_until(lambda: client.health().get("status") == "ok"
+                   and bool(get(rec_url + "/healthz")) and bool(get(door_url + "/healthz")),
                    "the agent, its reconciler and its door to answer", 30)
         snap = client.snapshot()
         print(f"engines: {'simulated' if snap['agent']['simulated_engines'] else 'vLLM'}; "

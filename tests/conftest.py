@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.guards import event_loop_guard
 from tests.harness import AgentProcess
 
 # Property tests judge results, not speed: on a loaded 2-core CI machine one slow example must
 # not fail a test (hypothesis's default 200 ms deadline and too-slow health check would).
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+async def no_blocking_calls_on_the_event_loop(request: pytest.FixtureRequest
+                                              ) -> AsyncIterator[None]:
+    """Fails an async test of a module marked ``loop_guard`` (the in-process core: owners,
+    gate, ledgers, the reconciler's runtime) in which a callback blocked the event loop (see
+    tests/guards.py). Tests that drive simulator processes from their own coroutine block on
+    purpose and are not marked."""
+    if (request.node.get_closest_marker("loop_guard") is None
+            or request.node.get_closest_marker("allow_blocking") is not None):
+        yield
+        return
+    async with event_loop_guard():
+        yield
 
 
 @pytest.fixture

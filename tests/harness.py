@@ -8,6 +8,7 @@ agent's state directory in its environment (whole process groups), so nothing ou
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -15,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,27 @@ from runtime_agent.client import AgentClient, AgentError
 from runtime_agent.supervision.ports import ephemeral_range
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def http_json(url: str, method: str = "GET", body: bytes | str | dict[str, Any] | None = None,
+              timeout: float = 30) -> tuple[int, Any]:
+    """One HTTP call; the status and the JSON answer (``{}`` for an empty one), errors too."""
+    if isinstance(body, dict):
+        body = json.dumps(body)
+    data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def complete(port: int, model: str) -> tuple[int, Any]:
+    """A short completion from the engine on ``port`` for ``model``: status and answer."""
+    return http_json(f"http://127.0.0.1:{port}/v1/completions", "POST",
+                     {"model": model, "prompt": "hello", "max_tokens": 4})
 
 
 def free_port() -> int:
@@ -81,6 +105,7 @@ def _free(port: int) -> bool:
 class AgentProcess:
     def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
                  ports: int = 100, extra_args: Sequence[str] = (),
+                 env: dict[str, str] | None = None,
                  engine_host: str | None = "127.0.0.1") -> None:
         self.state_dir = state_dir
         self.port = free_port()
@@ -88,6 +113,7 @@ class AgentProcess:
         self.port_high = self.port_low + ports - 1
         self.restart_delays = restart_delays
         self.extra_args = list(extra_args)
+        self.env = dict(env or {})  # over the test's own environment
         self.engine_host = engine_host  # None: the agent's own default
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = AgentClient(self.url, timeout_s=60)
@@ -106,7 +132,7 @@ class AgentProcess:
                 "--kv-shm-dir", str(self.shm_dir), "--kv-hold-interval", "0.2",
                 *self.extra_args]
         log = self.log_path.open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log, env=env,
                                      start_new_session=True)
         log.close()
@@ -177,14 +203,15 @@ class AgentProcess:
 
         return self.model(self.wait_for(has_phase, timeout_s, f"{name} {phase}"), name)
 
-    def activate_sim(self, name: str, *sim_flags: str, **extra: Any) -> dict[str, Any]:
+    def activate_sim(self, name: str, *sim_flags: str, artifact_url: str | None = None,
+                     **extra: Any) -> dict[str, Any]:
         """Activate a simulated engine; ``sim_flags`` like "--sim-startup-seconds=0.1"."""
         args: dict[str, str] = {"--sim-startup-seconds": "0.05"}
         for flag in sim_flags:
             key, _, value = flag.partition("=")
             args[key] = value
-        return self.client.activate(name, f"huggingface://test/{name}", "vllm", args=args,
-                                    **extra)
+        return self.client.activate(name, artifact_url or f"huggingface://test/{name}", "vllm",
+                                    args=args, **extra)
 
 
 @dataclass

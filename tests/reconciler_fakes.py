@@ -49,6 +49,7 @@ class FakeAgent:
         self.measures_sleep = True  # False: sleeping footprints stay unknown (no NVML figures)
         self.unconfirmed_kv: set[str] = set()  # kv-limit answers applied: false for these
         self.cached: list[str] = []
+        self.staging: list[str] = []  # artifacts its weight cache is downloading
         self.snapshots = 0
         self.on_snapshot: Callable[[int], None] | None = None  # called with the count
 
@@ -75,7 +76,7 @@ class FakeAgent:
                          "hbm_used_by_engines_bytes": 0} for i in range(self.gpus)]
         return {"node": {}, "accelerators": accelerators,
                 "models": [dict(m) for m in self.models.values()],
-                "cached_artifacts": list(self.cached)}
+                "cached_artifacts": list(self.cached), "artifacts_staging": list(self.staging)}
 
     async def activate(self, spec: ActivateSpec) -> Reply:
         self._check()
@@ -122,6 +123,12 @@ class FakeAgent:
         return Reply(200, {"status": "success", "applied": applied,
                            "requested_bytes": limit_bytes,
                            "applied_bytes": limit_bytes if applied else None})
+
+    async def download(self, artifact_url: str) -> Reply:
+        self._check()
+        self.calls.append(("download", artifact_url))
+        self.staging.append(artifact_url)
+        return Reply(200, {"status": "success", "started": True, "state": "downloading"})
 
     # ---- the test's hands ---------------------------------------------------------------------
 

@@ -106,7 +106,7 @@ def test_a_crash_during_a_slow_sleep_answers_the_caller_at_once(agent: AgentProc
     assert not caller.is_alive() and "being stopped" in str(outcome["error"])
 
 
-def test_a_port_taken_by_another_process_is_named_as_the_cause(agent_factory) -> None:
+def test_a_port_taken_by_another_process_is_waited_for_and_named(agent_factory) -> None:
     import socket
 
     agent: AgentProcess = agent_factory(restart_delays="3,0.05")
@@ -120,7 +120,13 @@ def test_a_port_taken_by_another_process_is_named_as_the_cause(agent_factory) ->
     try:  # someone else takes the engine's port during the 3 s restart delay
         squatter.bind(("127.0.0.1", first["port"]))
         squatter.listen()
-        model = agent.wait_phase("m1", "failed", timeout_s=20)
+        snap = agent.wait_for(lambda s: "PortHeld" in agent.model(s, "m1")["conditions"],
+                              timeout_s=20, what="the port held")
+        model = agent.model(snap, "m1")
         assert f"port {first['port']} is held by another process" in model["last_error"]
+        assert model["phase"] == "restarting" and model["restart_count"] == 1  # no budget spent
     finally:
         squatter.close()
+    snap = agent.wait_for(lambda s: agent.model(s, "m1")["phase"] == "active", timeout_s=30,
+                          what="started once the port was free")
+    assert agent.model(snap, "m1")["restart_count"] == 1

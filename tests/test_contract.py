@@ -142,13 +142,27 @@ def test_a_staged_scheme_is_accepted_when_the_agent_stages_it() -> None:
     assert artifact_problem("vllm", "s3://bucket/m", staged_schemes=("s3://",)) is None
 
 
-def test_the_agent_checks_that_a_local_artifact_exists(tmp_path: Path) -> None:
-    settings = Settings(state_dir=tmp_path)
-    here = EngineSpec(model_name="m", artifact_url=f"file://{tmp_path}", ipc_name="m")
-    gone = EngineSpec(model_name="m", artifact_url=f"file://{tmp_path}/none", ipc_name="m")
+def test_a_local_artifact_must_exist_inside_the_operators_roots(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path, artifact_local_roots=(tmp_path / "models",))
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    here = EngineSpec(model_name="m", artifact_url=f"file://{tmp_path}/models/m", ipc_name="m")
+    gone = EngineSpec(model_name="m", artifact_url=f"{tmp_path}/models/none", ipc_name="m")
     assert spec_problem(settings, here, 1) is None
     problem = spec_problem(settings, gone, 1)
     assert problem is not None and "does not exist" in problem
+    # Outside the roots, an existing path and a missing one get the same refusal.
+    outside = [spec_problem(settings, EngineSpec(model_name="m", artifact_url=url, ipc_name="m"),
+                            1) for url in (str(tmp_path), f"{tmp_path}/nothing-here")]
+    assert outside[0] == outside[1] and "allowed roots" in (outside[0] or "")
+
+
+def test_trust_remote_code_needs_the_operators_consent(tmp_path: Path) -> None:
+    spec = EngineSpec(model_name="m", artifact_url="hf://o/m", ipc_name="m",
+                      args={"--trust-remote-code": ""})
+    assert "--allow-trust-remote-code" in (spec_problem(Settings(state_dir=tmp_path), spec, 1)
+                                           or "")
+    allowed = Settings(state_dir=tmp_path, allow_trust_remote_code=True)
+    assert spec_problem(allowed, spec, 1) is None
 
 
 # ---- names --------------------------------------------------------------------------------------
@@ -211,7 +225,9 @@ def _claim_verdict(engine: str, args: dict[str, str]) -> tuple[bool, int]:
 def _agent_verdict(engine: str, args: dict[str, str], tmp: Path) -> tuple[bool, int]:
     spec = EngineSpec(model_name="m", artifact_url="ollama://m" if engine == "ollama"
                       else "hf://org/m", engine=engine, ipc_name="kvc_m", args=args)
-    return spec_problem(Settings(state_dir=tmp), spec, 1 << 30) is None, agent_gpus_needed(spec)
+    # The operator's own policy (--allow-trust-remote-code) is no part of the text rules.
+    settings = Settings(state_dir=tmp, allow_trust_remote_code=True)
+    return spec_problem(settings, spec, 1 << 30) is None, agent_gpus_needed(spec)
 
 
 @given(st.sampled_from(["vllm", "ollama"]),

@@ -63,3 +63,55 @@ async def test_a_simulated_ollama_gets_the_simulator_in_ollama_mode() -> None:
         await adapter.close()
     assert argv == ["python", "-m", "engines.sim", "serve", "qwen3:0.6b", "--sim-mode", "ollama",
                     "--sim-load-seconds", "0"]
+
+
+# ---- vLLM's lifecycle calls, against a server that records what it was asked --------------------
+
+from aiohttp import web  # noqa: E402
+from aiohttp.test_utils import TestServer  # noqa: E402
+
+
+async def _recording_vllm() -> tuple[TestServer, list[str]]:
+    seen: list[str] = []
+
+    async def record_call(request: web.Request) -> web.Response:
+        body = await request.text()
+        seen.append(f"{request.method} {request.path_qs}" + (f" {body}" if body else ""))
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record_call)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server, seen
+
+
+async def test_a_wake_from_level_two_reloads_the_weights_before_the_kv_cache() -> None:
+    server, seen = await _recording_vllm()
+    try:
+        async with aiohttp.ClientSession() as session:
+            adapter = vllm.VllmAdapter(session, "127.0.0.1", server.port)
+            await adapter.sleep(2, 5)
+            await adapter.wake(2, 5)
+            await adapter.wake(1, 5)
+    finally:
+        await server.close()
+    assert seen == ["POST /sleep?level=2",
+                    "POST /wake_up?tags=weights",
+                    'POST /collective_rpc {"method": "reload_weights"}',
+                    "POST /wake_up?tags=kv_cache",
+                    "POST /wake_up"]
+
+
+async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:
+    from engines.flags import known_flags
+
+    flags = known_flags("vllm")
+    async with aiohttp.ClientSession() as session:
+        adapter = vllm.VllmAdapter(session, "127.0.0.1", 20005, sleep_mode=True)
+        argv, _ = adapter.command(record("vllm", "hf://Qwen/Qwen3-0.6B", {
+            "--max-model-len": "2048", "--enable-lora": "", "-tp": "1"}), ctx(("vllm", "serve")))
+    rest, i = argv[3:], 0  # after "vllm serve MODEL"
+    while i < len(rest):
+        assert rest[i] in flags, f"{rest[i]} is not a flag of vLLM's parser"
+        i += 2 if flags[rest[i]] in ("value", "values+") else 1

@@ -9,6 +9,8 @@ import pytest
 
 from runtime_agent.gpu.gate import DeviceGate
 
+pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
+
 
 async def settle() -> None:
     for _ in range(5):

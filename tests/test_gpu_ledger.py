@@ -34,6 +34,8 @@ from runtime_agent.gpu.ledger import (
 )
 from runtime_agent.gpu.model import Device
 
+pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
+
 GIB = 1024**3
 
 

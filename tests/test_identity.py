@@ -337,8 +337,8 @@ def test_scan_finds_engine_top_processes_but_not_workers_that_inherited_the_envi
         assert [f.pid for f in found] == sorted([engine.pid, other.pid])
         by_pid = {f.pid: f for f in found}
         assert by_pid[engine.pid] == FoundEngine(
-            pid=engine.pid, start_time=start_time_of(engine), environ=by_pid[engine.pid].environ
-        )
+            pid=engine.pid, start_time=start_time_of(engine), environ=by_pid[engine.pid].environ,
+            pgid=os.getpgid(engine.pid))
         assert by_pid[engine.pid].environ[ENV_ENGINE_ID] == "aaaaaaaa"
         assert by_pid[other.pid].environ[ENV_ENGINE_ID] == "bbbbbbbb"
         assert scan_engines(Path(state)) == found

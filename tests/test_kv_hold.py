@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -97,3 +98,55 @@ def test_the_agent_never_writes_above_the_capacity_or_to_a_stale_inode(steps: li
             assert write.value == min(state.requested or 0, state.capacity)
             state = after_write(state, write, seg(write.value, inode=write.expected_inode))
             assert state.applied == write.value
+
+
+# ---- the keeper: what it reports is what the segment read back, never what it asked ----------
+
+from pathlib import Path  # noqa: E402
+
+from registry.record import EngineRecord, EngineSpec  # noqa: E402
+from runtime_agent.kv.keeper import KvKeeper  # noqa: E402
+from runtime_agent.kv.segment import create_segment, read_segment, write_limit  # noqa: E402
+
+pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
+
+GIB = 1 << 30
+
+
+def _record() -> EngineRecord:
+    spec = EngineSpec(model_name="m", artifact_url="hf://o/m", ipc_name="kvc_m")
+    return EngineRecord(engine_id="ab" * 8, spec=spec, port=20000)
+
+
+async def test_a_limit_is_in_force_only_when_the_read_back_shows_it(tmp_path: Path) -> None:
+    create_segment("kvc_m", 4 * GIB, tmp_path)
+    events: list[str] = []
+
+    def engine_resets_it(name: str, value: int, shm: Path, inode: int | None) -> SegmentInfo:
+        write_limit(name, value, shm, inode)  # the write lands ...
+        return write_limit(name, 4 * GIB, shm, inode)  # ... and is undone before the read-back
+
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: events.append(reason),
+                      writer=engine_resets_it)
+    await keeper.reading(read_segment("kvc_m", tmp_path))
+    detail = await keeper.request(GIB)
+    assert detail["in_force"] is False and detail["applied_bytes"] is None
+    assert events[-1] == "KVLimitNotHeld"
+    honest = KvKeeper(_record(), tmp_path, lambda reason, _: events.append(reason))
+    await honest.reading(read_segment("kvc_m", tmp_path))
+    detail = await honest.request(GIB)
+    assert detail["in_force"] is True and detail["applied_bytes"] == GIB
+
+
+async def test_a_reading_taken_before_the_agents_own_write_is_not_taken_for_an_outside_one(
+        tmp_path: Path) -> None:
+    create_segment("kvc_m", 4 * GIB, tmp_path)
+    events: list[str] = []
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: events.append(reason))
+    await keeper.reading(read_segment("kvc_m", tmp_path), keeper.writes)
+    stale_writes, stale = keeper.writes, read_segment("kvc_m", tmp_path)  # read: 4 GiB
+    await keeper.request(GIB)  # the agent's own write lands after that read
+    await keeper.reading(stale, stale_writes)  # arrives late, still showing 4 GiB
+    assert keeper.state.set_back_total == 0 and "KVLimitSetBack" not in events
+    await keeper.reading(read_segment("kvc_m", tmp_path), keeper.writes)
+    assert keeper.state.applied == GIB and not keeper.state.not_held

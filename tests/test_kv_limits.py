@@ -50,8 +50,9 @@ def test_an_initial_limit_is_in_force_as_soon_as_the_segment_exists(agent: Agent
     info = read_segment("kvc_m1", agent.shm_dir)
     assert info is not None and info.total_size == GiB
     m1 = agent.model(model, "m1")
-    assert m1["kv_capacity_bytes"] == 2 * GiB and m1["kv_segment"] == {"name": "kvc_m1",
-                                                                       "present": True}
+    assert m1["kv_startup_capacity_bytes"] == 2 * GiB  # what the engine started with
+    assert m1["kv_capacity_bytes"] == GiB  # what it obeys now, as AIBrix reads the field
+    assert m1["kv_segment"] == {"name": "kvc_m1", "present": True}
 
 
 def test_a_limit_change_is_confirmed_by_read_back_and_repeats_by_id(agent: AgentProcess) -> None:
@@ -66,10 +67,12 @@ def test_a_limit_change_is_confirmed_by_read_back_and_repeats_by_id(agent: Agent
     clamped = agent.client.kv_limit("m1", 64 * GiB)
     assert clamped["clamped"] is True and clamped["applied_bytes"] == 2 * GiB
     assert "clamped" in clamped["message"]
-    for bad in (0, -1):
-        with pytest.raises(AgentError) as err:
-            agent.client.kv_limit("m1", bad)
-        assert err.value.status == 400 and "limit_bytes" in str(err.value)
+    with pytest.raises(AgentError) as err:
+        agent.client.kv_limit("m1", -1)
+    assert err.value.status == 422 and "limit_bytes" in str(err.value)
+    lifted = agent.client.kv_limit("m1", 0)  # kvcached reads 0 as "no limit"
+    assert lifted["in_force"] is True and lifted["applied_bytes"] == 2 * GiB
+    assert read_segment("kvc_m1", agent.shm_dir).total_size == 2 * GiB
     with pytest.raises(AgentError) as err:
         agent.client.kv_limit("nope", GiB)
     assert err.value.status == 404
@@ -100,6 +103,7 @@ def test_an_engine_restart_gets_its_limit_back(agent: AgentProcess) -> None:
     agent.wait_for(lambda s: agent.model(s, "m1")["kv_limit_applied_bytes"] == GiB, what="set")
     os.kill(first["pid"], signal.SIGKILL)
     agent.wait_for(lambda s: agent.model(s, "m1")["restart_count"] == 1
+                   and agent.model(s, "m1")["pid"] not in (None, first["pid"])
                    and agent.model(s, "m1")["kv_limit_applied_bytes"] == GiB, what="restored")
     # tmpfs may give the new segment the old inode number: the owner knows of the restart.
     assert read_segment("kvc_m1", agent.shm_dir).total_size == GiB

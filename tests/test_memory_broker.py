@@ -12,9 +12,13 @@ import os
 import threading
 import time
 
+import pytest
+
 from runtime_agent.gpu.admission import Refuse
 from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.model import Device, GpuProcess, GpuSample
+
+pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
 
 GiB = 1 << 30
 PID = os.getpid()  # attribution needs a live process tree: this test's own process

@@ -54,8 +54,8 @@ def test_every_phase_can_be_stopped_and_stopped_is_terminal() -> None:
     assert allowed(Phase.STOPPING, Phase.STOPPED)
 
 
-def test_a_failed_engine_only_leaves_failed_by_being_stopped() -> None:
-    assert [p for p in Phase if allowed(Phase.FAILED, p)] == [Phase.STOPPING]
+def test_a_failed_engine_leaves_failed_only_by_a_stop_or_a_new_activation() -> None:
+    assert [p for p in Phase if allowed(Phase.FAILED, p)] == [Phase.RESTARTING, Phase.STOPPING]
     with pytest.raises(TransitionError):
         check_transition(Phase.FAILED, Phase.ACTIVE)
 
@@ -97,9 +97,15 @@ vllm:request_success_total{finished_reason="length",model_name="m"} 5.0
 vllm:request_success_created{finished_reason="stop",model_name="m"} 1.7e9
 """
     figures = parse_request_figures(text)
-    assert (figures.running, figures.waiting, figures.success_total) == (3.0, 4.0, 15.0)
+    assert figures is not None
+    assert (figures.running, figures.waiting, figures.success_total) == (3, 4, 15)
+    assert all(type(v) is int for v in (figures.running, figures.waiting, figures.success_total))
 
 
-def test_request_figures_of_an_empty_exposition_are_zero() -> None:
-    figures = parse_request_figures("")
-    assert (figures.running, figures.waiting, figures.success_total) == (0.0, 0.0, 0.0)
+def test_an_exposition_without_the_series_observes_nothing() -> None:
+    assert parse_request_figures("") is None
+    assert parse_request_figures("# HELP x y\nprocess_cpu_seconds_total 3.0\n") is None
+
+
+def test_a_malformed_series_line_observes_nothing_rather_than_wrong_figures() -> None:
+    assert parse_request_figures('vllm:num_requests_running{model_name="m" 2.0\n') is None

@@ -12,7 +12,7 @@ from reconciler.client import Reply
 from reconciler.planning.placement import RETRY_EVERY
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 TWO = claim_yaml("qwen3-0-6b", "qwen3-0.6b") + claim_yaml("qwen25-0-5b", "qwen2.5-0.5b")
 
 

@@ -11,7 +11,7 @@ from contract.quantity import GiB
 from reconciler.client import Reply
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 IDLE_POLICY = '{"lifecycle": {"sleepAfterSeconds": 60}}'
 ROOM_POLICY = ('{"lifecycle": {"sleepAfterSeconds": 600, "noWakeReserveWhileAsleep": true, '
                '"sleepToMakeRoomAfterSeconds": 30}}')

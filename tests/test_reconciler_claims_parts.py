@@ -26,7 +26,7 @@ from reconciler.status import ClaimStatus
 from reconciler.store import StatusStore
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 ROOT = Path(__file__).resolve().parent.parent
 
 

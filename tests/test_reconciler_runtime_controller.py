@@ -15,7 +15,7 @@ from reconciler.runtime.metrics import ControllerMetrics
 from reconciler.runtime.queue import WorkQueue
 from reconciler.runtime.sources import TimerSource
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 
 Key = tuple[str, str, str]
 Outcome = Result | Exception

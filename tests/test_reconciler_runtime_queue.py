@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from reconciler.runtime.clock import FakeClock
 from reconciler.runtime.queue import QueueShutDown, WorkQueue
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 
 Key = tuple[str, str, str]
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from reconciler.runtime.clock import FakeClock
 from reconciler.runtime.ratelimit import ExponentialBackoff, backoff_delay
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 
 
 async def settle(rounds: int = 20) -> None:

@@ -21,11 +21,12 @@ from reconciler.runtime.sources import (
     EventFeedSource,
     TimerSource,
 )
+from runtime_agent.api.app import make_app
 from runtime_agent.api.events import EventLog
-from runtime_agent.api.routes import make_app
+from runtime_agent.api.limits import Slots
 from runtime_agent.supervision.views import EngineEvent
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 
 
 async def settle(rounds: int = 20) -> None:
@@ -217,7 +218,9 @@ class FeedServer:
                                     src="booting", dst="active", reason="Ready", message=""))
 
     async def start(self) -> None:
-        runner = web.AppRunner(make_app(SimpleNamespace(events=self.log)), shutdown_timeout=0.1)
+        agent = SimpleNamespace(events=self.log, waiters=Slots(16, "long-polls"),
+                                streams=Slots(4, "streams"))
+        runner = web.AppRunner(make_app(agent), shutdown_timeout=0.1)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()
         self._runner = runner
@@ -300,6 +303,27 @@ async def test_an_agent_that_restarted_with_a_fresh_feed_is_followed_from_its_ne
         server.emit("new")
         assert await inbox.next(1) == ["new"]
         assert source.cursor == 2
+    finally:
+        await source.stop()
+
+
+async def test_a_restarted_agent_whose_cursor_ran_past_the_old_one_is_told_by_its_boot_id(
+        server: FeedServer) -> None:
+    inbox = Inbox()
+    source = follow(server, inbox)
+    try:
+        assert await inbox.next(1) == ["RESYNC"]
+        server.emit("a")
+        assert await inbox.next(1) == ["a"]
+        await server.stop()
+        server.log = EventLog()  # restarted, and busy since: its cursor is past ours
+        for name in ("r1", "r2", "r3"):
+            server.emit(name)
+        await server.start()
+        assert await inbox.next(1) == ["RESYNC"]  # not a silent continuation at cursor 2
+        assert source.boot_id == server.log.boot_id and source.cursor == 3
+        server.emit("new")
+        assert await inbox.next(1) == ["new"]
     finally:
         await source.stop()
 

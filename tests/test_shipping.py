@@ -563,7 +563,7 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 def test_deploy_holds_the_pool_its_service_the_network_policy_and_the_service_monitor() -> None:
     kinds = sorted(doc["kind"] for _, doc in manifests())
-    assert kinds == ["Deployment", "NetworkPolicy", "Service", "ServiceMonitor"]
+    assert kinds == ["Deployment", "NetworkPolicy", "Secret", "Service", "ServiceMonitor"]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -574,6 +574,17 @@ def test_deploy_holds_the_pool_its_service_the_network_policy_and_the_service_mo
 )
 def test_each_manifest_passes_the_kubernetes_openapi_schema(name: str, doc: dict[str, Any], version: str) -> None:
     assert kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_pool_takes_its_agents_token_from_the_secret() -> None:
+    secret = manifest("Secret")
+    pod = manifest("Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    volume = next(v for v in pod["volumes"] if v.get("secret"))
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    assert f"--token-file={mount['mountPath']}/token" in container["args"]
+    assert "token" in secret["stringData"]
 
 
 def test_the_schema_validation_rejects_a_misspelt_field() -> None:
@@ -597,7 +608,7 @@ def test_the_pool_deployment_is_the_seeds_warm_pool_on_our_image() -> None:
     assert container["image"] == IMAGE_PLACEHOLDER
     assert {"name": "runtime", "containerPort": 8080} in container["ports"]
     probe = container["readinessProbe"]["httpGet"]
-    assert (probe["path"], probe["port"]) == ("/healthz", 8080)
+    assert (probe["path"], probe["port"]) == ("/ready", 8080)
     assert "livenessProbe" not in container, "a liveness restart would kill every engine"
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env == {"ENABLE_KVCACHED": "false", "KVCACHED_AUTOPATCH": "0",
@@ -607,7 +618,9 @@ def test_the_pool_deployment_is_the_seeds_warm_pool_on_our_image() -> None:
 
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
-    assert mounts == {"dshm": "/dev/shm", "hf-cache": "/root/.cache/huggingface", "engine-registry": "/var/run/aibrix"}
+    assert mounts == {"dshm": "/dev/shm", "hf-cache": "/root/.cache/huggingface",
+                      "engine-registry": "/var/run/aibrix",
+                      "agent-token": "/var/run/secrets/runtime-agent"}
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
     assert volumes["hf-cache"]["hostPath"] == {"path": "/var/cache/aibrix/huggingface", "type": "DirectoryOrCreate"}
     assert volumes["engine-registry"]["emptyDir"] == {}

@@ -5,6 +5,7 @@ the "model loads", log lines look like vLLM's, SIGTERM/SIGINT shut it down clean
 and an optional child process mimics vLLM's API-server -> EngineCore process tree. Fault injection
 (hang on start, crash after a delay) lives here too because it concerns the process, not HTTP.
 
+``--sim-mode sglang`` serves SGLang's API instead (``engines.sim.sglang_api``).
 ``python -m engines.sim serve --sim-mode ollama`` is one ``ollama serve`` instead: same lifecycle and
 fault injection, Ollama's log lines, its API (``engines.sim.ollama_api``) on ``OLLAMA_HOST``.
 """
@@ -27,6 +28,7 @@ from engines.sim.ollama_api import build_ollama_app
 from engines.sim.ollama_state import OLLAMA_SIM_VERSION, OllamaState
 from engines.sim.options import OptionsError, SimOptions, parse_options
 from engines.sim.server import SIM_VERSION, build_app, dev_mode_enabled
+from engines.sim.sglang_api import SGLANG_SIM_VERSION, build_sglang_app
 from engines.sim.state import EngineState
 
 PROCESS_START = time.monotonic()
@@ -58,6 +60,14 @@ def _spawn_child() -> subprocess.Popen[bytes]:
     return child
 
 
+def _spawn_escaped() -> None:
+    """A helper that leaves the engine's process group (its own session), as a daemonising
+    tool would: only the engine id in its environment ties it to the engine."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, CHILD_MARKER + "-escaped"],
+                             stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    logs.engine_log("INFO", f"Started a helper in its own session [{child.pid}]", "sim.py")
+
+
 def _stop_child(child: subprocess.Popen[bytes] | None) -> None:
     if child is None or child.poll() is not None:
         return
@@ -81,7 +91,10 @@ async def _wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:
 async def _serve(options: SimOptions, stop: asyncio.Event) -> int:
     """Bind, serve until a stop signal, shut down; return the exit code."""
     state = EngineState(options)
-    app = build_app(state, dev_mode_enabled(os.environ.get("VLLM_SERVER_DEV_MODE")))
+    if options.mode == "sglang":
+        app = build_sglang_app(state)
+    else:
+        app = build_app(state, dev_mode_enabled(os.environ.get("VLLM_SERVER_DEV_MODE")))
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
@@ -177,21 +190,33 @@ async def run(options: SimOptions) -> int:
     """The whole life of the engine process."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # a slow shutdown takes --sim-stop-seconds
+        loop.add_signal_handler(signum, loop.call_later, options.stop_seconds, stop.set)
     if options.crash_after is not None:
         delay = max(0.0, options.crash_after - (time.monotonic() - PROCESS_START))
         loop.call_later(delay, _crash, options.crash_exit_code)
     if options.mode == "ollama":
         return await _run_ollama(options, stop)
-    logs.engine_log("INFO", f"vLLM API server version {SIM_VERSION}", "api_server.py")
+    if options.mode == "sglang":
+        logs.engine_log("INFO", f"SGLang server (simulated) version {SGLANG_SIM_VERSION}: "
+                        f"model_path={options.model!r}, enable_memory_saver="
+                        f"{options.enable_memory_saver}", "server_args.py")
+    else:
+        logs.engine_log("INFO", f"vLLM API server version {SIM_VERSION}", "api_server.py")
     logs.engine_log("INFO", f"non-default args: model={options.model!r}, served_model_name="
                     f"{list(options.served_model_names)!r}, host={options.host!r}, port={options.port}, "
                     f"enable_sleep_mode={options.enable_sleep_mode}, max_model_len={options.max_model_len}",
                     "utils.py")
     if options.ignored_args:
         logs.engine_log("DEBUG", f"simulator ignores: {' '.join(options.ignored_args)}", "sim_engine.py")
+    if options.model.startswith("/") and not os.path.isdir(options.model):
+        # As vLLM: an absolute path that is no directory is no model (nor a Hub repo id).
+        logs.engine_log("ERROR", f"Invalid repository ID or local directory specified: "
+                        f"'{options.model}'.", "config.py")
+        return 1
     child = _spawn_child() if options.spawn_child else None
+    if options.spawn_escaped:
+        _spawn_escaped()
     try:
         logs.engine_log("INFO", f"Loading model {options.model} (simulated, {options.memory_bytes} bytes).",
                         "gpu_model_runner.py")

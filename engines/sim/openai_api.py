@@ -62,9 +62,10 @@ async def read_body(request: web.Request) -> dict[str, Any]:
 
 
 def check_model(body: dict[str, Any], state: EngineState) -> None:
-    """vLLM's check of the request's ``model``: absent, or one of the served names."""
+    """vLLM's check of the request's ``model``: absent, a served name or a loaded adapter."""
     model = body.get("model")
-    if model is not None and model not in state.options.served_model_names:
+    if (model is not None and model not in state.options.served_model_names
+            and model not in state.lora_adapters):
         raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError")
 
 

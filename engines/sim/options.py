@@ -8,6 +8,10 @@ environment fallback (``SIM_STARTUP_SECONDS`` for ``--sim-startup-seconds`` and 
 Like vLLM, ``--runner pooling`` (or the older ``--task embed``, ``--convert embed``) makes a pooling
 model: it serves ``/v1/embeddings`` (``--sim-embedding-dim`` wide) instead of completions.
 
+``--sim-mode sglang`` serves SGLang's HTTP API instead of vLLM's (``engines.sim.sglang_api``): the model
+comes from ``--model-path`` (or ``--model``), and ``--enable-memory-saver``,
+``--enable-weights-cpu-backup``, ``--enable-metrics`` and ``--context-length`` are modelled.
+
 ``--sim-mode ollama`` turns the process into one ``ollama serve``: no model argument, configuration
 from the ``OLLAMA_*`` environment (``engines.sim.ollama_config``); ``--host``/``--port`` still override
 ``OLLAMA_HOST`` for convenience. ``--sim-missing-model NAME`` (repeatable; ``SIM_MISSING_MODEL`` takes a
@@ -31,7 +35,7 @@ from engines.sim.ollama_config import (
 KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
-SUPPORTED_MODES = ("vllm", "ollama")
+SUPPORTED_MODES = ("vllm", "ollama", "sglang")
 VLLM_DEFAULT_HOST = "0.0.0.0"
 VLLM_DEFAULT_PORT = 8000
 _TRUE = {"1", "true", "yes", "on"}
@@ -63,6 +67,7 @@ class SimOptions:
     wake_seconds: float = 0.0
     memory_bytes: int = GIB
     spawn_child: bool = False
+    spawn_escaped: bool = False  # a helper in its own session, escaped from the group
     request_seconds: float = 0.0
     token_seconds: float = 0.0
     max_running: int = 256
@@ -72,11 +77,20 @@ class SimOptions:
     kv_layers: int = 1
     reload_seconds: float = 0.0  # vLLM: collective_rpc reload_weights
     load_seconds: float = 0.2  # Ollama: loading one model
+    stop_seconds: float = 0.0  # a SIGTERM ends the process this much later (a slow shutdown)
     kv_bytes_per_token: int = 64 * KIB  # Ollama: KV slab = this x context_length x num_parallel
     missing_models: tuple[str, ...] = ()  # Ollama: normalised names that answer "not found"
     runner: str = "generate"  # vLLM's --runner: "pooling" serves /v1/embeddings instead of completions
     embedding_dim: int = 384  # the width of the simulated embedding vectors
     ollama: OllamaSettings | None = None  # present in --sim-mode ollama
+    # SGLang (--sim-mode sglang): the memory saver makes a release free memory; the CPU backup
+    # keeps the weights through it; metrics only with --enable-metrics. /health on a released
+    # engine waits SGLANG_HEALTH_CHECK_TIMEOUT seconds, then answers 503, as SGLang's does.
+    enable_memory_saver: bool = False
+    weights_cpu_backup: bool = False
+    enable_metrics: bool = False
+    health_timeout_s: float = 20.0
+    enable_lora: bool = False  # --enable-lora (vLLM and SGLang): adapters may be loaded
     ignored_args: tuple[str, ...] = ()
     # kvcached, from the environment like the real engine: ENABLE_KVCACHED=true and KVCACHED_IPC_NAME
     # (sanitised as kvcached does). KVCACHED_SHM_DIR is the simulator's own, for tests.
@@ -115,6 +129,7 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("wake_seconds", float, 0.0, False),
     ("memory_bytes", int, GIB, False),
     ("spawn_child", _parse_bool, False, True),
+    ("spawn_escaped", _parse_bool, False, True),
     ("request_seconds", float, 0.0, False),
     ("token_seconds", float, 0.0, False),
     ("max_running", int, 256, False),
@@ -125,6 +140,7 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("reload_seconds", float, 0.0, False),
     ("load_seconds", float, 0.2, False),
     ("kv_bytes_per_token", int, 64 * KIB, False),
+    ("stop_seconds", float, 0.0, False),
     ("embedding_dim", int, 384, False),
 )
 # vLLM's --task values (older releases) and --convert values that make a pooling (embedding) model.
@@ -148,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--disable-uvicorn-access-log", action="store_true")
+    # SGLang's own spellings (--sim-mode sglang)
+    parser.add_argument("--model-path", dest="model_path", default=None)
+    parser.add_argument("--context-length", type=int, default=None)
+    parser.add_argument("--enable-memory-saver", action="store_true")
+    parser.add_argument("--enable-weights-cpu-backup", action="store_true")
+    parser.add_argument("--enable-metrics", action="store_true")
+    parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument("--runner", choices=["auto", "generate", "pooling", "draft"], default="auto")
     parser.add_argument("--task", default=None)
     parser.add_argument("--convert", default=None)
@@ -195,6 +218,10 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
     sim = {dest: _sim_value(namespace, env, dest, conv, default) for dest, conv, default, _ in _SIM_FLAGS}
     if sim["mode"] not in SUPPORTED_MODES:
         raise OptionsError(f"--sim-mode {sim['mode']!r} is not supported (choose from {SUPPORTED_MODES})")
+    if sim["mode"] == "sglang":
+        model = namespace.model_path or namespace.model_flag
+        if not model:
+            raise OptionsError("the following arguments are required: --model-path/--model")
     if not model and sim["mode"] == "vllm":
         raise OptionsError("a model is required: 'serve MODEL' or 'serve --model MODEL'")
     if sim["embedding_dim"] < 1:
@@ -202,7 +229,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
     if sim["max_running"] < 1:
         raise OptionsError("--sim-max-running must be at least 1")
     for dest in ("startup_seconds", "sleep_seconds", "wake_seconds", "request_seconds", "token_seconds",
-                 "reload_seconds", "load_seconds"):
+                 "reload_seconds", "load_seconds", "stop_seconds"):
         if sim[dest] < 0:
             raise OptionsError(f"--sim-{dest.replace('_', '-')} must not be negative")
     if sim["crash_after"] is not None and sim["crash_after"] < 0:
@@ -237,12 +264,25 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         host=host,
         port=port,
         enable_sleep_mode=namespace.enable_sleep_mode,
-        max_model_len=namespace.max_model_len,
+        max_model_len=namespace.context_length or namespace.max_model_len,
         access_log=not namespace.disable_uvicorn_access_log,
         ignored_args=tuple(unknown),
         kvcached_ipc_name=kvcached_ipc_name,
         kvcached_shm_dir=env.get("KVCACHED_SHM_DIR") or DEFAULT_SHM_DIR,
         ollama=ollama,
+        enable_memory_saver=namespace.enable_memory_saver,
+        weights_cpu_backup=namespace.enable_weights_cpu_backup,
+        enable_metrics=namespace.enable_metrics,
+        enable_lora=namespace.enable_lora,
+        health_timeout_s=_health_timeout(env),
         runner="pooling" if pooling else "generate",
         **sim,
     )
+
+
+def _health_timeout(env: Mapping[str, str]) -> float:
+    raw = env.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")
+    try:
+        return max(0.0, float(raw))
+    except ValueError as exc:
+        raise OptionsError(f"SGLANG_HEALTH_CHECK_TIMEOUT={raw!r}: {exc}") from exc

@@ -14,6 +14,7 @@ debugging document, onto one aiohttp application.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engines.sim import logs, openai_api, tokens_api
+from engines.sim import logs, lora, openai_api, tokens_api
 from engines.sim.openai_api import STATE_KEY, error_response
 from engines.sim.state import EngineState, RpcFailed, WakeFailed
 
@@ -84,6 +85,7 @@ async def _models(request: web.Request) -> web.Response:
         }
         for name in options.served_model_names
     ]
+    data += lora.adapter_cards(request.app[STATE_KEY], created, "vllm")
     return web.json_response({"object": "list", "data": data})
 
 
@@ -158,6 +160,9 @@ def build_app(state: EngineState, dev_mode: bool) -> web.Application:
     tokens_api.add_routes(app)
     if dev_mode:
         app.router.add_post("/collective_rpc", _collective_rpc)
+    if lora.runtime_updates_allowed(os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")):
+        app.router.add_post("/v1/load_lora_adapter", lora.vllm_load)
+        app.router.add_post("/v1/unload_lora_adapter", lora.vllm_unload)
     if dev_mode and state.options.enable_sleep_mode:
         app.router.add_post("/sleep", _sleep)
         app.router.add_post("/wake_up", _wake_up)

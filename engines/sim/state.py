@@ -31,6 +31,7 @@ from engines.sim.options import SimOptions
 
 FINISHED_REASONS = ("stop", "length", "abort")
 MEMORY_TAGS = ("weights", "kv_cache")  # vLLM's CuMemAllocator tags
+SGLANG_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
 WEIGHTS_DISCARDED_MESSAGE = ("The model weights were discarded by a level-2 sleep and never reloaded: after "
                              "POST /wake_up?tags=weights, call POST /collective_rpc {\"method\": "
                              "\"reload_weights\"} before POST /wake_up?tags=kv_cache.")
@@ -52,12 +53,20 @@ class RpcFailed(Exception):
     """A ``/collective_rpc`` call the simulated workers cannot carry out."""
 
 
+def _scheduler_died(why: str) -> None:
+    """SGLang's scheduler hit an uncaught error: it logs and the whole server goes down."""
+    logs.engine_log("ERROR", f"Scheduler hit an exception: {why}", "scheduler.py")
+    os._exit(1)
+
+
 class EngineState:
     """The one place that knows whether the engine sleeps and how many requests it holds."""
 
     def __init__(self, options: SimOptions) -> None:
         self.options = options
         self.asleep_tags: set[str] = set()  # memory tags released by the current sleep
+        self.sglang_released: set[str] = set()  # SGLang: tags its scheduler holds as released
+        self.lora_adapters: dict[str, str] = {}  # runtime LoRA adapters: name -> path
         self.weights_valid = True  # False from a level-2 sleep until reload_weights
         self.sleep_level = 0  # 0 while awake, else the level of the current sleep
         self.transition: str | None = None  # "sleeping" / "waking" / "reloading" while a call runs
@@ -72,7 +81,13 @@ class EngineState:
                               options.kv_request_bytes)
         self._transition_lock = asyncio.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
-        labels = {"model_name": options.served_model_name}
+        if options.mode == "sglang":
+            self._init_sglang_metrics()
+        else:
+            self._init_vllm_metrics()
+
+    def _init_vllm_metrics(self) -> None:
+        labels = {"model_name": self.options.served_model_name}
         self._running_gauge = Gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
@@ -92,6 +107,24 @@ class EngineState:
             registry=self.registry,
         )
         self._success = {reason: success.labels(finished_reason=reason, **labels) for reason in FINISHED_REASONS}
+
+    def _init_sglang_metrics(self) -> None:
+        """SGLang's names and labels (``--enable-metrics``): scheduler gauges per rank, and a
+        tokenizer counter of finished requests (aborted ones too) by ``is_streaming``."""
+        base = {"model_name": self.options.served_model_name, "engine_type": "unified"}
+        ranks = {**base, "tp_rank": "0", "pp_rank": "0"}
+        self._running_gauge = Gauge("sglang:num_running_reqs", "The number of running requests.",
+                                    list(ranks), registry=self.registry).labels(**ranks)
+        self._waiting_gauge = Gauge("sglang:num_queue_reqs",
+                                    "The number of requests in the waiting queue.", list(ranks),
+                                    registry=self.registry).labels(**ranks)
+        finished = Counter("sglang:num_requests", "Number of requests processed.",
+                           [*base, "is_streaming"], registry=self.registry)
+        aborted = Counter("sglang:num_aborted_requests", "Number of requests aborted.",
+                          list(base), registry=self.registry).labels(**base)
+        done = finished.labels(is_streaming="false", **base)
+        self._success = {"stop": done, "length": done, "abort": done}
+        self._aborted = aborted
 
     @property
     def sleeping(self) -> bool:
@@ -147,8 +180,11 @@ class EngineState:
             self._slots.release()
 
     def finished(self, reason: str) -> None:
-        """Count one finished request under vLLM's ``finished_reason`` label."""
+        """Count one finished request under vLLM's ``finished_reason`` label (SGLang counts
+        every finished request, and aborted ones once more on their own)."""
         self._success[reason].inc()
+        if reason == "abort" and self.options.mode == "sglang":
+            self._aborted.inc()
         if reason != "abort":
             self.success_total += 1
 
@@ -199,6 +235,41 @@ class EngineState:
                 self.memory_changed()
             finally:
                 self.transition = None
+
+    # ---- SGLang's memory saver -----------------------------------------------------------------
+
+    def release(self, tags: Sequence[str] | None) -> None:
+        """SGLang's ``release_memory_occupation``: pause the named tags (all without ``tags``).
+
+        SGLang asserts that its scheduler is idle first; a release with requests in flight is an
+        uncaught error that brings its whole server down, and so it does here."""
+        if self.running or self.waiting:
+            _scheduler_died("AssertionError: release_memory_occupation should be called only "
+                            "when server is idle.")
+        for tag in tags or SGLANG_TAGS:
+            if tag not in SGLANG_TAGS:
+                continue  # SGLang ignores what it does not know
+            self.sglang_released.add(tag)
+            if tag in MEMORY_TAGS and self.options.enable_memory_saver:
+                self.asleep_tags.add(tag)
+        if "weights" in self.sglang_released and self.options.enable_memory_saver:
+            self.sleep_level = 1 if self.options.weights_cpu_backup else 2
+        self.memory_changed()
+
+    def resume(self, tags: Sequence[str] | None) -> None:
+        """SGLang's ``resume_memory_occupation``: a tag that was not released is a KeyError in
+        its scheduler, which brings the server down."""
+        for tag in tags or SGLANG_TAGS:
+            if tag not in self.sglang_released:
+                _scheduler_died(f"KeyError: {tag!r}")
+            self.sglang_released.discard(tag)
+            if tag in self.asleep_tags:
+                self.asleep_tags.discard(tag)
+                if tag == "weights" and not self.options.weights_cpu_backup:
+                    self.weights_valid = False  # the memory is back, its contents are not
+        if not self.asleep_tags:
+            self.sleep_level = 0
+        self.memory_changed()
 
     async def collective_rpc(self, method: str) -> list[Any]:
         """Run ``method`` on the (one) simulated worker; return the per-worker results.
@@ -262,4 +333,5 @@ class EngineState:
             "memory_bytes": self.options.memory_bytes,
             "max_running": self.options.max_running,
             "kv": None if self.kv is None else self.kv.snapshot(),
+            "lora_adapters": dict(self.lora_adapters),
         }

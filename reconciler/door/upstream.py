@@ -4,7 +4,7 @@ one request at a time on each, the answer handed on as it arrives.
 Why not aiohttp's client, which the door uses for everything else (``/tokenize``,
 ``/v1/models``): on this path it is most of the door's cost. Measured on the 2-core bench
 machine, a do-nothing aiohttp proxy spent 250-500 us of CPU per request with aiohttp's client
-and 135-155 us with a bare protocol like this one (``bench/RESULTS.md``, figure 8). The door
+and 135-155 us with a bare protocol like this one (``bench/RESULTS.md``, figure 9). The door
 needs little of what a general client does: no cookies, redirects, proxies, authentication,
 decompression or URL handling; the engines are on known addresses and speak plain HTTP/1.1.
 

@@ -1,7 +1,8 @@
 """A pool's sleep policy: the ``claim.model.aibrix.ai/pool-policy`` JSON, validated per the guide.
 
     {"lifecycle": {"sleepAfterSeconds": 300, "noWakeReserveWhileAsleep": true,
-                   "sleepToMakeRoomAfterSeconds": 30}}
+                   "sleepToMakeRoomAfterSeconds": 30},
+     "artifacts": {"preStage": true}}
 
 * ``sleepAfterSeconds``: idle time before a model is put to sleep. Absent or 0 keeps models
   awake unless room is needed, which is allowed only with ``noWakeReserveWhileAsleep``.
@@ -10,6 +11,9 @@
   30, or to ``sleepAfterSeconds`` when that is set and shorter; no longer than
   ``sleepAfterSeconds`` when that is set (to a positive value).
 * ``reclaim``: deprecated, accepted and ignored (it must be an object).
+* ``artifacts.preStage`` (false; this project's addition): ask the pool's agents to stage the
+  artifacts of claims that are declared but not placed yet into their weight caches, so the
+  first start reads local disk (a warm pool warms its disks too).
 
 A policy with an unknown field or an invalid value is turned off (``POLICY_OFF``) and the reason
 is returned, for an ``InvalidPoolPolicy`` problem. No annotation, an empty one, or a policy with
@@ -22,12 +26,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 POLICY_ANNOTATION = "claim.model.aibrix.ai/pool-policy"
 INVALID_POOL_POLICY = "InvalidPoolPolicy"
 DEFAULT_SLEEP_TO_MAKE_ROOM_S = 30.0
-_TOP_FIELDS = frozenset({"lifecycle", "reclaim"})
+_TOP_FIELDS = frozenset({"lifecycle", "reclaim", "artifacts"})
+_ARTIFACT_FIELDS = frozenset({"preStage"})
 _LIFECYCLE_FIELDS = frozenset(
     {"sleepAfterSeconds", "noWakeReserveWhileAsleep", "sleepToMakeRoomAfterSeconds"})
 
@@ -39,6 +44,7 @@ class PoolPolicy:
     sleep_after_seconds: float = 0.0
     no_wake_reserve_while_asleep: bool = False
     sleep_to_make_room_after_seconds: float = DEFAULT_SLEEP_TO_MAKE_ROOM_S
+    pre_stage: bool = False  # stage unplaced claims' artifacts on the pool's agents
 
     @property
     def idle_sleep(self) -> bool:
@@ -81,8 +87,23 @@ def _parse(raw: object) -> PoolPolicy:
     _no_unknown(raw, _TOP_FIELDS, "the policy")
     if "reclaim" in raw and not isinstance(raw["reclaim"], Mapping):
         raise PolicyError("reclaim (deprecated, ignored) must be an object")
+    pre_stage = _pre_stage(raw.get("artifacts", {}))
     if "lifecycle" not in raw:
-        return POLICY_OFF
+        return replace(POLICY_OFF, pre_stage=pre_stage)
+    return replace(_lifecycle(raw), pre_stage=pre_stage)
+
+
+def _pre_stage(section: object) -> bool:
+    if not isinstance(section, Mapping):
+        raise PolicyError("artifacts must be an object such as {\"preStage\": true}")
+    _no_unknown(section, _ARTIFACT_FIELDS, "artifacts")
+    value = section.get("preStage", False)
+    if not isinstance(value, bool):
+        raise PolicyError(f"artifacts.preStage must be true or false, got {value!r}")
+    return value
+
+
+def _lifecycle(raw: Mapping[object, object]) -> PoolPolicy:
     life = raw["lifecycle"]
     if not isinstance(life, Mapping):
         raise PolicyError("lifecycle must be an object")

@@ -26,7 +26,7 @@ from contract.quantity import gib
 from contract.reasons import INVALID_PER_GPU, NO_MATCHING_PODS, TOO_LARGE
 from reconciler.model.manifests import ENABLED_LABEL, ModelClaim
 from reconciler.model.selector import LabelSelector
-from reconciler.planning.state import Candidate, has_served
+from reconciler.planning.state import Candidate, has_served, is_staging
 
 NO_CANDIDATE = "no available candidate warm pod"
 RETRY_DELAYS = (10.0, 20.0, 40.0)
@@ -188,3 +188,13 @@ def place(need: ClaimNeed, candidates: Sequence[Candidate], now: float, *,
     others = len(blocked) - 1
     more = f"; {others} other candidate{'s' if others != 1 else ''} unavailable" if others else ""
     return Unplaced(NO_MATCHING_PODS, f"{NO_CANDIDATE}: {text}{more}", name)
+
+
+def prestage_targets(need: ClaimNeed, candidates: Sequence[Candidate], now: float,
+                     max_snapshot_age: float = DEFAULT_MAX_SNAPSHOT_AGE) -> list[str]:
+    """Agents that should stage the claim's artifact before it is placed: in the claim's pool,
+    whose policy asks for it (``artifacts.preStage``), able to take the claim once they have
+    room, and neither holding the artifact ready nor staging it already."""
+    return [c.name for c in selected(need, candidates)
+            if c.policy.pre_stage and unavailable(need, c, now, max_snapshot_age) is None
+            and not has_served(c, need.artifact_url) and not is_staging(c, need.artifact_url)]

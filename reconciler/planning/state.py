@@ -126,6 +126,7 @@ class Candidate:
     policy: PoolPolicy = POLICY_OFF
     observed_at: float | None = None
     foreign_engines: tuple[str, ...] = ()
+    staging_artifacts: frozenset[str] = frozenset()  # downloading into its weight cache now
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
@@ -169,4 +170,10 @@ def _normal(url: str) -> str:
 
 
 def has_served(candidate: Candidate, artifact_url: str) -> bool:
+    """The agent has the artifact ready in its weight cache (``cached_artifacts`` lists only
+    entries that are complete and checked on disk)."""
     return any(same_artifact(artifact_url, a) for a in candidate.cached_artifacts)
+
+
+def is_staging(candidate: Candidate, artifact_url: str) -> bool:
+    return any(same_artifact(artifact_url, a) for a in candidate.staging_artifacts)

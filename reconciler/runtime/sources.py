@@ -244,6 +244,7 @@ class EventFeedSource(_TaskSource[K]):
         self._session = session
         self._retry = (retry_base, retry_cap)
         self.cursor: int | None = None
+        self.boot_id: str | None = None  # the agent's boot the cursor counts in
         self.connects = 0
 
     async def _run(self, queue: Enqueuer[K]) -> None:
@@ -269,17 +270,19 @@ class EventFeedSource(_TaskSource[K]):
                 await session.close()
 
     async def _connect(self, session: aiohttp.ClientSession) -> None:
-        head = 0
+        head, boot = 0, None
         while True:  # pages of at most the agent's limit; stop when the cursor stops moving
-            _, after = await self._fetch(session, head, 0)
+            _, after, boot = await self._fetch(session, head, 0)
             if after <= head:
                 break
             head = after
-        if self.cursor is None or head < self.cursor:
+        restarted = boot is not None and self.boot_id is not None and boot != self.boot_id
+        if self.cursor is None or head < self.cursor or restarted:
             if self.cursor is not None:
-                log.warning("events feed %s: cursor went back from %d to %d (agent restarted)",
-                            self._url, self.cursor, head)
+                log.warning("events feed %s: the agent restarted (cursor %d, now %d); "
+                            "resyncing", self._url, self.cursor, head)
             self.cursor = head
+        self.boot_id = boot
         self.connects += 1
         log.info("events feed %s: connected at cursor %d (agent at %d)", self._url,
                  self.cursor, head)
@@ -287,7 +290,9 @@ class EventFeedSource(_TaskSource[K]):
 
     async def _poll(self, session: aiohttp.ClientSession, queue: Enqueuer[K]) -> None:
         assert self.cursor is not None
-        events, _ = await self._fetch(session, self.cursor, self._wait)
+        events, _, boot = await self._fetch(session, self.cursor, self._wait)
+        if boot is not None and self.boot_id is not None and boot != self.boot_id:
+            raise FeedError("the agent restarted (a new boot id): reconnecting to re-list")
         for event in events:
             seq = int(event["seq"])
             if seq <= self.cursor:
@@ -313,11 +318,14 @@ class EventFeedSource(_TaskSource[K]):
             log.exception("events feed %s: on_connect failed", self._url)
 
     async def _fetch(self, session: aiohttp.ClientSession, since: int,
-                     wait: int) -> tuple[list[Event], int]:
-        """One page: the events after ``since`` (sorted by seq) and the page's cursor."""
+                     wait: int) -> tuple[list[Event], int, str | None]:
+        """One page: the events after ``since`` (sorted by seq), the page's cursor, and the
+        agent's boot id (None from an agent that does not say)."""
         timeout = aiohttp.ClientTimeout(total=wait + 15)
-        async with session.get(self._url, params={"since": str(since), "wait": str(wait)},
-                               timeout=timeout) as resp:
+        params = {"since": str(since), "wait": str(wait)}
+        if self.boot_id is not None:
+            params["boot_id"] = self.boot_id
+        async with session.get(self._url, params=params, timeout=timeout) as resp:
             resp.raise_for_status()
             try:
                 body = await resp.json()
@@ -330,4 +338,5 @@ class EventFeedSource(_TaskSource[K]):
             raise FeedError(f"not an events page: {err!r}") from None
         if events:
             cursor = max(cursor, int(events[-1]["seq"]))
-        return events, cursor
+        boot = body.get("boot_id")
+        return events, cursor, boot if isinstance(boot, str) else None

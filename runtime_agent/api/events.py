@@ -2,23 +2,28 @@
 
 Readers ask for the events after a cursor (a sequence number), so a client that reconnects with
 its last cursor misses nothing still in the ring, and ``wait_after`` wakes followers the moment
-something happens: no polling.
+something happens: no polling. Sequence numbers start again at 1 when the agent restarts, so
+every event and answer carries the agent's ``boot_id``: a follower whose cursor is from another
+boot is told to re-list instead of silently skipping the new boot's first events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import deque
 from typing import Any
 
+from runtime_agent.artifacts.entries import ArtifactEvent
 from runtime_agent.supervision.views import EngineEvent
 
 log = logging.getLogger("runtime_agent.api.events")
 
 
 class EventLog:
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 4096, boot_id: str | None = None) -> None:
+        self.boot_id = boot_id or uuid.uuid4().hex[:16]
         self._ring: deque[tuple[int, dict[str, Any]]] = deque(maxlen=capacity)
         self._seq = 0
         self._changed = asyncio.Event()
@@ -27,13 +32,18 @@ class EventLog:
     def last_seq(self) -> int:
         return self._seq
 
-    def append(self, event: EngineEvent) -> None:
+    def append(self, event: EngineEvent | ArtifactEvent) -> None:
+        """An engine's event, or a weight-cache entry's (``kind: artifact``, ``model`` empty)."""
         self._seq += 1
-        item = {"seq": self._seq, **event.as_dict()}
+        item = {"seq": self._seq, "boot_id": self.boot_id, **event.as_dict()}
         self._ring.append((self._seq, item))
-        log.info("%s: %s -> %s (%s) %s", event.model_name, event.src, event.dst, event.reason,
-                 event.message.splitlines()[0] if event.message else "",
-                 extra={"model": event.model_name, "event": item})
+        first = event.message.splitlines()[0] if event.message else ""
+        if isinstance(event, ArtifactEvent):
+            log.info("artifact %s: %s -> %s (%s) %s", event.artifact_url, event.src, event.dst,
+                     event.reason, first, extra={"event": item})
+        else:
+            log.info("%s: %s -> %s (%s) %s", event.model_name, event.src, event.dst,
+                     event.reason, first, extra={"model": event.model_name, "event": item})
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -1,27 +1,56 @@
-"""Request bodies of the control API, validated by pydantic, with messages that say what to fix.
+"""Request bodies of the control API: strict pydantic models, refusals that name the field.
 
-Field names follow the published ModelClaim runtime agent so its controller can drive this one.
-Unknown fields are ignored (a newer controller may send more); wrong types and bad values are a
-400 whose message names the field.
+Field names follow the AIBrix runtime sidecar, so its controller drives this agent unchanged
+(``shared/aibrix-wire.md``). As the sidecar does, unknown fields are refused, and a body that
+does not validate is a 422 with FastAPI's ``detail`` list; ours adds one ``message`` line per
+problem. Types are exact: no boolean for a number, no string for a number, no fraction for an
+integer. The same models describe the API in ``/openapi.json``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from contract.names import ipc_name_for, ipc_name_problem, model_name_problem
+from contract.engines import AGENT_ENGINES
+from contract.names import (
+    ipc_name_for,
+    model_name_problem,
+    sanitise_ipc_name,
+    sent_ipc_name_problem,
+)
 from registry.record import ClaimRef, EngineSpec, PerGpu
 from runtime_agent.supervision.pool import Activation
 
+# The longest any request may wait for memory; a client that wants longer asks again.
+MAX_WAIT_SECONDS = 600
+MAX_OPERATION_ID = 256
+OperationId = Annotated[str, Field(min_length=1, max_length=MAX_OPERATION_ID,
+                                   pattern=r"^[^\x00-\x1f\x7f]*$")]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# The agent's own settings in an engine's environment; credentials cannot override them.
+_RESERVED_ENV_PREFIXES = ("AIBRIX_", "KVCACHED_", "VLLM_SERVER_DEV_MODE", "ENABLE_KVCACHED",
+                          "CUDA_", "OLLAMA_HOST", "OLLAMA_KEEP_ALIVE", "SPT_NOENV", "PATH",
+                          "LD_", "PYTHON")
+Engine = Literal["vllm", "sglang", "ollama", "sim"]
+assert set(AGENT_ENGINES) == {"vllm", "sglang", "ollama", "sim"}
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# The name rule (contract.names) as a JSON Schema pattern, so /openapi.json says what the
+# validator checks (pydantic's own regex engine has no look-ahead; the validator does it).
+MODEL_NAME_PATTERN = r"^(?!.*\.\.)(?!.*//)(?!.*/$)[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 class _ModelRequest(_Request):
-    model_name: str
+    model_name: str = Field(min_length=1, max_length=128, description="the served model name",
+                            json_schema_extra={"pattern": MODEL_NAME_PATTERN})
 
     @field_validator("model_name")
     @classmethod
@@ -32,53 +61,63 @@ class _ModelRequest(_Request):
         return value
 
 
-class EngineConfig(_Request):
-    args: dict[str, str] = Field(default_factory=dict)
+Flag = Annotated[str, Field(min_length=2, max_length=128)]
+FlagValue = Annotated[str, Field(max_length=8192)]
 
-    @field_validator("args", mode="before")
-    @classmethod
-    def _stringify(cls, value: Any) -> Any:
-        """Flag values are strings; numbers and booleans are accepted and written as text."""
-        if not isinstance(value, dict):
-            return value
-        out: dict[Any, Any] = {}
-        for key, item in value.items():
-            if isinstance(item, bool):
-                item = "true" if item else "false"
-            elif isinstance(item, int | float):
-                item = str(item)
-            elif item is None:
-                item = ""
-            out[key] = item
-        return out
+
+class EngineConfig(_Request):
+    args: dict[Flag, FlagValue] = Field(
+        default_factory=dict, max_length=256,
+        description="engine flags to values; \"\" for a bare flag")
 
 
 class ActivateRequest(_ModelRequest):
-    artifact_url: str = Field(min_length=1)
-    engine: Literal["vllm", "ollama", "sim"] = "vllm"
-    port: int = Field(default=0, ge=0, le=65535)
-    ipc_name: str | None = None
-    engine_config: EngineConfig = Field(default_factory=EngineConfig)
+    artifact_url: str = Field(min_length=1, max_length=2048)
+    engine: Engine = "vllm"
+    port: int = Field(default=0, ge=0, le=65535, description="0 lets the agent pick one")
+    ipc_name: str | None = Field(
+        default=None, description="the kvcached segment name; sanitised as kvcached does "
+        "(kvc_qwen3-0.6b becomes kvc_qwen3-0-6b); empty or absent: kvc_<model_name>")
+    credentials: dict[str, str] | None = Field(
+        default=None, max_length=64,
+        description="environment variables for the engine alone (HF_TOKEN, AWS_*); never "
+        "logged, shown or written where others can read them")
+    engine_config: EngineConfig | None = None
     claim_ref: ClaimRef | None = None
     kv_limit_bytes: int | None = Field(default=None, gt=0, le=2**62)
     per_gpu: PerGpu | None = None
-    # Wait this long for GPU memory to free up instead of refusing at once (woken by changes).
-    wait_seconds: float = Field(default=0, ge=0, le=3600)
+    wait_seconds: float = Field(default=0, ge=0, le=MAX_WAIT_SECONDS,
+                                description="wait this long for GPU memory instead of refusing")
+
+    @field_validator("ipc_name")
+    @classmethod
+    def _sanitised_ipc(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        problem = sent_ipc_name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return sanitise_ipc_name(value)
+
+    @field_validator("credentials")
+    @classmethod
+    def _valid_credentials(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key, secret in (value or {}).items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"credential name {key!r} is not an environment variable name")
+            if key.upper().startswith(_RESERVED_ENV_PREFIXES):
+                raise ValueError(f"credential name {key!r} is the agent's own setting")
+            if "\x00" in secret or len(secret) > 65536:
+                raise ValueError(f"credential {key!r} holds a NUL byte or is over 64 KiB")
+        return value
 
     def activation(self) -> Activation:
         spec = EngineSpec(model_name=self.model_name, artifact_url=self.artifact_url,
                           engine=self.engine, ipc_name=self.ipc_name or ipc_name_for(self.model_name),
-                          args=self.engine_config.args, claim_ref=self.claim_ref)
-        return Activation(spec, self.port, self.kv_limit_bytes, self.per_gpu, self.wait_seconds)
-
-    @field_validator("ipc_name")
-    @classmethod
-    def _valid_ipc(cls, value: str | None) -> str | None:
-        if value is not None:
-            problem = ipc_name_problem(value)
-            if problem:
-                raise ValueError(problem)
-        return value
+                          args=self.engine_config.args if self.engine_config else {},
+                          claim_ref=self.claim_ref)
+        return Activation(spec, self.port, self.kv_limit_bytes, self.per_gpu, self.wait_seconds,
+                          dict(self.credentials or {}))
 
 
 class DeactivateRequest(_ModelRequest):
@@ -87,17 +126,18 @@ class DeactivateRequest(_ModelRequest):
 
 class SleepRequest(_ModelRequest):
     level: Literal[1, 2] = 1
-    operation_id: str | None = Field(default=None, min_length=1, max_length=256)
+    operation_id: OperationId | None = None
 
 
 class WakeRequest(_ModelRequest):
-    operation_id: str | None = Field(default=None, min_length=1, max_length=256)
-    wait_seconds: float = Field(default=0, ge=0, le=3600)
+    operation_id: OperationId | None = None
+    wait_seconds: float = Field(default=0, ge=0, le=MAX_WAIT_SECONDS)
 
 
 class KvLimitRequest(_ModelRequest):
-    limit_bytes: int = Field(gt=0, le=2**62)
-    operation_id: str | None = Field(default=None, min_length=1, max_length=256)
+    limit_bytes: int = Field(ge=0, le=2**62,
+                             description="bytes of KV cache; 0 lifts the limit (full capacity)")
+    operation_id: OperationId | None = None
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -108,5 +148,57 @@ def describe_validation_error(exc: ValidationError) -> str:
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "missing":
             msg = "is required"
+        elif err["type"] == "extra_forbidden":
+            msg = "is not a field of this request; remove it"
         parts.append(f"{where}: {msg}")
     return "; ".join(parts)
+
+
+def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
+    """FastAPI's ``detail`` list, as the AIBrix sidecar answers a body that does not validate."""
+    detail = []
+    for err in exc.errors(include_url=False, include_context=False):
+        item: dict[str, Any] = {"type": err["type"], "loc": ["body", *err["loc"]],
+                                "msg": err["msg"]}
+        secret = bool(err["loc"]) and err["loc"][0] == "credentials"  # never echo a secret
+        if (not secret and err["type"] != "extra_forbidden"
+                and isinstance(err.get("input"), str | int | float | bool | None)):
+            item["input"] = err.get("input")
+        detail.append(item)
+    return detail
+
+
+# ---- LoRA adapters, as the AIBrix sidecar takes them ---------------------------------------------
+
+
+class _AdapterRequest(_Request):
+    lora_name: str = Field(min_length=1, max_length=128, pattern=ADAPTER_NAME_PATTERN)
+    model_name: str | None = Field(
+        default=None, min_length=1, max_length=128,
+        description="the base model (ours: the sidecar serves one); may be left out when one "
+        "model here was started for LoRA")
+
+
+class LoadLoraAdapterRequest(_AdapterRequest):
+    """Direct: the engine loads the adapter from ``lora_path`` (a local directory or a
+    Hugging Face repo id)."""
+
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+
+class LoadLoraAdapterRuntimeRequest(_AdapterRequest):
+    """Delegated: the adapter is named by URL (``hf://``, ``huggingface://``, ``file://``)."""
+
+    artifact_url: str = Field(min_length=1, max_length=2048)
+    credentials_secret: str | None = None
+    credentials: dict[str, str] | None = None
+    additional_config: dict[str, str] | None = None
+    local_dir: str | None = None
+
+
+class UnloadLoraAdapterRequest(_AdapterRequest):
+    lora_int_id: int | None = None
+
+
+class UnloadLoraAdapterRuntimeRequest(_AdapterRequest):
+    cleanup_local: bool = True

@@ -21,7 +21,14 @@ def _iso(ts: float) -> str:
 
 
 def model_entry(view: EngineView) -> dict[str, Any]:
+    """One engine as the AIBrix controller decodes it (``shared/aibrix-wire.md``), plus ours.
+
+    Whole numbers are ints in every phase (Go refuses ``0.0`` for an int64); a figure that was
+    not observed is null (a counter) or 0 with ``request_metrics_observed: false`` (the gauges
+    the controller takes as int64)."""
     spec = view.spec
+    observed = (view.requests_running is not None and view.requests_waiting is not None
+                and view.request_success_total is not None)
     return {
         "model_name": spec.model_name,
         "engine": spec.engine,
@@ -41,29 +48,42 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "restart_count": view.restart_count,
         "last_error": view.last_error,
         "last_transition": _iso(view.last_transition) if view.last_transition else None,
-        "requests_running": view.requests_running,
-        "requests_waiting": view.requests_waiting,
-        "request_success_total": view.request_success_total,
+        "request_metrics_observed": observed,
+        "requests_running": view.requests_running if observed else 0,
+        "requests_waiting": view.requests_waiting if observed else 0,
+        "request_success_total": view.request_success_total if observed else None,
         "request_figures_at": _iso(view.figures_at) if view.figures_at else None,
         "observed_footprint_bytes": view.observed_footprint_bytes,
         "context_length": view.context_length,
         "kv_limit_requested_bytes": view.kv.requested,
         "kv_limit_applied_bytes": view.kv.applied,
-        "kv_capacity_bytes": view.kv.capacity,
+        # What the engine obeys now (the segment's total_size), as AIBrix reads the field.
+        "kv_capacity_bytes": view.kv.total,
+        # What the engine created its segment with: the most a limit can be.
+        "kv_startup_capacity_bytes": view.kv.capacity,
         "kv_total_bytes": view.kv.total,
         "kv_used_bytes": view.kv.used,
         "kv_segment": {"name": spec.ipc_name, "present": view.kv.present},
         "kv_limit_set_back_total": view.kv.set_back_total,
-        "conditions": ["KVLimitNotHeld"] if view.kv.not_held else [],
+        "conditions": list(view.conditions),
+        "staging": view.staging.as_dict() if view.staging else None,
         "engine_args": dict(spec.args),
+        "lora_adapters": [{"name": n, "path": p, "loaded": loaded} for n, p, loaded in view.adapters],
         "log_path": view.log_path,
     }
 
 
 def short_entry(view: EngineView) -> dict[str, Any]:
-    return {"model_name": view.spec.model_name, "engine": view.spec.engine, "port": view.port,
-            "phase": view.phase.value, "ready": view.ready, "pid": view.pid,
-            "restart_count": view.restart_count}
+    """One entry of ``GET /v1/runtime/models`` (AIBrix's ModelInfo, plus ours)."""
+    entry: dict[str, Any] = {
+        "model_name": view.spec.model_name, "engine": view.spec.engine, "port": view.port,
+        "ipc_name": view.spec.ipc_name, "phase": view.phase.value, "ready": view.ready,
+        "pid": view.pid, "restart_count": view.restart_count}
+    if view.kv.used is not None:
+        entry["kv_used_bytes"] = view.kv.used
+    if view.kv.total is not None:
+        entry["kv_total_bytes"] = view.kv.total
+    return entry
 
 
 def memory_entry(figures: EngineHbm | None, view: EngineView) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from runtime_agent.gpu.ledger import (
 )
 from runtime_agent.gpu.model import GpuSample
 from runtime_agent.gpu.proctree import process_trees
+from runtime_agent.loops import Throttled
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class MemoryBroker:
         self.samples_total = 0
         self.sample_seconds_total = 0.0
         self.started_at = time.monotonic()
+        self._throttled = Throttled(log)  # a failing sample is reported once per interval
 
     # ---- sampling ---------------------------------------------------------------------------
 
@@ -150,8 +152,9 @@ class MemoryBroker:
             self._poke.clear()
             try:
                 await self.sample_now()
-            except Exception:  # a bad sample must not end sampling
-                log.exception("GPU sample failed")
+            except Exception as exc:  # noqa: BLE001 - a bad sample must not end sampling
+                self._throttled.warning("gpu-sample", "GPU sample failed (%s: %s)",
+                                        type(exc).__name__, exc)
 
     async def sample_now(self) -> None:
         refs = dict(self._engines())

@@ -36,16 +36,21 @@ from runtime_agent.kv.segment import (
     remove_segment,
     write_limit,
 )
+from runtime_agent.loops import Throttled
 
 log = logging.getLogger(__name__)
+_throttled = Throttled(log)  # a segment that stays unreadable is reported once per interval
 _EVENT_REASONS = {"initial": "KVLimitSet", "requested": "KVLimitSet",
                   "restored": "KVLimitRestored", "set_back": "KVLimitSetBack"}
 
 
 class KvKeeper:
     def __init__(self, record: EngineRecord, shm_dir: Path,
-                 emit: Callable[[str, str], None]) -> None:
+                 emit: Callable[[str, str], None],
+                 writer: Callable[..., SegmentInfo] = write_limit) -> None:
         self._record = record
+        self._writer = writer  # the segment write that returns its read-back
+        self.writes = 0  # the agent's own writes finished: readings from before one are stale
         self._ipc = record.spec.ipc_name
         self._shm_dir = shm_dir
         self._emit = emit
@@ -56,27 +61,34 @@ class KvKeeper:
                              capacity=record.kv_capacity_bytes, inode=record.kv_inode,
                              applied=record.kv_applied_bytes)
 
-    async def watch(self, post: Callable[[SegmentInfo | None], None], first_s: float,
+    async def watch(self, post: Callable[[SegmentInfo | None, int], None], first_s: float,
                     hold_s: float) -> None:
-        """Post a reading when the segment appears, then every ``hold_s``."""
+        """Post a reading (and how many writes the agent had finished before taking it) when
+        the segment appears, then every ``hold_s``."""
         path = self._shm_dir / self._ipc
         while True:
             if not os.path.exists(path):  # a stat on tmpfs: microseconds, fine on the loop
                 await asyncio.sleep(first_s)
                 continue
+            writes = self.writes
             try:
                 try:
                     info = read_segment_nowait(self._ipc, self._shm_dir)
                 except BlockingIOError:  # a writer holds the lock: wait for it off the loop
                     info = await asyncio.to_thread(read_segment, self._ipc, self._shm_dir)
             except SegmentError as exc:
-                log.warning("kv segment of %s unreadable: %s", self._record.spec.model_name, exc)
+                _throttled.warning(f"kv-read:{self._ipc}", "kv segment of %s unreadable: %s",
+                                   self._record.spec.model_name, exc)
                 info = None
-            post(info)
+            post(info, writes)
             await asyncio.sleep(hold_s if info is not None else first_s)
 
-    async def reading(self, info: SegmentInfo | None) -> bool:
-        """Handle one reading; True when the record changed and must be persisted."""
+    async def reading(self, info: SegmentInfo | None, writes: int | None = None) -> bool:
+        """Handle one reading; True when the record changed and must be persisted. A reading
+        taken before one of the agent's own writes finished is stale: it would pass the old
+        value for someone else's write."""
+        if writes is not None and writes != self.writes:
+            return False
         before = self._durable()
         self.state, write = on_reading(self.state, info)
         if write is not None:
@@ -93,7 +105,10 @@ class KvKeeper:
                 and st.applied == st.target)
 
     async def request(self, limit: int) -> dict[str, Any]:
-        """Set the limit the controller asked for; what the answer reports about it."""
+        """Set the limit the controller asked for (0: lift it back to the engine's capacity,
+        as kvcached reads a limit of 0); what the answer reports about it."""
+        if limit == 0:
+            return await self._lift()
         self._record.kv_limit_bytes = limit
         self.state, write, clamped = with_request(self.state, limit)
         if write is not None:
@@ -119,9 +134,27 @@ class KvKeeper:
                 "clamped": clamped, "capacity_bytes": st.capacity, "used_bytes": st.used,
                 "message": message}
 
+    async def _lift(self) -> dict[str, Any]:
+        capacity = self.state.capacity
+        if capacity is not None and self.state.present:
+            detail = await self.request(capacity)
+        else:
+            detail = {"in_force": True, "applied_bytes": self.state.applied, "clamped": False,
+                      "capacity_bytes": capacity, "used_bytes": self.state.used}
+        self._record.kv_limit_bytes = None
+        self.state = replace(self.state, requested=None, target=None)
+        return {**detail, "requested_bytes": 0,
+                "message": "no limit: the engine may use its whole KV capacity"}
+
     async def _write(self, write: Write) -> None:
         try:
-            readback = await asyncio.to_thread(write_limit, self._ipc, write.value,
+            await self._write_once(write)
+        finally:
+            self.writes += 1  # whatever came of it, readings taken before it are stale
+
+    async def _write_once(self, write: Write) -> None:
+        try:
+            readback = await asyncio.to_thread(self._writer, self._ipc, write.value,
                                                self._shm_dir, write.expected_inode)
         except SegmentReplaced:
             return  # the engine restarted: the next reading sees the new segment
@@ -143,7 +176,12 @@ class KvKeeper:
                    f"uses {readback.mapped}")
 
     async def remove_leftover(self) -> None:
-        """The engine is gone: remove its segment (kvcached leaves it behind on SIGKILL)."""
+        """The engine is gone: remove its segment (kvcached leaves it behind on SIGKILL), but
+        only one this agent saw its engine create (a known inode): a segment of that name it
+        never saw may be another's, and is never touched."""
+        if self.state.inode is None:
+            self.state = replace(self.state, present=False, used=None, total=None, applied=None)
+            return
         try:
             await asyncio.to_thread(remove_segment, self._ipc, self._shm_dir, self.state.inode)
         except (SegmentError, OSError) as exc:

@@ -32,6 +32,7 @@ import importlib
 import os
 import struct
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -145,6 +146,33 @@ class _Backend(Protocol):
         """Set ``total_size`` of the open segment ``fd``; return the fields it holds afterwards."""
 
 
+LOCK_WAIT_S = 5.0
+
+
+class SegmentBusy(SegmentError):
+    """Another process held the segment's lock for longer than the agent waits (a stopped or
+    hung engine mid-update): the call answers instead of waiting for ever."""
+
+    def __init__(self, path: str, waited_s: float) -> None:
+        super().__init__(f"KV segment {path} stayed locked by another process for "
+                         f"{waited_s:g} s", path)
+
+
+def _flock_bounded(fd: int, op: int, path: str, wait_s: float = LOCK_WAIT_S) -> None:
+    """``flock`` that gives up after ``wait_s`` (blocking: called in a worker thread)."""
+    deadline = time.monotonic() + wait_s
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise SegmentBusy(path, wait_s) from None
+            time.sleep(pause)
+            pause = min(0.05, pause * 2)
+
+
 def _check_size(fd: int, path: str) -> os.stat_result:
     st = os.fstat(fd)
     if st.st_size != SEGMENT_SIZE:
@@ -165,7 +193,7 @@ class _BuiltinBackend:
     name = "builtin"
 
     def read(self, fd: int, path: str, ipc_name: str) -> tuple[int, int, int] | None:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        _flock_bounded(fd, fcntl.LOCK_SH, path)
         try:
             _check_size(fd, path)
             return _pread_fields(fd, path)
@@ -173,7 +201,7 @@ class _BuiltinBackend:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
     def update_total(self, fd: int, path: str, ipc_name: str, limit: int) -> tuple[int, int, int]:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _flock_bounded(fd, fcntl.LOCK_EX, path)
         try:
             st = _check_size(fd, path)
             _check_still_linked(fd, path, st.st_ino)

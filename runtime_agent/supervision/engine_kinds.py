@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import aiohttp
 
@@ -21,7 +20,8 @@ from contract.engines import (
     model_argument,
 )
 from contract.engines import gpus_needed as contract_gpus_needed
-from engines import vllm
+from engines import sglang, vllm
+from runtime_agent.artifacts.urls import local_path_problem
 from engines.adapter import EngineAdapter, LaunchContext
 from registry.record import (
     ENV_ENGINE_ID,
@@ -31,6 +31,9 @@ from registry.record import (
     EngineSpec,
 )
 from runtime_agent.settings import Settings
+
+# Schemes engines cannot fetch themselves; the weight cache stages them before the start.
+STAGED_SCHEMES = ("s3://",)
 
 
 def simulated(settings: Settings, spec: EngineSpec) -> bool:
@@ -42,13 +45,16 @@ def spec_problem(settings: Settings, spec: EngineSpec, device_count: int) -> str
 
     The rules on the text are the contract's (the reconciler applies the same ones); what only
     this node can answer (does a local path exist, do the cards suffice) is checked here."""
-    problem = (artifact_problem(spec.engine, spec.artifact_url)
-               or engine_args_problem(spec.engine, spec.args, simulated=simulated(settings, spec))
+    staged = STAGED_SCHEMES if settings.weight_cache_dir is not None else ()
+    problem = (artifact_problem(spec.engine, spec.artifact_url, staged)
+               or engine_args_problem(spec.engine, spec.args, simulated=simulated(settings, spec),
+                                      allow_trust_remote_code=settings.allow_trust_remote_code)
                or device_count_problem(spec.engine, spec.args, device_count))
     if problem is None and spec.engine != "ollama" and is_local_artifact(spec.artifact_url):
-        path = model_argument(spec.artifact_url)
-        if not Path(path).exists():
-            return f"artifact_url names a local path that does not exist on this node: {path}"
+        # Only inside the operator's roots, and a refusal says nothing of what lies outside.
+        found = local_path_problem(model_argument(spec.artifact_url),
+                                   settings.artifact_local_roots)
+        return None if found is None else found[1]
     return problem
 
 
@@ -64,22 +70,39 @@ def make_adapter(settings: Settings, session: aiohttp.ClientSession,
         from engines import ollama
 
         return ollama.OllamaAdapter(session, host, record.port, spec.artifact_url)
+    if spec.engine == "sglang":
+        return sglang.SglangAdapter(session, host, record.port)
     return vllm.VllmAdapter(session, host, record.port, sleep_mode=settings.vllm_sleep_mode)
 
 
-def engine_command(settings: Settings, record: EngineRecord,
-                   adapter: EngineAdapter) -> tuple[list[str], dict[str, str]]:
+def carried_spec(record: EngineRecord) -> str:
+    """The JSON an engine carries in its environment (see ``recovery.record_from_process``):
+    credentials by name only; their values are the engine's own environment."""
+    return json.dumps({
+        "spec": record.spec.model_dump(mode="json"), "port": record.port,
+        "devices": list(record.devices),
+        "per_gpu": record.per_gpu.model_dump() if record.per_gpu else None,
+        "kv_limit_bytes": record.kv_limit_bytes, "desired": record.desired,
+        "sleep_level": record.sleep_level, "credential_keys": sorted(record.credentials)})
+
+
+def engine_command(settings: Settings, record: EngineRecord, adapter: EngineAdapter,
+                   model_path: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """argv and env; ``model_path``: the weight cache's copy to start on, in place of the
+    artifact URL."""
     spec = record.spec
     sim = simulated(settings, spec)
     if sim:
         command = settings.sim_command
     else:
-        command = settings.ollama_command if spec.engine == "ollama" else settings.vllm_command
+        command = {"ollama": settings.ollama_command,
+                   "sglang": settings.sglang_command}.get(spec.engine, settings.vllm_command)
     identity = {
         ENV_ENGINE_ID: record.engine_id,
         ENV_STATE_DIR: str(settings.state_dir),
-        # The engine carries its own spec, so it can be re-adopted even if its record is lost.
-        ENV_ENGINE_SPEC: json.dumps({"spec": spec.model_dump(mode="json"), "port": record.port}),
+        # The engine carries what a rebuild of its record needs, so it can be re-adopted with
+        # its place, limits and sleep state even if its record file is lost.
+        ENV_ENGINE_SPEC: carried_spec(record),
         # vLLM renames its processes with setproctitle, which can overwrite the environment
         # block /proc/<pid>/environ shows; this keeps the engine id readable for re-adoption.
         "SPT_NOENV": "1",
@@ -95,5 +118,7 @@ def engine_command(settings: Settings, record: EngineRecord,
     if str(settings.kv_shm_dir) != "/dev/shm":
         identity["KVCACHED_SHM_DIR"] = str(settings.kv_shm_dir)  # the simulated engine's knob
     ctx = LaunchContext(command=command, simulated=sim, bind_host=settings.engine_bind_host,
-                        base_env=os.environ, extra_env={**settings.extra_engine_env, **identity})
+                        base_env=os.environ,
+                        extra_env={**settings.extra_engine_env, **record.credentials, **identity},
+                        model_path=model_path)
     return adapter.command(record, ctx)

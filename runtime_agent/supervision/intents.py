@@ -16,15 +16,19 @@ from typing import TYPE_CHECKING, Any
 from contract.phases import Phase
 from contract.reasons import SLEEP_FAILED, WAKE_FAILED
 from engines.client import EngineCallError
+from registry.record import InFlight
 from runtime_agent.gpu.admission import Refuse
 from runtime_agent.supervision.messages import (
     Action,
     Intent,
+    LoadAdapter,
     OpDone,
     Request,
+    Revive,
     SetKvLimit,
     Sleep,
     Stop,
+    UnloadAdapter,
 )
 from runtime_agent.supervision.outcomes import (
     Done,
@@ -55,10 +59,14 @@ def done(owner: EngineOwner, phase: Phase | None, intent: Intent, changed: bool 
           details: dict[str, Any] | None = None) -> Done:
     return Done(owner.name, phase, changed, intent.operation_id, details or {})
 
+
 async def on_request(owner: EngineOwner, request: Request) -> None:
     intent = request.intent
     if isinstance(intent, Stop):
         await owner._stop(request)
+        return
+    if isinstance(intent, Revive):
+        await owner._revive(request)
         return
     if intent.operation_id and intent.operation_id in owner.record.operations:
         recorded = owner.record.operations[intent.operation_id]
@@ -70,6 +78,14 @@ async def on_request(owner: EngineOwner, request: Request) -> None:
         return
     if owner._op is not None:
         owner._deferred.append(request)
+        return
+    if isinstance(intent, LoadAdapter | UnloadAdapter):
+        from runtime_agent.supervision import adapters  # it uses this module's helpers
+
+        if isinstance(intent, LoadAdapter):
+            await adapters.on_load(owner, request, intent)
+        else:
+            await adapters.on_unload(owner, request, intent)
         return
     phase = owner.view.phase
     want_sleep = isinstance(intent, Sleep)
@@ -87,7 +103,12 @@ async def on_request(owner: EngineOwner, request: Request) -> None:
                                        f"sleep: {why}", model_name=owner.name, phase=phase,
                                        operation_id=intent.operation_id))
         return
+    if (unwritable := owner._deps.storage.refusal(owner.name)) is not None:
+        resolve(request.reply, unwritable)
+        return
     level = intent.level if isinstance(intent, Sleep) else (owner.record.sleep_level or 1)
+    if owner.spec.engine == "sglang":
+        level = 1  # SGLang keeps its weights in host memory on every sleep (engines/sglang.py)
     memory = owner._deps.memory
     refused = memory.admit_sleep(owner.name, level) if want_sleep else None
     if not want_sleep:
@@ -99,23 +120,31 @@ async def on_request(owner: EngineOwner, request: Request) -> None:
             f"{refused.message}", model_name=owner.name, phase=phase,
             operation_id=intent.operation_id))
         return
-    start_op(owner, Action.SLEEP if want_sleep else Action.WAKE, level, request)
+    await start_op(owner, Action.SLEEP if want_sleep else Action.WAKE, level, request)
 
-def sleep_after_restart(owner: EngineOwner) -> None:
+
+async def sleep_after_restart(owner: EngineOwner) -> None:
     """A restarted engine that was asleep is put back to sleep once it is ready."""
     level = owner.record.sleep_level or 1
     refused = owner._deps.memory.admit_sleep(owner.name, level)
     if refused is None:
-        start_op(owner, Action.SLEEP, level, None)
+        await start_op(owner, Action.SLEEP, level, None)
     else:
         owner._emit(refused.reason, f"stays awake after its restart: {refused.message}")
 
-def start_op(owner: EngineOwner, action: Action, level: int, request: Request | None) -> None:
+
+async def start_op(owner: EngineOwner, action: Action, level: int,
+                   request: Request | None) -> None:
     gen = owner._gen
     started = time.monotonic()
     memory = owner._deps.memory
     if action is Action.SLEEP:
         memory.set_sleeping(owner.name, True)  # figures from here on are not its awake size
+    # Durable before the engine is called: an agent that dies meanwhile finds it and asks the
+    # engine how the call ended, instead of believing its old phase.
+    owner.record.operation = InFlight(action="sleep" if action is Action.SLEEP else "wake",
+                                      level=level, started_at=owner._deps.clock())
+    await owner._persist()
 
     async def run() -> None:
         error: str | None = None
@@ -135,8 +164,10 @@ def start_op(owner: EngineOwner, action: Action, level: int, request: Request | 
     owner._op = (task, action.value, request)
     owner._publish()
 
+
 async def on_op_done(owner: EngineOwner, finished: OpDone) -> None:
     owner._op = None
+    owner.record.operation = None
     action, level, error, request = finished.action, finished.level, finished.error, finished.request
     want_sleeping = action is Action.SLEEP
     sleeping = finished.sleeping
@@ -174,8 +205,13 @@ async def on_op_done(owner: EngineOwner, finished: OpDone) -> None:
                 intent.operation_id))
     else:
         await owner._persist()
+    if ok and action is Action.WAKE:
+        from runtime_agent.supervision import adapters
+
+        adapters.sync_after_ready(owner)  # an engine woken after a restart gets its adapters
     while owner._deferred and owner._op is None:
         await on_request(owner, owner._deferred.popleft())
+
 
 async def set_kv_limit(owner: EngineOwner, request: Request, intent: SetKvLimit) -> None:
     phase = owner.view.phase
@@ -183,6 +219,9 @@ async def set_kv_limit(owner: EngineOwner, request: Request, intent: SetKvLimit)
         resolve(request.reply, Refused(
             Refusal.CONFLICT, f"model {owner.name!r} is {phase.value}; its KV limit cannot "
             "be set", model_name=owner.name, phase=phase, operation_id=intent.operation_id))
+        return
+    if (unwritable := owner._deps.storage.refusal(owner.name)) is not None:
+        resolve(request.reply, unwritable)
         return
     previous = owner.record.kv_limit_bytes
     held_before = owner._kv.holds(intent.limit_bytes)
@@ -194,6 +233,7 @@ async def set_kv_limit(owner: EngineOwner, request: Request, intent: SetKvLimit)
     await owner._persist()
     owner._publish()
     resolve(request.reply, done(owner, phase, intent, changed=changed, details=detail))
+
 
 def fail_op(owner: EngineOwner, why: str) -> None:
     """Cancel the operation in flight and answer everyone waiting on one: ``why``."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from engines.adapter import Observation
 from engines.process import ExitInfo
+from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.segment import SegmentInfo
 from runtime_agent.supervision.outcomes import Outcome
 
@@ -22,6 +23,9 @@ class Action(enum.StrEnum):
     WAKE = "wake"
     STOP = "stop"
     KV_LIMIT = "kv_limit"
+    REVIVE = "revive"
+    LOAD_ADAPTER = "load_adapter"
+    UNLOAD_ADAPTER = "unload_adapter"
 
 
 class StartMode(enum.StrEnum):
@@ -57,13 +61,37 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Revive:
+    """Activate again with the same spec: a failed engine starts over with a fresh budget."""
+
+    operation_id: str | None = None
+    action: Action = Action.REVIVE
+
+
+@dataclass(frozen=True)
 class SetKvLimit:
     limit_bytes: int
     operation_id: str | None = None
     action: Action = Action.KV_LIMIT
 
 
-Intent = Sleep | Wake | Stop | SetKvLimit
+@dataclass(frozen=True)
+class LoadAdapter:
+    name: str
+    path: str
+    artifact_url: str | None = None
+    operation_id: str | None = None
+    action: Action = Action.LOAD_ADAPTER
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    name: str
+    operation_id: str | None = None
+    action: Action = Action.UNLOAD_ADAPTER
+
+
+Intent = Sleep | Wake | Stop | Revive | SetKvLimit | LoadAdapter | UnloadAdapter
 
 
 # ---- the inbox ----------------------------------------------------------------------------
@@ -83,6 +111,25 @@ class TurnGranted:
 
     token: int
     reason: str
+
+
+@dataclass(frozen=True)
+class StagingProgress:
+    """The weight cache's progress on the artifact this engine waits for (``token``: which
+    wait)."""
+
+    token: int
+    view: StagingView
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The wait for the weight cache ended: the local path to start on, or why it failed."""
+
+    token: int
+    reason: str
+    path: str | None
+    error: str | None
 
 
 @dataclass(frozen=True)
@@ -123,6 +170,7 @@ class Health(FromProcess):
 @dataclass(frozen=True)
 class KvReading(FromProcess):
     info: SegmentInfo | None
+    writes: int | None = None  # the agent's own writes finished before it was read
 
 
 @dataclass(frozen=True)
@@ -143,6 +191,25 @@ class OpDone(FromProcess):
 
 
 @dataclass(frozen=True)
+class AdapterDone(FromProcess):
+    """A LoRA load or unload returned: ``error`` and the engine's ``status`` when it failed."""
+
+    action: Action
+    name: str
+    error: str | None
+    status: int | None
+    request: Request | None
+
+
+@dataclass(frozen=True)
+class AdaptersSynced(FromProcess):
+    """After a start or a re-adoption: what the engine serves now, and what failed to load."""
+
+    loaded: frozenset[str]
+    failed: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class RestartDue(FromProcess):
     """The backoff delay before a restart has passed."""
 
@@ -152,5 +219,12 @@ class PersistDue:
     """Time to try a record write that failed again."""
 
 
-Message = (Request | TurnGranted | Exited | Unusable | Ready | Health | KvReading | Figures
-           | OpDone | RestartDue | PersistDue)
+@dataclass(frozen=True)
+class SpawnRetry(FromProcess):
+    """Try a start again (its port was held by another process); no restart is counted."""
+
+    reason: str
+
+
+Message = (Request | TurnGranted | StagingProgress | Staged | Exited | Unusable | Ready | Health | KvReading | Figures
+           | OpDone | AdapterDone | AdaptersSynced | RestartDue | PersistDue | SpawnRetry)

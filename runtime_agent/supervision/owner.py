@@ -23,29 +23,50 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from contract.phases import Phase, check_transition
-from contract.reasons import RESTART_BUDGET_EXHAUSTED, START_FAILED
+from contract.reasons import (
+    ENGINE_UNRESPONSIVE,
+    KV_LIMIT_NOT_HELD,
+    PORT_HELD,
+    RESTART_BUDGET_EXHAUSTED,
+    START_FAILED,
+    STORAGE_UNAVAILABLE,
+)
 from engines.adapter import EngineAdapter, Observation
 from engines.process import (
     EngineProcess,
     ExitInfo,
     ProcessLauncher,
     SpawnError,
+    group_workers,
+    kill_leftovers,
     tail_lines,
 )
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
+from runtime_agent.artifacts.staging import EngineStager, StagingView
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.kv.keeper import KvKeeper
+from runtime_agent.loops import Throttled, keep_running
 from runtime_agent.settings import Settings
-from runtime_agent.supervision import intents, watchers
+from runtime_agent.supervision import (
+    adapters,
+    durability,
+    health,
+    intents,
+    staging,
+    watchers,
+)
 from runtime_agent.supervision.backoff import restart_delay
+from runtime_agent.supervision.durability import StorageHealth
 from runtime_agent.supervision.engine_kinds import engine_command
 from runtime_agent.supervision.intents import resolve
 from runtime_agent.supervision.messages import (
+    AdapterDone,
+    AdaptersSynced,
     Exited,
     Figures,
     FromProcess,
@@ -54,15 +75,19 @@ from runtime_agent.supervision.messages import (
     KvReading,
     Message,
     OpDone,
+    PersistDue,
     Ready,
     Request,
     RestartDue,
+    SpawnRetry,
+    Staged,
+    StagingProgress,
     StartMode,
     Stop,
     TurnGranted,
     Unusable,
 )
-from runtime_agent.supervision.outcomes import NotFound, Outcome
+from runtime_agent.supervision.outcomes import EngineFailed, NotFound, Outcome
 from runtime_agent.supervision.ports import port_is_free
 from runtime_agent.supervision.views import EngineEvent, EngineView
 
@@ -79,6 +104,10 @@ class OwnerDeps:
     on_view: Callable[[EngineView], None]
     memory: MemoryBroker
     clock: Callable[[], float] = time.time
+    port_free: Callable[[int, str], bool] = port_is_free
+    stager: EngineStager | None = None  # the weight cache (None: off); see staging.py
+    storage: StorageHealth = field(default_factory=StorageHealth)  # shared by every owner
+    throttled: Throttled = field(default_factory=lambda: Throttled(log))
 
 
 class EngineOwner:
@@ -103,7 +132,19 @@ class EngineOwner:
         self._converge = True  # after a spawn, steer the engine to the desired sleep state
         self._figures: Observation | None = None
         self._figures_at: float | None = None
+        self._adapters_loaded: set[str] = set()  # LoRA adapters the current process serves
+        # The weight cache's copy the engine starts on, and the staging it waits for.
+        self._model_path: str | None = None
+        self._staging: StagingView | None = None
+        self._stage_token = 0
+        self._unresponsive_since: float | None = None  # health probes unanswered since
+        self._throttled = deps.throttled
+        self._persist_pending = False  # a retry of a failed record write is scheduled
+        self._persist_retry_s = 0.0
+        self._port_retry_s = 0.0
         self.spawned: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        # Done once the engine's first state is known: ready, gone, failed or stopped.
+        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.log_path = self._settings.logs_dir / f"{record.engine_id}.log"
         self._kv = KvKeeper(record, self._settings.kv_shm_dir, lambda reason, message:
                             self._emit(reason, message))
@@ -154,9 +195,17 @@ class EngineOwner:
             if mode is not StartMode.SPAWN and not self.spawned.done():
                 self.spawned.set_result(None)
             self._publish()  # readers see the start-up's outcome (adopted, say) at once
+            if self.view.phase in (Phase.FAILED, Phase.RESTARTING):
+                self._settle()
             while self.view.phase is not Phase.STOPPED:
-                await self._handle(await self._inbox.get())
+                message = await self._inbox.get()
+                try:
+                    await self._handle(message)
+                except Exception as exc:  # noqa: BLE001 - one message must not end supervision
+                    self._failed_handling(message, exc)
                 self._publish()
+                if self.view.phase not in (Phase.ACTIVATING, Phase.BOOTING):
+                    self._settle()
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug: record it where an operator looks, keep the agent alive
@@ -164,6 +213,18 @@ class EngineOwner:
             self.record.last_error = "agent error while supervising this engine (see agent log)"
             self._publish()
             raise
+
+    def _failed_handling(self, message: Message, exc: Exception) -> None:
+        """A message could not be handled (a bug, or a fault such as no file descriptors): the
+        owner keeps supervising, its caller gets an answer, and the log says it once."""
+        if self._throttled.warning(f"owner:{self.name}:{type(message).__name__}",
+                                   "owner of %s could not handle %s: %s: %s", self.name,
+                                   type(message).__name__, type(exc).__name__, exc):
+            log.debug("the failure in full", exc_info=exc)
+        if isinstance(message, Request):
+            resolve(message.reply, EngineFailed(self.name, f"the agent failed handling this "
+                                                f"({type(exc).__name__}: {exc}); try again",
+                                                self.view.phase, message.intent.operation_id))
 
     async def _begin(self, mode: StartMode, pid: int | None) -> None:
         match mode:
@@ -178,8 +239,16 @@ class EngineOwner:
                 reply: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
                 self._inbox.put_nowait(Request(Stop(), reply))
             case StartMode.SPAWN:
-                await self._persist()  # the record is durable before any process starts
-                await self._spawn("activated")
+                if await self._persist():  # the record is durable before any process starts
+                    await self._spawn("activated")
+                else:
+                    self.record.last_error = ("cannot start: its record cannot be written "
+                                              f"({self._deps.storage.problem})")
+                    await self._transition(Phase.FAILED, STORAGE_UNAVAILABLE,
+                                           self.record.last_error, persist=False)
+                    self._deps.memory.stopped(self.name)
+                    if not self.spawned.done():
+                        self.spawned.set_result(self.record.last_error)
 
     async def _handle(self, message: Message) -> None:
         if isinstance(message, FromProcess) and message.gen != self._gen:
@@ -187,6 +256,10 @@ class EngineOwner:
         match message:
             case Request():
                 await intents.on_request(self, message)
+            case StagingProgress():
+                staging.on_progress(self, message)
+            case Staged():
+                await staging.on_staged(self, message)
             case TurnGranted(token=token, reason=reason):
                 if (token == self._turn_token and self._proc is None
                         and self.view.phase in (Phase.ACTIVATING, Phase.RESTARTING)):
@@ -202,24 +275,35 @@ class EngineOwner:
             case Ready(sleeping=sleeping):
                 await self._on_ready(sleeping)
             case Health():
-                pass  # probes arrive with the fault work; nothing acts on them yet
-            case KvReading(info=info):
-                if await self._kv.reading(info):
+                await health.on_health(self, message)
+            case PersistDue():
+                await durability.on_persist_due(self)
+            case SpawnRetry(reason=reason):
+                if self._proc is None and self.view.phase in (Phase.ACTIVATING,
+                                                              Phase.RESTARTING):
+                    await self._spawn(reason)
+            case KvReading(info=info, writes=writes):
+                if await self._kv.reading(info, writes):
                     await self._persist()
             case Figures(observation=observation):
                 self._figures, self._figures_at = observation, self._deps.clock()
             case OpDone():
                 await intents.on_op_done(self, message)
+            case AdapterDone():
+                await adapters.on_adapter_done(self, message)
+            case AdaptersSynced():
+                adapters.on_synced(self, message)
             case RestartDue():
                 self._restart_timer = None
                 if self.view.phase is Phase.RESTARTING:
-                    self.record.restart_count += 1
                     await self._spawn(f"restart {self.record.restart_count}")
 
     # ---- process lifecycle ----------------------------------------------------------------
 
     async def _spawn(self, reason: str) -> None:
         """Start the engine once it has its turn on its cards (one start or wake at a time)."""
+        if staging.stage_first(self, reason):  # weights first (the cache), then the turn
+            return
         devices = tuple(self.record.devices)
         if not devices:
             await self._spawn_now(reason)
@@ -242,14 +326,24 @@ class EngineOwner:
 
     async def _spawn_now(self, reason: str) -> None:
         spec = self.record.spec
-        if not port_is_free(self.record.port, self._settings.engine_bind_host):
-            # The engine keeps its port for life; something else listens on it or holds it.
+        if not self._deps.port_free(self.record.port, self._settings.engine_bind_host):
+            # The engine keeps its port for life; another process holds it. Wait for it with
+            # a growing pause, as the kubelet does: a restart would only burn the budget.
             self._end_turn()
-            await self._after_exit(None, f"port {self.record.port} is held by another process, "
-                                   "so the engine could not listen on it")
+            first = self._port_retry_s == 0
+            self._port_retry_s = min(30.0, max(1.0, self._port_retry_s * 2))
+            self.record.last_error = (f"port {self.record.port} is held by another process, so "
+                                      "the engine cannot listen on it; waiting for it")
+            if first:
+                self._emit(PORT_HELD, f"{self.record.last_error}; trying again in "
+                           f"{self._port_retry_s:g} s and growing")
+            asyncio.get_running_loop().call_later(self._port_retry_s, self._inbox.put_nowait,
+                                                  SpawnRetry(self._gen, reason))
             return
+        self._port_retry_s = 0.0
         try:
-            argv, env = engine_command(self._settings, self.record, self._adapter)
+            argv, env = engine_command(self._settings, self.record, self._adapter,
+                                       model_path=self._model_path)
             proc = await self._deps.launcher.spawn(argv, env, self.log_path)
         except (SpawnError, ValueError, OSError) as exc:
             self.record.last_error = f"cannot start engine: {exc}"
@@ -290,6 +384,8 @@ class EngineOwner:
         self._proc = proc
         self._ready = False
         self._figures = None
+        self._adapters_loaded = set()
+        self._unresponsive_since = None
 
         def exited(fut: asyncio.Future[ExitInfo]) -> None:
             if not fut.cancelled():
@@ -297,11 +393,14 @@ class EngineOwner:
 
         proc.exited.add_done_callback(exited)
         post = self._inbox.put_nowait
-        self._helper(watchers.probe_ready(self._adapter, self._settings, post, gen, prepare))
+        asleep = self.record.phase is Phase.SLEEPING  # a re-adopted engine that was asleep
+        self._helper(watchers.probe_ready(self._adapter, self._settings, post, gen, prepare,
+                                          asleep))
         self._helper(watchers.watch_progress(self.log_path, self._settings, post, gen,
                                              lambda: self._ready))
-        self._helper(self._kv.watch(lambda info: self._inbox.put_nowait(KvReading(gen, info)),
-                                    self._settings.kv_watch_s, self._settings.kv_hold_s))
+        self._loop("KV-limit holding", lambda: self._kv.watch(
+            lambda info, writes: self._inbox.put_nowait(KvReading(gen, info, writes)),
+            self._settings.kv_watch_s, self._settings.kv_hold_s))
 
     async def _after_exit(self, info: ExitInfo | None, why: str | None,
                           restart_now: bool = False) -> None:
@@ -315,6 +414,9 @@ class EngineOwner:
         self._gen += 1  # results already queued by the dead process's helpers are void
         intents.fail_op(self, "the engine exited during the operation")
         self._proc, self._ready, self._figures = None, False, None
+        self._adapters_loaded = set()
+        self._unresponsive_since = None
+        self.record.healthy_since = None  # a crash: the budget's clock starts again
         cause = why or (info.describe() if info else "exited")
         if self._exit_cause is not None:
             cause, self._exit_cause = f"{self._exit_cause} (then {cause})", None
@@ -331,12 +433,16 @@ class EngineOwner:
             self._deps.memory.exited(self.name)
             if restart_now:
                 delay = 0.0  # the agent was down for longer than any backoff already
+            self.record.restart_count += 1  # counted when scheduled, as AIBrix reads it
             await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s",
                                    persist=False)
             self._restart_timer = asyncio.get_running_loop().call_later(
                 delay, self._inbox.put_nowait, RestartDue(self._gen))
             await self._add_log_tail(cause)
         await self._kv.remove_leftover()
+        # Its group died with its leader; helpers that left the group die now (by engine id).
+        await asyncio.to_thread(kill_leftovers, str(self._settings.state_dir),
+                                self.record.engine_id)
         await self._persist()
 
     async def _add_log_tail(self, cause: str) -> None:
@@ -348,29 +454,61 @@ class EngineOwner:
     async def _on_ready(self, sleeping: bool | None) -> None:
         self._ready = True
         self._end_turn()
+        if sleeping is None:  # the engine does not say (SGLang): a new process is awake, a
+            sleeping = self._adopted and self.record.phase is Phase.SLEEPING  # re-adopted as recorded
         target = Phase.SLEEPING if sleeping else Phase.ACTIVE
         # The engine's own word: a re-adopted engine may have finished a sleep its record
         # never saw (the agent died during the call), and the ledger must charge it so.
         self._deps.memory.set_sleeping(self.name, target is Phase.SLEEPING)
         if self._adopted and not self._converge:
             self.record.desired = "asleep" if sleeping else "awake"
+            if sleeping and self.record.sleep_level is None:
+                self.record.sleep_level = 2  # unknown: wake it the way that reloads weights
         if target is self.view.phase:  # a re-adopted engine: no move, but followers learn it
             self._emit("Ready", "re-adopted engine answers /health", to=target)
+        if self.record.healthy_since is None:
+            self.record.healthy_since = self._deps.clock()
         await self._transition(target, "Ready", "answers /health")
-        self._helper(watchers.scrape(self._adapter, self._settings, self._inbox.put_nowait,
-                                     self._gen))
+        await self._watch_workers()
+        gen, post = self._gen, self._inbox.put_nowait
+        self._loop("request-figure scrape",
+                   lambda: watchers.scrape(self._adapter, self._settings, post, gen))
+        self._loop("health probe", lambda: watchers.watch_health(
+            self._adapter, self._settings, post, gen,
+            lambda: self.view.phase is Phase.SLEEPING, lambda: self._op is not None))
         if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:
-            intents.sleep_after_restart(self)
+            await intents.sleep_after_restart(self)  # its adapters come back when it is woken
+        elif target is Phase.ACTIVE:
+            adapters.sync_after_ready(self)
+
+    async def _watch_workers(self) -> None:
+        """An engine is its whole process group: a worker that dies (vLLM's EngineCore) while
+        the API server lives makes the engine unusable, so it is treated as a crash."""
+        proc, gen = self._proc, self._gen
+        if proc is None or not hasattr(proc, "watch_workers"):
+            return
+        workers = await asyncio.to_thread(group_workers, proc.pid)  # blocking /proc reads
+
+        def ended(pid: int, name: str) -> None:
+            self._inbox.put_nowait(Unusable(gen, f"its worker {name} (pid {pid}) exited while "
+                                            "its API server lived"))
+
+        if self._proc is proc:
+            proc.watch_workers(workers, ended)
 
     # ---- stopping -------------------------------------------------------------------------
 
     async def _stop(self, request: Request) -> None:
+        if not await self._stop_is_durable():
+            resolve(request.reply, self._deps.storage.refusal(self.name)
+                    or NotFound(self.name, "unreachable"))
+            return
         if self._restart_timer is not None:
             self._restart_timer.cancel()
             self._restart_timer = None
         self._cancel_helpers()
         intents.fail_op(self, f"model {self.name!r} is being stopped")
-        await self._transition(Phase.STOPPING, "Deactivate", "stop requested")
+        await self._transition(Phase.STOPPING, "Deactivate", "stop requested", persist=False)
         proc, self._proc = self._proc, None
         self._gen += 1
         if proc is not None:
@@ -378,6 +516,8 @@ class EngineOwner:
             detail = info.describe()
         else:
             detail = "no process was running"
+        await asyncio.to_thread(kill_leftovers, str(self._settings.state_dir),
+                                self.record.engine_id)
         self.record.pid = self.record.pid_start_time = None
         if not self.spawned.done():
             self.spawned.set_result("deactivated before it started")
@@ -385,7 +525,12 @@ class EngineOwner:
         self._deps.memory.stopped(self.name)
         await self._kv.remove_leftover()
         await self._transition(Phase.STOPPED, "Stopped", detail, persist=False)
-        await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
+        try:
+            await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
+        except OSError as exc:  # the record says STOPPING: the next agent finishes the stop
+            self._throttled.warning(f"delete:{self.name}", "record of stopped %s not removed: %s",
+                                    self.name, exc)
+        self._deps.storage.failing.pop(self.record.engine_id, None)
         await self._adapter.close()
         resolve(request.reply, intents.done(self, Phase.STOPPED, request.intent, details={
             "message": detail}))
@@ -393,6 +538,41 @@ class EngineOwner:
             message = self._inbox.get_nowait()
             if isinstance(message, Request):
                 resolve(message.reply, NotFound(self.name, f"model {self.name!r} was stopped"))
+
+    async def _revive(self, request: Request) -> None:
+        """Activated again with its spec: a failed engine starts over with a fresh restart
+        budget (what it failed with stays in the event log); any other phase changes nothing."""
+        if self.view.phase is not Phase.FAILED:
+            resolve(request.reply, intents.done(self, self.view.phase, request.intent,
+                                                changed=False))
+            return
+        if (unwritable := self._deps.storage.refusal(self.name)) is not None:
+            resolve(request.reply, unwritable)
+            return
+        failed_with = (self.record.last_error or "").splitlines()[:1]
+        self.record.restart_count = 0
+        await self._transition(Phase.RESTARTING, "Reactivated", "activated again after it "
+                               f"failed ({failed_with[0] if failed_with else 'no error'}); "
+                               "starting with a fresh restart budget")
+        self._restart_timer = asyncio.get_running_loop().call_later(
+            0, self._inbox.put_nowait, RestartDue(self._gen))
+        resolve(request.reply, intents.done(self, Phase.RESTARTING, request.intent, details={
+            "message": "it had failed; started again with a fresh restart budget"}))
+
+    async def _stop_is_durable(self) -> bool:
+        """Write the record as STOPPING, or remove it, before anything is stopped: a stop the
+        disk cannot remember would be undone by the next agent (it restarts what it finds)."""
+        stopping = self.record.model_copy(deep=True, update={"phase": Phase.STOPPING})
+        try:
+            await asyncio.to_thread(self._deps.store.save, stopping)
+            return True
+        except OSError as exc:
+            durability.write_failed(self, exc)
+        try:  # unlink works on a full disk, where a write does not
+            await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
+            return True
+        except OSError:
+            return False
 
     # ---- state changes --------------------------------------------------------------------
 
@@ -408,10 +588,18 @@ class EngineOwner:
         if persist and to is not Phase.STOPPED:
             await self._persist()
 
-    async def _persist(self) -> None:
+    async def _persist(self) -> bool:
+        """Write the record (fsync: off the event loop); False when the disk refused it, which
+        is reported and retried (``durability``), never fatal."""
         self._kv.persist_into(self.record)
         snapshot = self.record.model_copy(deep=True)
-        await asyncio.to_thread(self._deps.store.save, snapshot)  # fsync: off the event loop
+        try:
+            await asyncio.to_thread(self._deps.store.save, snapshot)
+        except OSError as exc:
+            durability.write_failed(self, exc)
+            return False
+        durability.write_succeeded(self)
+        return True
 
     def _emit(self, reason: str, message: str, src: Phase | None = None,
               to: Phase | None = None, duration_s: float | None = None) -> None:
@@ -428,7 +616,8 @@ class EngineOwner:
         r, f = self.record, self._figures
         return EngineView(
             engine_id=r.engine_id, spec=r.spec, port=r.port, phase=r.phase, pid=r.pid,
-            alive=self._proc is not None, ready=self._ready and r.phase is Phase.ACTIVE,
+            alive=self._proc is not None,
+            ready=self._ready and r.phase is Phase.ACTIVE and self._unresponsive_since is None,
             adopted=self._adopted, desired=r.desired, sleep_level=r.sleep_level,
             operation=self._op[1] if self._op else None, restart_count=r.restart_count,
             last_error=r.last_error, last_transition=r.last_transition, created_at=r.created_at,
@@ -438,7 +627,32 @@ class EngineOwner:
             context_length=f.context_length if f else None,
             log_path=str(self.log_path), op_counts=dict(r.op_counts),
             budget_exhausted=r.budget_exhausted, kv=self._kv.state, devices=tuple(r.devices),
+            adapters=tuple((a.name, a.path, a.name in self._adapters_loaded) for a in r.adapters),
+            staging=self._staging, conditions=self._conditions(),
         )
+
+    def _conditions(self) -> tuple[str, ...]:
+        """What is wrong now, by the contract's reason names."""
+        found = []
+        if self._kv.state.not_held:
+            found.append(KV_LIMIT_NOT_HELD)
+        if self._unresponsive_since is not None:
+            found.append(ENGINE_UNRESPONSIVE)
+        if self.record.engine_id in self._deps.storage.failing:
+            found.append(STORAGE_UNAVAILABLE)
+        if self._port_retry_s:
+            found.append(PORT_HELD)
+        if self._staging is not None:
+            found.append("Staging")
+        return tuple(found)
+
+    def _settle(self) -> None:
+        if not self.settled.done():
+            self.settled.set_result(None)
+
+    def _loop(self, what: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """A watcher for this process's life, restarted if it fails (``loops.keep_running``)."""
+        self._helper(keep_running(f"{what} of {self.name}", loop, self._throttled))
 
     def _helper(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

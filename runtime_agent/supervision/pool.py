@@ -14,8 +14,9 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from contract.engines import lora_enabled
 from contract.names import ipc_name_for
 from contract.phases import Phase
 from contract.reasons import INSUFFICIENT_GPU, INVALID_ENGINE_CONFIG
@@ -23,7 +24,16 @@ from registry.record import EngineRecord, EngineSpec, PerGpu
 from runtime_agent.gpu.admission import Admit, Refuse
 from runtime_agent.supervision.engine_kinds import gpus_needed, spec_problem
 from runtime_agent.supervision.intents import no_room
-from runtime_agent.supervision.messages import Intent, SetKvLimit, StartMode, Stop, Wake
+from runtime_agent.supervision.messages import (
+    Intent,
+    LoadAdapter,
+    Revive,
+    SetKvLimit,
+    StartMode,
+    Stop,
+    UnloadAdapter,
+    Wake,
+)
 from runtime_agent.supervision.outcomes import (
     Done,
     EngineFailed,
@@ -49,6 +59,7 @@ class Activation:
     kv_limit_bytes: int | None = None
     per_gpu: PerGpu | None = None
     wait_seconds: float = 0.0  # wait this long for GPU memory instead of refusing at once
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)  # the engine's env
 
 
 class EnginePool:
@@ -67,6 +78,8 @@ class EnginePool:
         problem = self._spec_problem(spec)
         if problem is not None:
             return Refused(Refusal.INVALID, problem, INVALID_ENGINE_CONFIG, name)
+        if name not in self.owners and (unwritable := self._deps.storage.refusal(name)):
+            return unwritable  # a record that cannot be written must not start an engine
         existing = self.owners.get(name)
         if existing is not None:
             return await self._same_or_conflict(existing, spec, req.port, req.kv_limit_bytes)
@@ -91,7 +104,7 @@ class EnginePool:
         record = EngineRecord(engine_id=uuid.uuid4().hex, spec=spec, port=port,
                               phase=Phase.ACTIVATING, created_at=now, last_transition=now,
                               kv_limit_bytes=req.kv_limit_bytes, per_gpu=req.per_gpu,
-                              devices=list(admitted.devices))
+                              devices=list(admitted.devices), credentials=req.credentials)
         owner = self._add(record, StartMode.SPAWN)
         try:  # a start that waits for its turn on a busy card answers while it waits
             error = await asyncio.wait_for(asyncio.shield(owner.spawned), 2.0)
@@ -134,6 +147,12 @@ class EnginePool:
                            f"different {', '.join(diffs)}; deactivate it first to change them",
                            model_name=spec.model_name, details={"port": owner.record.port})
         await owner.spawned
+        if owner.view.phase is Phase.FAILED:  # the same spec again: start it over
+            revived = await owner.request(Revive())
+            if not isinstance(revived, Done):
+                return revived
+            return Done(owner.name, owner.view.phase, True, details={
+                **self._activated(owner).details, **revived.details})
         if kv_limit is not None and kv_limit != owner.record.kv_limit_bytes:
             await owner.request(SetKvLimit(kv_limit))
         return self._activated(owner, changed=False)
@@ -197,6 +216,35 @@ class EnginePool:
                     or outcome.reason != INSUFFICIENT_GPU or left <= 0):
                 return outcome
             await self._deps.memory.changed(left)
+
+    # ---- LoRA adapters --------------------------------------------------------------------
+
+    async def load_adapter(self, model_name: str | None, intent: LoadAdapter) -> Outcome:
+        """Load an adapter into ``model_name``'s engine, or into the one engine started for
+        LoRA when no model is named."""
+        clash = next((o.name for o in self.owners.values() if o.name == intent.name
+                      or (o.name != model_name and any(a.name == intent.name
+                                                       for a in o.record.adapters))), None)
+        if clash is not None:
+            return Refused(Refusal.CONFLICT, f"the name {intent.name!r} is already served by "
+                           f"{clash!r}; pick another lora_name", model_name=model_name)
+        if model_name is None:
+            able = [o for o in self.owners.values() if lora_enabled(o.spec.engine, o.spec.args)]
+            if len(able) != 1:
+                which = ", ".join(sorted(o.name for o in able)) or "none"
+                return Refused(Refusal.INVALID, f"name the base model in model_name: models "
+                               f"started for LoRA adapters here: {which}")
+            model_name = able[0].name
+        return await self.lifecycle(model_name, intent)
+
+    async def unload_adapter(self, model_name: str | None, intent: UnloadAdapter) -> Outcome:
+        holder = self.owners.get(model_name) if model_name else next(
+            (o for o in self.owners.values() if any(a.name == intent.name
+                                                    for a in o.record.adapters)), None)
+        if holder is None:
+            return Done(model_name or "", None, changed=False, details={
+                "lora_name": intent.name, "message": "no such adapter here; nothing to do"})
+        return await holder.request(intent)
 
     # ---- reading --------------------------------------------------------------------------
 

@@ -16,8 +16,11 @@ the I/O in a thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,21 +46,31 @@ class Step:
 
 
 def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
-    """Rebuild a record from the spec an engine carries in its environment."""
+    """Rebuild a record from what an engine carries in its environment: its spec, port, cards,
+    declared need, KV limit and sleep state at its start, and its credentials by name."""
     try:
         carried = json.loads(found.environ.get(ENV_ENGINE_SPEC, ""))
-        spec = EngineSpec.model_validate(carried["spec"])
-        port = int(carried["port"])
-    except (ValueError, KeyError, TypeError, ValidationError):
+        keys = carried.get("credential_keys") or []
+        return EngineRecord(
+            engine_id=found.environ[ENV_ENGINE_ID],
+            spec=EngineSpec.model_validate(carried["spec"]), port=int(carried["port"]),
+            pid=found.pid, pid_start_time=found.start_time, phase=Phase.BOOTING,
+            created_at=now, last_transition=now, devices=carried.get("devices") or [],
+            per_gpu=carried.get("per_gpu"), kv_limit_bytes=carried.get("kv_limit_bytes"),
+            desired=carried.get("desired") or "awake", sleep_level=carried.get("sleep_level"),
+            credentials={k: found.environ[k] for k in keys if k in found.environ})
+    except (ValueError, KeyError, TypeError, AttributeError, ValidationError):
         return None
-    return EngineRecord(engine_id=found.environ[ENV_ENGINE_ID], spec=spec, port=port,
-                        pid=found.pid, pid_start_time=found.start_time,
-                        phase=Phase.BOOTING, created_at=now, last_transition=now)
 
 
 def plan(records: list[EngineRecord], found: list[FoundEngine],
          check: Callable[[int, int, str], Verdict], now: float) -> list[Step]:
-    by_id = {f.environ[ENV_ENGINE_ID]: f for f in found}
+    """What to do with each record and each engine process found (pure). Only a process that
+    leads its own group is an engine: a worker whose leader died is a leftover (``leftovers``)."""
+    by_id: dict[str, FoundEngine] = {}
+    for f in sorted(found, key=lambda f: f.start_time):  # the first started of one id leads
+        if f.leads_its_group:
+            by_id.setdefault(f.environ[ENV_ENGINE_ID], f)
     steps: list[Step] = []
     names: set[str] = set()
     for record in records:
@@ -81,7 +94,7 @@ def plan(records: list[EngineRecord], found: list[FoundEngine],
             steps.append(Step(record, StartMode.ADOPT, record.pid, f"pid {record.pid} verified"))
         else:
             steps.append(Step(record, StartMode.RESTART, None, f"process {verdict.value}"))
-    for proc in by_id.values():
+    for proc in list(by_id.values()):
         rebuilt = record_from_process(proc, now)
         if rebuilt is None or rebuilt.spec.model_name in names:
             log.warning("engine process %d carries no usable spec; left alone", proc.pid)
@@ -92,10 +105,23 @@ def plan(records: list[EngineRecord], found: list[FoundEngine],
     return steps
 
 
+def leftovers(steps: list[Step], found: list[FoundEngine]) -> list[FoundEngine]:
+    """Processes that carry an engine id but belong to no engine taken over as running: the
+    workers of a leader that died while no agent watched (they hold GPU memory and ports)."""
+    live = {step.record.engine_id for step in steps
+            if step.mode is StartMode.ADOPT and step.pid is not None}
+    return [f for f in found if f.environ[ENV_ENGINE_ID] not in live]
+
+
 def _gather(store: RegistryStore, state_dir: str) -> tuple[LoadResult, list[FoundEngine], list[Step]]:
     loaded = store.load_all()
-    found = scan_engines(state_dir)
+    found = scan_engines(state_dir, every=True)
     steps = plan(loaded.records, found, verify, time.time())
+    for orphan in leftovers(steps, found):  # a dead leader's workers: end them before restarts
+        log.warning("killing pid %d: it carries engine %s, whose leader is gone", orphan.pid,
+                    orphan.environ[ENV_ENGINE_ID])
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(orphan.pid, signal.SIGKILL)
     for step in steps:
         if step.rebuilt:
             store.save(step.record)

@@ -7,6 +7,7 @@ from typing import Any
 
 from contract.phases import Phase
 from registry.record import EngineSpec
+from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.hold import KvState
 
 
@@ -29,9 +30,9 @@ class EngineView:
     last_error: str | None
     last_transition: float
     created_at: float
-    requests_running: float | None
-    requests_waiting: float | None
-    request_success_total: float | None
+    requests_running: int | None
+    requests_waiting: int | None
+    request_success_total: int | None
     figures_at: float | None
     log_path: str
     op_counts: dict[str, int] = field(default_factory=dict)
@@ -40,6 +41,9 @@ class EngineView:
     devices: tuple[int, ...] = ()
     observed_footprint_bytes: int | None = None
     context_length: int | None = None
+    adapters: tuple[tuple[str, str, bool], ...] = ()  # LoRA: (name, path, loaded now)
+    conditions: tuple[str, ...] = ()  # what is wrong now (contract reason names)
+    staging: StagingView | None = None  # weights being staged before the start (issue 14)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ on it with its own, current state, or drops it when that process is gone.
 * ``watch_progress``: a booting engine that neither answers nor logs for ``start_stall_s`` is
   stuck -> ``Unusable``.
 * ``scrape``: request figures every ``scrape_interval_s`` -> ``Figures``.
+* ``watch_health``: once ready, a probe every ``health_interval_s`` -> ``Health`` (answered,
+  the engine's word on sleep, misses in a row).
 """
 
 from __future__ import annotations
@@ -22,19 +24,19 @@ from engines.adapter import EngineAdapter
 from engines.client import EngineCallError
 from runtime_agent.settings import Settings
 from runtime_agent.supervision.backoff import probe_delays
-from runtime_agent.supervision.messages import Figures, Message, Ready, Unusable
+from runtime_agent.supervision.messages import Figures, Health, Message, Ready, Unusable
 
 Post = Callable[[Message], None]
 
 
 async def probe_ready(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
-                      prepare: bool) -> None:
+                      prepare: bool, asleep: bool = False) -> None:
     """Probe until the engine answers; a started engine is then prepared unless it is meant
     to sleep; then its own word on sleep decides."""
     s = settings
     for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
         await asyncio.sleep(delay)
-        if await adapter.healthy(s.probe_timeout_s):
+        if await adapter.healthy(s.probe_timeout_s, asleep):
             break
     if prepare:
         try:
@@ -72,3 +74,21 @@ async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: in
         if figures is not None:
             post(Figures(gen, figures))
         await asyncio.sleep(settings.scrape_interval_s)
+
+
+async def watch_health(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
+                       asleep: Callable[[], bool], busy: Callable[[], bool]) -> None:
+    """Probe a ready engine every ``health_interval_s``: its answer (or none within the probe
+    timeout) and its word on sleep -> ``Health``, with the count of misses in a row. While a
+    sleep or wake runs (``busy``), the engine's core may take its time over it, so only its
+    server's liveness is probed (its own health endpoint)."""
+    misses = 0
+    while True:
+        await asyncio.sleep(settings.health_interval_s)
+        if busy():
+            answered = await adapter.healthy(settings.probe_timeout_s, asleep())
+            sleeping: bool | None = None
+        else:
+            answered, sleeping = await adapter.probe(settings.probe_timeout_s, asleep())
+        misses = 0 if answered else misses + 1
+        post(Health(gen, answered, sleeping, misses))

@@ -56,7 +56,8 @@ class Tier:
         return self.agents[-1]
 
     def new_agent(self, port_block: tuple[int, int] | None = None) -> AgentProcess:
-        agent = AgentProcess(self.state_dir, extra_args=AGENT_ARGS)
+        agent = AgentProcess(self.state_dir, extra_args=[
+            *AGENT_ARGS, "--artifact-local-root", str(self.model_dir)])
         if port_block is not None:  # the same engine port block as the agent it replaces
             agent.port_low, agent.port_high = port_block
         self.agents.append(agent)

@@ -1,0 +1,125 @@
+"""``GET /openapi.json``: the agent's API described from the same pydantic models it runs on.
+
+Request bodies come from ``runtime_agent.api.models`` (the models the handlers validate with)
+and answers from ``runtime_agent.api.schemas``, so the description cannot drift from the code.
+The test suite fuzzes the live agent from this document (schemathesis).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
+from pydantic.json_schema import models_json_schema
+
+from runtime_agent import __version__
+from runtime_agent.api import models as req
+from runtime_agent.api import schemas as ans
+
+_REF = "#/components/schemas/{model}"
+_ERRORS_POST = (400, 404, 409, 413, 422, 502, 503)
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    summary: str
+    body: type[BaseModel] | tuple[type[BaseModel], ...] | None
+    answer: type[BaseModel] | None  # None: not JSON (the metrics text)
+    errors: tuple[int, ...] = ()
+    query: tuple[tuple[str, str, int], ...] = ()  # (name, description, maximum): integers
+    tags: tuple[str, ...] = field(default=("runtime",))
+
+
+ROUTES = (
+    Route("get", "/healthz", "the agent process answers", None, ans.Health, tags=("health",)),
+    Route("get", "/ready", "registry read and engines taken over", None, ans.Readiness,
+          (503,), tags=("health",)),
+    Route("post", "/v1/runtime/models/activate", "start an engine for a model",
+          req.ActivateRequest, ans.ActivateAnswer, _ERRORS_POST),
+    Route("post", "/v1/runtime/models/deactivate", "stop a model's engine",
+          req.DeactivateRequest, ans.OperationAnswer, _ERRORS_POST),
+    Route("post", "/v1/runtime/models/sleep", "put a model to sleep", req.SleepRequest,
+          ans.OperationAnswer, _ERRORS_POST),
+    Route("post", "/v1/runtime/models/wake", "wake a model", req.WakeRequest,
+          ans.OperationAnswer, _ERRORS_POST),
+    Route("post", "/v1/runtime/models/kv-limit", "set a model's KV-cache limit",
+          req.KvLimitRequest, ans.OperationAnswer, _ERRORS_POST),
+    Route("get", "/v1/runtime/models", "every engine, short", None, ans.ModelList),
+    Route("get", "/v1/runtime/snapshot", "every engine and card, as the controller reads it",
+          None, ans.Snapshot),
+    Route("get", "/v1/runtime/events", "engine events after a cursor (long-poll with wait)",
+          None, ans.Events, (400,), (("since", "the last seq seen", 2**62),
+                                     ("wait", "seconds to wait for a new event", 60))),
+    Route("get", "/v1/models", "served models and LoRA adapters (OpenAI's format)", None,
+          ans.ServedModels, tags=("openai",)),
+    Route("post", "/v1/lora_adapter/load", "load a LoRA adapter into an engine",
+          (req.LoadLoraAdapterRuntimeRequest, req.LoadLoraAdapterRequest), ans.OperationAnswer,
+          _ERRORS_POST, tags=("lora",)),
+    Route("post", "/v1/lora_adapter/unload", "unload a LoRA adapter",
+          (req.UnloadLoraAdapterRuntimeRequest, req.UnloadLoraAdapterRequest),
+          ans.OperationAnswer, _ERRORS_POST, tags=("lora",)),
+    Route("get", "/metrics", "Prometheus metrics", None, None, tags=("health",)),
+)
+
+
+def _all_models() -> list[type[BaseModel]]:
+    found: dict[str, type[BaseModel]] = {m.__name__: m for m in (ans.ErrorAnswer,)}
+    for route in ROUTES:
+        bodies = route.body if isinstance(route.body, tuple) else (route.body,)
+        for model in (*bodies, route.answer):
+            if model is not None:
+                found[model.__name__] = model
+    return list(found.values())
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _operation(route: Route) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": route.summary, "tags": list(route.tags),
+                          "operationId": route.method + route.path.replace("/", "_")
+                          .replace("-", "_")}
+    if route.body is not None:
+        bodies = route.body if isinstance(route.body, tuple) else (route.body,)
+        schema = _ref(bodies[0]) if len(bodies) == 1 else {"anyOf": [_ref(b) for b in bodies]}
+        op["requestBody"] = {"required": True,
+                             "content": {"application/json": {"schema": schema}}}
+    if route.query:
+        op["parameters"] = [{"name": name, "in": "query", "required": False,
+                             "description": text,
+                             "schema": {"type": "integer", "minimum": 0, "maximum": top}}
+                            for name, text, top in route.query]
+    if route.answer is None:
+        ok: dict[str, Any] = {"description": "the exposition",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}
+    else:
+        ok = {"description": "done",
+              "content": {"application/json": {"schema": _ref(route.answer)}}}
+    op["responses"] = {"200": ok}
+    for status in route.errors:
+        op["responses"][str(status)] = {
+            "description": "refused; the message says what to fix",
+            "content": {"application/json": {"schema": _ref(ans.ErrorAnswer)}}}
+    return op
+
+
+def openapi_document() -> dict[str, Any]:
+    _, defs = models_json_schema([(m, "validation") for m in _all_models()],
+                                 ref_template=_REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        paths.setdefault(route.path, {})[route.method] = _operation(route)
+    return {"openapi": "3.1.0",
+            "info": {"title": "warm-pool runtime agent", "version": __version__,
+                     "description": "Supervises vLLM, SGLang and Ollama engines on a GPU node; a "
+                     "superset of the AIBrix runtime sidecar's API."},
+            "paths": paths, "components": {"schemas": defs.get("$defs", {})}}
+
+
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """One request model's JSON Schema (for tests and tools)."""
+    return TypeAdapter(model).json_schema()

@@ -1,0 +1,101 @@
+"""The AIBrix runtime sidecar's other routes: readiness, the served models, LoRA adapters.
+
+``GET /ready`` answers 200 once the registry was read and every engine the previous agent left
+was re-adopted (or found gone); ``GET /v1/models`` lists every served model and adapter across
+this agent's engines in OpenAI's format; ``POST /v1/lora_adapter/load`` and ``/unload`` take the
+sidecar's bodies (direct: ``lora_name`` + ``lora_path``; delegated: ``lora_name`` +
+``artifact_url``), plus an optional ``model_name`` to pick the engine, since this agent runs many.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from pydantic import TypeAdapter
+
+from contract.engines import HF_SCHEMES
+from contract.phases import Phase
+from runtime_agent.api.context import AGENT_KEY
+from runtime_agent.api.errors import BadRequest, parse_as
+from runtime_agent.api.models import (
+    LoadLoraAdapterRequest,
+    LoadLoraAdapterRuntimeRequest,
+    UnloadLoraAdapterRequest,
+    UnloadLoraAdapterRuntimeRequest,
+)
+from runtime_agent.api.replies import reply
+from runtime_agent.artifacts.urls import local_path_problem
+from runtime_agent.supervision.messages import LoadAdapter, UnloadAdapter
+
+# The sidecar's own unions: a body with artifact_url is delegated; for an unload, a plain
+# {"lora_name"} matches both and the first (delegated) wins, as FastAPI's smart union picks it.
+_LOAD = TypeAdapter(LoadLoraAdapterRuntimeRequest | LoadLoraAdapterRequest)
+_UNLOAD = TypeAdapter(UnloadLoraAdapterRuntimeRequest | UnloadLoraAdapterRequest)
+_SERVING = (Phase.ACTIVE, Phase.SLEEPING, Phase.BOOTING)
+
+
+async def ready(request: web.Request) -> web.Response:
+    agent = request.app[AGENT_KEY]
+    why = agent.not_ready_reason()
+    if why is not None:
+        return web.json_response({"status": "not ready", "reason": why}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def served_models(request: web.Request) -> web.Response:
+    """OpenAI's ``GET /v1/models``: each engine's model and its LoRA adapters (``parent``)."""
+    data: list[dict[str, Any]] = []
+    for view in sorted(request.app[AGENT_KEY].pool.views(), key=lambda v: v.spec.model_name):
+        if view.phase not in _SERVING:
+            continue
+        created = int(view.created_at)
+        data.append({"id": view.spec.model_name, "object": "model", "created": created,
+                     "owned_by": view.spec.engine, "root": view.spec.artifact_url,
+                     "parent": None, "max_model_len": view.context_length,
+                     "ready": view.ready, "phase": view.phase.value})
+        data += [{"id": name, "object": "model", "created": created,
+                  "owned_by": view.spec.engine, "root": path, "parent": view.spec.model_name,
+                  "max_model_len": None, "ready": view.ready and loaded,
+                  "phase": view.phase.value}
+                 for name, path, loaded in view.adapters]
+    return web.json_response({"object": "list", "data": data})
+
+
+def adapter_path(url: str) -> str:
+    """Where an engine loads an adapter named by URL: a repo id or a local directory."""
+    for scheme in HF_SCHEMES:
+        if url.startswith(scheme):
+            return url[len(scheme):]
+    if url.startswith("file://"):
+        return url[len("file://"):]
+    scheme = url.split("://", 1)[0] if "://" in url else "a local path"
+    raise BadRequest(f"artifact_url scheme {scheme!r} is not supported for adapters; use "
+                     "hf://org/name, huggingface://org/name or file:///path")
+
+
+async def load_adapter(request: web.Request) -> web.Response:
+    req = await parse_as(request, _LOAD)
+    if isinstance(req, LoadLoraAdapterRuntimeRequest):
+        intent = LoadAdapter(req.lora_name, adapter_path(req.artifact_url), req.artifact_url)
+    else:
+        intent = LoadAdapter(req.lora_name, req.lora_path)
+    if intent.path.startswith(("/", ".")):  # a local adapter: only inside the operator's roots
+        roots = request.app[AGENT_KEY].settings.artifact_local_roots
+        found = local_path_problem(intent.path, roots)
+        if found is not None and found[0] == 403:
+            raise BadRequest(found[1], 403)
+    return reply(await request.app[AGENT_KEY].pool.load_adapter(req.model_name, intent))
+
+
+async def unload_adapter(request: web.Request) -> web.Response:
+    req = await parse_as(request, _UNLOAD)
+    return reply(await request.app[AGENT_KEY].pool.unload_adapter(
+        req.model_name, UnloadAdapter(req.lora_name)))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/v1/models", served_models)
+    app.router.add_post("/v1/lora_adapter/load", load_adapter)
+    app.router.add_post("/v1/lora_adapter/unload", unload_adapter)

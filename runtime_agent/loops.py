@@ -1,0 +1,59 @@
+"""Background loops that survive: a loop that fails is logged once per interval and restarted.
+
+The agent's watchers (KV holding, health probes, scrapes, memory sampling, log trimming) run for
+an engine's whole life. A transient error (file descriptors exhausted for a few seconds, a peer
+that resets, memory pressure) must not end one for good, nor fill the log with one line per
+retry: ``keep_running`` restarts the loop after a growing pause, and ``Throttled`` logs a
+repeated error once per interval with the count of the ones it held back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+
+class Throttled:
+    """Log one message per key at most every ``interval_s``; say how many were held back."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        self._interval = interval_s
+        self._clock = clock
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def warning(self, key: str, message: str, *args: object) -> bool:
+        """Log it (True) unless the same key was logged within the interval (False)."""
+        now = self._clock()
+        last, held = self._last.get(key, (float("-inf"), 0))
+        if now - last < self._interval:
+            self._last[key] = (last, held + 1)
+            return False
+        suffix = f" ({held} more like it since the last report)" if held else ""
+        self._log.warning(message + suffix, *args)
+        self._last[key] = (now, 0)
+        return True
+
+
+async def keep_running(name: str, loop: Callable[[], Awaitable[None]], throttled: Throttled,
+                       first_pause_s: float = 0.1, max_pause_s: float = 5.0) -> None:
+    """Run ``loop()`` until it returns or is cancelled; after an error, log (throttled), wait
+    a growing pause and run it again. The pause starts over after a run that lasted a while."""
+    pause = first_pause_s
+    while True:
+        started = time.monotonic()
+        try:
+            await loop()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure: log it and start again
+            throttled.warning(name, "%s failed (%s: %s); restarting it", name,
+                              type(exc).__name__, exc)
+        if time.monotonic() - started > 10 * max_pause_s:
+            pause = first_pause_s
+        await asyncio.sleep(pause)
+        pause = min(max_pause_s, pause * 2)

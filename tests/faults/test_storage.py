@@ -1,0 +1,81 @@
+"""A full or read-only state directory, injected with a small tmpfs: the agent keeps control of
+its engines, says what is wrong, and refuses only what it could not remember."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runtime_agent.client import AgentError
+from tests.artifact_peers import tmpfs
+from tests.harness import AgentProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of the tmpfs: the next record write gets ENOSPC."""
+    filler = disk / "filler"
+    with filler.open("wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * (1 << 20))
+                out.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_state_directory_costs_no_control(agent_factory, tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        agent: AgentProcess = agent_factory(state_dir=disk / "state")
+        first = agent.activate_sim("m1")
+        agent.wait_phase("m1", "active")
+        filler = fill(disk)
+        os.kill(first["pid"], signal.SIGKILL)  # its record cannot be written after this crash
+        snap = agent.wait_for(lambda s: agent.model(s, "m1")["phase"] == "active"
+                              and agent.model(s, "m1")["pid"] != first["pid"], timeout_s=20,
+                              what="restarted on a full disk")
+        assert "StorageUnavailable" in agent.model(snap, "m1")["conditions"]
+        health = agent.client.health()
+        assert health["status"] == "degraded" and "StorageUnavailable" in str(health)
+        with pytest.raises(AgentError) as err:
+            agent.activate_sim("m2")
+        assert err.value.status == 503 and "state directory" in str(err.value)
+        with pytest.raises(AgentError) as err:
+            agent.client.sleep("m1")
+        assert err.value.status == 503
+        second = agent.model(snap, "m1")["pid"]
+        assert agent.client.deactivate("m1")["phase"] == "stopped"  # an unlink still works
+        assert wait_until(lambda: not psutil.pid_exists(second), 10)
+        filler.unlink()
+        agent.activate_sim("m2")
+        agent.wait_phase("m2", "active")
+        assert agent.client.health()["status"] == "ok"
+
+
+def test_a_read_only_state_directory_refuses_a_stop_it_could_not_remember(
+        agent_factory, tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "disk", "8m") as disk:
+        agent: AgentProcess = agent_factory(state_dir=disk / "state")
+        first = agent.activate_sim("m1")
+        agent.wait_phase("m1", "active")
+        records = disk / "state" / "engines"  # read-only from here on: a bind mount over it
+        subprocess.run(["mount", "--bind", str(records), str(records)], check=True)
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(records)], check=True)
+        try:
+            with pytest.raises(AgentError) as err:
+                agent.client.deactivate("m1")
+            assert err.value.status == 503 and "cannot be written" in str(err.value)
+            assert psutil.pid_exists(first["pid"])  # untouched: a restarted agent would
+            # find its record and start it again, so the agent does not stop it
+            model = agent.model(agent.client.snapshot(), "m1")
+            assert model["phase"] == "active" and "StorageUnavailable" in model["conditions"]
+        finally:
+            subprocess.run(["umount", str(records)], check=True)
+        assert agent.client.deactivate("m1")["phase"] == "stopped"

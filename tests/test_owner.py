@@ -1,0 +1,412 @@
+"""The engine owner tested directly: a real owner over a recording launcher, adapter and store.
+
+No process and no socket: each test drives the owner's inbox through the fakes and asserts what
+it did (signals, calls, records, events) and what it answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from contract.phases import Phase
+from engines.process import SpawnError
+from runtime_agent.supervision.messages import (
+    Ready,
+    SetKvLimit,
+    Sleep,
+    StartMode,
+    Stop,
+    Unusable,
+    Wake,
+)
+from runtime_agent.supervision.outcomes import (
+    Done,
+    EngineFailed,
+    NotFound,
+    Refusal,
+    Refused,
+)
+from tests.owner_fakes import OwnerRig, fast_settings, make_record
+
+pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
+
+
+@pytest.fixture
+async def rig(tmp_path: Path):
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(0.01, 0.02, 0.03)))
+    yield rig
+    await rig.close()
+
+
+async def active(rig: OwnerRig) -> None:
+    rig.start()
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE,
+                    "active")
+
+
+# ---- starting -------------------------------------------------------------------------------
+
+
+async def test_the_record_is_durable_before_the_process_starts(rig: OwnerRig) -> None:
+    saves_at_spawn: list[int] = []
+    spawn = rig.launcher.spawn
+
+    async def spying(*args, **kwargs):  # type: ignore[no-untyped-def]
+        saves_at_spawn.append(rig.store.saves)
+        return await spawn(*args, **kwargs)
+
+    rig.launcher.spawn = spying  # type: ignore[method-assign]
+    await active(rig)
+    assert saves_at_spawn[0] >= 1
+    await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.ACTIVE,
+                    "the active phase on disk")
+
+
+async def test_a_ready_engine_is_active_and_ready(rig: OwnerRig) -> None:
+    await active(rig)
+    assert rig.owner is not None
+    view = rig.owner.view
+    assert view.ready and view.alive and view.pid == rig.launcher.last.pid
+    assert [e.dst for e in rig.events][:2] == ["booting", "active"]
+
+
+async def test_an_engine_that_cannot_be_spawned_fails_with_the_reason(rig: OwnerRig) -> None:
+    rig.launcher.fail_with = SpawnError("no such executable: vllm")
+    owner = rig.start()
+    assert await asyncio.wait_for(owner.spawned, 5) == "cannot start engine: no such executable: vllm"
+    assert owner.view.phase is Phase.FAILED and "StartFailed" in rig.reasons()
+
+
+# ---- crashes and restarts -----------------------------------------------------------------
+
+
+async def test_a_crash_restarts_after_the_backoff_and_counts(rig: OwnerRig) -> None:
+    await active(rig)
+    first = rig.launcher.last
+    first.exit(code=3)
+    await rig.until(lambda: len(rig.launcher.spawned) == 2 and rig.owner is not None
+                    and rig.owner.view.phase is Phase.ACTIVE, "restarted")
+    assert rig.owner is not None
+    assert rig.owner.view.restart_count == 1
+    assert "exited with code 3" in (rig.owner.view.last_error or "")
+    assert ["booting", "active", "restarting", "booting", "active"] == [
+        e.dst for e in rig.events if e.src != e.dst]
+
+
+async def test_the_restart_budget_ends_in_failed_with_the_last_error(rig: OwnerRig) -> None:
+    await active(rig)
+    for n in range(4):  # three restarts, then the budget of three is spent
+        await rig.until(lambda: len(rig.launcher.spawned) == n + 1, f"process {n + 1}")
+        rig.launcher.last.exit(code=7)
+    assert rig.owner is not None
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.FAILED,
+                    "failed")
+    assert len(rig.launcher.spawned) == 4
+    assert rig.owner.view.last_error is not None and "code 7" in rig.owner.view.last_error
+    assert "RestartBudgetExhausted" in rig.reasons()
+
+
+async def test_an_unusable_engine_has_its_group_killed_and_is_restarted(rig: OwnerRig) -> None:
+    await active(rig)
+    assert rig.owner is not None
+    proc = rig.launcher.last
+    rig.owner._inbox.put_nowait(Unusable(rig.owner._gen, "stuck"))
+    await rig.until(lambda: len(rig.launcher.spawned) == 2, "restart")
+    assert proc.calls == ["signal_group:SIGKILL"]
+    assert (rig.owner.view.last_error or "").startswith("stuck (then killed by signal SIGKILL)")
+
+
+async def test_news_from_a_dead_process_is_dropped(rig: OwnerRig) -> None:
+    await active(rig)
+    assert rig.owner is not None
+    old_gen = rig.owner._gen
+    rig.adapter.healthy_answer = False  # the new process never answers
+    rig.launcher.last.exit(code=1)
+    await rig.until(lambda: len(rig.launcher.spawned) == 2, "restart")
+    rig.owner._inbox.put_nowait(Ready(old_gen, False))  # a late answer about the old one
+    await asyncio.sleep(0.05)
+    assert rig.owner.view.phase is Phase.BOOTING and not rig.owner.view.ready
+
+
+# ---- stopping -------------------------------------------------------------------------------
+
+
+async def test_a_stop_terminates_with_grace_and_forgets_the_engine(rig: OwnerRig) -> None:
+    await active(rig)
+    proc = rig.launcher.last
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.phase is Phase.STOPPED
+    assert proc.calls == ["stop:10"]  # SIGTERM, the grace, then SIGKILL: EngineProcess.stop
+    assert rig.store.records == {}
+    assert rig.owner is not None and rig.owner.view.phase is Phase.STOPPED
+
+
+async def test_a_stop_answers_a_sleep_in_flight_and_later_callers(rig: OwnerRig) -> None:
+    rig.adapter.hold = asyncio.Event()
+    await active(rig)
+    assert rig.owner is not None
+    sleeping = asyncio.ensure_future(rig.ask(Sleep(1)))
+    await rig.until(lambda: "sleep:1" in rig.adapter.calls, "sleep sent")
+    stopped = await rig.ask(Stop())
+    slept = await sleeping
+    assert isinstance(stopped, Done)
+    assert isinstance(slept, Refused) and slept.kind is Refusal.CONFLICT
+    assert isinstance(await rig.owner.request(Wake()), NotFound)
+
+
+async def test_a_stop_during_the_backoff_cancels_the_restart(rig: OwnerRig) -> None:
+    rig.settings = fast_settings(rig.settings.state_dir.parent, restart_delays=(30,))
+    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "settings": rig.settings})
+    await active(rig)
+    rig.launcher.last.exit(code=1)
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.RESTARTING,
+                    "restarting")
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.details["message"] == "no process was running"
+    await asyncio.sleep(0.05)
+    assert len(rig.launcher.spawned) == 1
+
+
+# ---- sleep and wake -----------------------------------------------------------------------
+
+
+async def test_sleep_then_sleep_again_changes_nothing_the_second_time(rig: OwnerRig) -> None:
+    await active(rig)
+    first = await rig.ask(Sleep(1, "op-1"))
+    again = await rig.ask(Sleep(1))
+    replay = await rig.ask(Sleep(1, "op-1"))
+    assert isinstance(first, Done) and first.changed and first.phase is Phase.SLEEPING
+    assert isinstance(again, Done) and not again.changed
+    assert isinstance(replay, Done) and not replay.changed
+    assert rig.adapter.calls.count("sleep:1") == 1
+
+
+async def test_a_wake_from_level_two_says_so_to_the_engine(rig: OwnerRig) -> None:
+    await active(rig)
+    await rig.ask(Sleep(2))
+    woke = await rig.ask(Wake("w"))
+    assert isinstance(woke, Done) and woke.phase is Phase.ACTIVE
+    assert [c for c in rig.adapter.calls if c.startswith(("sleep", "wake"))] == ["sleep:2",
+                                                                                 "wake:2"]
+
+
+async def test_a_failed_wake_leaves_the_engine_asleep_and_says_why(rig: OwnerRig) -> None:
+    await active(rig)
+    await rig.ask(Sleep(1))
+    rig.adapter.wake_error = "POST /wake_up answered 500"
+    outcome = await rig.ask(Wake())
+    assert isinstance(outcome, EngineFailed) and outcome.phase is Phase.SLEEPING
+    assert "500" in outcome.message and "WakeFailed" in rig.reasons()
+
+
+async def test_a_second_sleep_waits_for_the_first_and_changes_nothing(rig: OwnerRig) -> None:
+    rig.adapter.call_takes_s = 0.05
+    await active(rig)
+    first, second = await asyncio.gather(rig.ask(Sleep(1)), rig.ask(Sleep(1)))
+    assert isinstance(first, Done) and first.changed
+    assert isinstance(second, Done) and not second.changed
+
+
+async def test_a_restarted_engine_that_was_asleep_goes_back_to_sleep(rig: OwnerRig) -> None:
+    await active(rig)
+    await rig.ask(Sleep(2))
+    rig.adapter.sleeping = False  # a new process starts awake
+    rig.launcher.last.exit(code=1)
+    await rig.until(lambda: len(rig.launcher.spawned) == 2 and rig.owner is not None
+                    and rig.owner.view.phase is Phase.SLEEPING, "asleep again")
+    assert rig.adapter.calls.count("sleep:2") == 2
+
+
+async def test_an_engine_that_is_not_up_cannot_sleep(rig: OwnerRig) -> None:
+    rig.adapter.healthy_answer = False
+    rig.start()
+    outcome = await rig.ask(Sleep(1))
+    assert isinstance(outcome, Refused) and outcome.kind is Refusal.CONFLICT
+    assert "booting" in outcome.message
+
+
+# ---- re-adoption ----------------------------------------------------------------------------
+
+
+async def test_an_adopted_engine_is_taken_at_its_own_word_on_sleep(rig: OwnerRig) -> None:
+    running = await rig.launcher.spawn(["x"], {}, Path("/dev/null"))
+    rig.adapter.sleeping = True
+    record = make_record(pid=running.pid, pid_start_time=running.start_time,
+                         phase=Phase.ACTIVE, desired="awake")
+    owner = rig.start(record, StartMode.ADOPT, running.pid)
+    assert owner.view.adopted
+    await rig.until(lambda: owner.view.phase is Phase.SLEEPING, "sleeping")
+    assert owner.record.desired == "asleep" and len(rig.launcher.spawned) == 1
+
+
+async def test_an_engine_gone_before_adoption_is_restarted_at_once(rig: OwnerRig) -> None:
+    record = make_record(pid=999, pid_start_time=5, phase=Phase.ACTIVE)
+    owner = rig.start(record, StartMode.ADOPT, 999)
+    await rig.until(lambda: len(rig.launcher.spawned) == 1
+                    and owner.view.phase is Phase.ACTIVE, "restarted")
+    assert owner.view.restart_count == 1 and not owner.view.adopted
+
+
+# ---- KV limits --------------------------------------------------------------------------------
+
+
+async def test_a_kv_limit_before_the_segment_exists_is_recorded_not_in_force(
+        rig: OwnerRig) -> None:
+    await active(rig)
+    outcome = await rig.ask(SetKvLimit(1 << 30, "kv-1"))
+    assert isinstance(outcome, Done) and outcome.changed
+    assert outcome.details["in_force"] is False
+    assert next(iter(rig.store.records.values())).kv_limit_bytes == 1 << 30
+
+
+# ---- faults: hung engines, what the engine says, storage, ports, budgets ---------------------
+
+import errno  # noqa: E402
+
+from engines.process import ExitInfo  # noqa: E402
+from registry.record import InFlight  # noqa: E402
+
+
+@pytest.fixture
+async def probed(tmp_path: Path):
+    settings = fast_settings(tmp_path, restart_delays=(0.01, 0.02, 0.03), health_interval_s=0.01,
+                             probe_timeout_s=0.01, unresponsive_after=3,
+                             unresponsive_grace_s=0.1, budget_reset_s=3600)
+    rig = OwnerRig(tmp_path, settings)
+    yield rig
+    await rig.close()
+
+
+async def test_an_engine_that_stops_answering_is_not_ready_then_killed_and_restarted(
+        probed: OwnerRig) -> None:
+    await active(probed)
+    assert probed.owner is not None
+    stuck = probed.launcher.last
+    probed.adapter.probe_hangs = True  # SIGSTOP, a deadlock: no answer
+    await probed.until(lambda: "EngineUnresponsive" in probed.reasons(), "unresponsive")
+    assert not probed.owner.view.ready and "EngineUnresponsive" in probed.owner.view.conditions
+    await probed.until(lambda: "signal_group:SIGKILL" in stuck.calls, "killed after the grace")
+    probed.adapter.probe_hangs = False  # the next process answers
+    await probed.until(lambda: len(probed.launcher.spawned) == 2, "restarted")
+    assert "unresponsive" in (probed.owner.view.last_error or "")
+
+
+async def test_the_phase_follows_what_the_engine_says_about_sleep(probed: OwnerRig) -> None:
+    await active(probed)
+    assert probed.owner is not None
+    probed.adapter.sleeping = True  # asleep by someone else's hand, or by a lost call
+    await probed.until(lambda: probed.owner is not None
+                       and probed.owner.view.phase is Phase.SLEEPING, "observed asleep")
+    assert "Observed" in probed.reasons()
+
+
+async def test_a_sleep_cut_short_by_an_agent_restart_is_resolved_by_asking_the_engine(
+        probed: OwnerRig) -> None:
+    running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
+    probed.adapter.sleeping = True  # the sleep went through after the old agent died
+    record = make_record(pid=running.pid, pid_start_time=running.start_time, phase=Phase.ACTIVE,
+                         desired="awake", operation=InFlight(action="sleep", level=1))
+    owner = probed.start(record, StartMode.ADOPT, running.pid)
+    await probed.until(lambda: owner.record.operation is None, "resolved")
+    assert owner.view.phase is Phase.SLEEPING and owner.record.desired == "asleep"
+
+
+async def test_a_sleep_is_durable_before_the_engine_is_called(rig: OwnerRig) -> None:
+    rig.adapter.hold = asyncio.Event()
+    await active(rig)
+    asking = asyncio.ensure_future(rig.ask(Sleep(1)))
+    await rig.until(lambda: "sleep:1" in rig.adapter.calls, "sleep sent")
+    on_disk = next(iter(rig.store.records.values()))
+    assert on_disk.operation == InFlight(action="sleep", level=1,
+                                         started_at=on_disk.operation.started_at)  # type: ignore[union-attr]
+    rig.adapter.hold.set()
+    await asking
+    await rig.until(lambda: next(iter(rig.store.records.values())).operation is None, "cleared")
+
+
+async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
+        rig: OwnerRig) -> None:
+    await active(rig)
+    assert rig.owner is not None
+    rig.store.fail = errno.ENOSPC
+    refused = await rig.ask(Sleep(1))  # nothing written yet, so nothing known to be wrong
+    assert isinstance(refused, Done)  # the sleep's own write failed: supervised still
+    await rig.until(lambda: "StorageUnavailable" in rig.reasons(), "reported")
+    refused = await rig.ask(Wake())
+    assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE
+    assert "cannot be written" in refused.message
+    rig.launcher.last.exit(code=1)  # the owner still supervises: it restarts the engine
+    await rig.until(lambda: len(rig.launcher.spawned) == 2 and rig.owner is not None
+                    and rig.owner.view.phase is Phase.SLEEPING, "restarted, asleep again")
+    rig.store.fail = None
+    await rig.until(lambda: "StorageRecovered" in rig.reasons(), "recovered", timeout_s=20)
+    assert "StorageUnavailable" not in rig.owner.view.conditions
+
+
+async def test_a_new_engine_whose_record_cannot_be_written_never_starts(rig: OwnerRig) -> None:
+    rig.store.fail = errno.EROFS
+    owner = rig.start()
+    assert "cannot be written" in str(await asyncio.wait_for(owner.spawned, 5))
+    assert rig.launcher.spawned == [] and owner.view.phase is Phase.FAILED
+
+
+async def test_a_stop_the_disk_cannot_remember_is_refused_and_touches_nothing(
+        rig: OwnerRig) -> None:
+    await active(rig)
+    rig.store.fail = rig.store.fail_delete = errno.EROFS
+    refused = await rig.ask(Stop())
+    assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE
+    assert rig.launcher.last.calls == [] and rig.owner is not None
+    assert rig.owner.view.phase is Phase.ACTIVE
+    rig.store.fail_delete = None  # a full disk: the record can still be removed
+    stopped = await rig.ask(Stop())
+    assert isinstance(stopped, Done) and stopped.phase is Phase.STOPPED
+    assert rig.store.records == {}
+
+
+async def test_a_port_held_by_a_stranger_is_waited_for_without_spending_the_budget(
+        rig: OwnerRig) -> None:
+    rig.port_free = False
+    owner = rig.start()
+    await rig.until(lambda: "PortHeld" in rig.reasons(), "port held")
+    assert owner.view.phase is Phase.ACTIVATING and "PortHeld" in owner.view.conditions
+    rig.port_free = True
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "started once free", timeout_s=15)
+    assert owner.view.restart_count == 0 and "PortHeld" not in owner.view.conditions
+
+
+async def test_the_restart_budget_starts_again_after_a_healthy_while(tmp_path: Path) -> None:
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(0.01,),
+                                           health_interval_s=0.01, budget_reset_s=0.05))
+    try:
+        await active(rig)
+        rig.launcher.last.exit(code=1)
+        await rig.until(lambda: "RestartBudgetReset" in rig.reasons(), "forgiven")
+        assert rig.owner is not None and rig.owner.view.restart_count == 0
+        rig.launcher.last.exit(code=1)  # one more crash is restarted, not fatal
+        await rig.until(lambda: len(rig.launcher.spawned) == 3, "restarted again")
+    finally:
+        await rig.close()
+
+
+async def test_activating_a_failed_engine_again_starts_it_over(rig: OwnerRig) -> None:
+    rig.settings = fast_settings(rig.settings.state_dir.parent, restart_delays=())
+    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "settings": rig.settings})
+    await active(rig)
+    rig.launcher.last.exit(code=9)
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.FAILED,
+                    "failed")
+    from runtime_agent.supervision.messages import Revive
+
+    revived = await rig.ask(Revive())
+    assert isinstance(revived, Done) and "fresh restart budget" in revived.details["message"]
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE,
+                    "active again")
+    assert len(rig.launcher.spawned) == 2
+
+
+def test_a_process_that_outlives_sigkill_is_reported_not_waited_for() -> None:
+    assert "uninterruptible" in ExitInfo(None, None, 0.0, lingering=True).describe()
