@@ -452,3 +452,35 @@ async def test_a_door_port_in_use_stops_the_agent_with_a_clear_message(
     log = agent.log_tail()
     assert f"front door (port {port}) cannot listen" in log and "--no-door" in log
     assert "Traceback" not in log
+
+
+async def test_a_lora_adapter_loaded_on_an_engine_is_served_through_the_door(
+        tmp_path: Path, agent_factory: Callable[..., AgentProcess]) -> None:
+    adapter = tmp_path / "sql-lora"
+    adapter.mkdir()
+    door = Door(tmp_path, agent_factory(restart_delays="0.05", extra_args=[
+        *CARD, "--artifact-local-root", str(tmp_path)]))
+    try:
+        door.pool()
+        await door.start()
+        door.write("base", claim("base", **{"--enable-lora": ""}))
+        await door.phase("base", "Active")
+        status, body, _ = await door.chat("sql")
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+        assert door.http is not None
+        async with door.http.post(door.agent.url + "/v1/lora_adapter/load", json={
+                "lora_name": "sql", "lora_path": str(adapter)}) as resp:
+            assert resp.status == 200, await resp.text()
+        deadline = time.monotonic() + 10  # the door asks engines again at most once a second
+        while (answer := await door.chat("sql"))[0] == 404 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert answer[0] == 200, answer[1]
+        await door.until("the answer logged", lambda: any(
+            line["status"] == 200 for line in door.access()), 5)
+        line = [line for line in door.access() if line["status"] == 200][-1]
+        assert (line["model"], line["claim"]) == ("base", "default/base")  # counted as its claim
+        async with door.http.get(door.url + "/v1/models") as resp:
+            cards = {m["id"]: m for m in (await resp.json())["data"]}
+        assert cards["sql"]["parent"] == "base" and cards["base"]["parent"] is None
+    finally:
+        await door.close()
