@@ -7,8 +7,9 @@ Run modes:
 
 * ``run_reconciler(claims_dir, pool_file, host, port)``: standalone, against the agents the
   pool file names (``runtime-agent reconcile --claims DIR --pool FILE``).
-* ``start_embedded(agent_url, claims_dir, listen_host, listen_port)``: next to one agent in
-  the same process; the local agent is the pool (``runtime-agent serve --claims DIR``).
+* ``start_embedded(agent_url, claims_dir, listen_host, listen_port, door)``: next to one agent
+  in the same process; the local agent is the pool (``runtime-agent serve --claims DIR``), and
+  the front door (``reconciler.door``) is on by default there.
 * ``runtime-agent reconcile --kubernetes``: ``reconciler.kube.app``, the same core against the
   Kubernetes API.
 
@@ -33,6 +34,9 @@ from pathlib import Path
 from reconciler.context import Timings
 from reconciler.core import DEFAULT_PORT, Core, CoreSettings, scaled_timings
 from reconciler.desired import DesiredState
+from reconciler.door.ledger import Ledger
+from reconciler.door.service import FrontDoor
+from reconciler.door.settings import DoorSettings
 from reconciler.model.manifests import AgentRef
 from reconciler.runtime.clock import Clock
 from reconciler.runtime.sources import DirectorySource
@@ -59,6 +63,7 @@ class Settings:
     feed_wait: int = 30
     agent_token: str | None = field(default=None, repr=False)  # the agents' bearer token
     timings: Timings = field(default_factory=scaled_timings)
+    door: DoorSettings | None = None  # the front door (None: off)
 
     def core(self) -> CoreSettings:
         return CoreSettings(self.host, self.port, self.resync_interval, self.workers,
@@ -75,9 +80,12 @@ class ReconcilerApp(Core):
         status_dir = settings.status_dir or settings.claims_dir / ".status"
         desired = DesiredState(settings.claims_dir, settings.pool_file,
                                local_agent=settings.local_agent)
+        ledger = Ledger()  # the door's requests in flight: the idle check reads them
         super().__init__(settings.core(), desired, StatusStore(status_dir, wall), clock=clock,
-                         wall=wall)
+                         wall=wall, in_flight=ledger.in_flight)
         self.manifests = desired
+        self.door = FrontDoor(settings.door, self.deps, self.registry, ledger) \
+            if settings.door is not None else None
 
     async def start(self) -> None:
         await asyncio.to_thread(self.manifests.load)
@@ -93,12 +101,16 @@ class ReconcilerApp(Core):
                 clock=self.clock))
         await self.start_core()
         await self.serve_http()
+        if self.door is not None:
+            await self.door.start()
         log.info("reconciler: %d claims, %d agents, listening on %s:%d",
                  len(self.desired.claims), len(self.desired.agents()), s.host, self.port)
 
     async def stop(self) -> None:
         """Stop sources, feeds and controllers (in-flight reconciles get 10 s), then the
-        server; statuses are flushed to disk."""
+        server; statuses are flushed to disk. The door stops first: no new requests."""
+        if self.door is not None:
+            await self.door.stop()
         await self.stop_core()
         await self.stop_http()
         await self.store.stop()
@@ -113,11 +125,14 @@ def local_agent(agent_url: str, name: str | None = None) -> AgentRef:
 
 async def start_embedded(agent_url: str, claims_dir: Path | str, listen_host: str = "127.0.0.1",
                          listen_port: int = DEFAULT_PORT,
-                         agent_token: str | None = None) -> ReconcilerApp:
-    """Start a reconciler whose pool is the one agent at ``agent_url``; ``await
-    handle.stop()`` stops it. The agent may still be starting: the reconciler waits for it."""
+                         agent_token: str | None = None,
+                         door: DoorSettings | None = None) -> ReconcilerApp:
+    """Start a reconciler whose pool is the one agent at ``agent_url`` (and its front door,
+    with ``door``); ``await handle.stop()`` stops it. The agent may still be starting: the
+    reconciler waits for it."""
     app = ReconcilerApp(Settings(Path(claims_dir), host=listen_host, port=listen_port,
-                                 local_agent=local_agent(agent_url), agent_token=agent_token))
+                                 local_agent=local_agent(agent_url), agent_token=agent_token,
+                                 door=door))
     await app.start()
     return app
 
@@ -137,8 +152,9 @@ async def serve_until_signalled(settings: Settings) -> None:
 
 
 def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: str = "0.0.0.0",
-                   port: int = DEFAULT_PORT, agent_token: str | None = None) -> None:
+                   port: int = DEFAULT_PORT, agent_token: str | None = None,
+                   door: DoorSettings | None = None) -> None:
     """Blocking: reconcile ``claims_dir`` against the agents of ``pool_file`` until SIGTERM."""
     asyncio.run(serve_until_signalled(Settings(
         Path(claims_dir), Path(pool_file) if pool_file else None, host, port,
-        agent_token=agent_token)))
+        agent_token=agent_token, door=door)))

@@ -2,14 +2,16 @@
 
 ``add_commands(subparsers)`` adds:
 
-* ``reconcile --claims DIR --pool FILE [--host H] [--port P]``: run the reconciler standalone
-  against the agents the pool file names;
+* ``reconcile --claims DIR --pool FILE [--host H] [--port P] [--door-port P]``: run the
+  reconciler standalone against the agents the pool file names (with a front door when
+  ``--door-port`` is given);
 * ``claims get [NAME] [--url URL] [-o table|json]``: the guide's table (NAME, PHASE, DESIRED,
   READY, ENGINE, ARTIFACT, AGE) from a reconciler's ``/v1/claims``;
 * ``claims describe NAME [-n NAMESPACE] [--url URL]``: a claim's conditions, instance, route and
   events.
 
-``add_serve_options(parser)`` adds ``--claims DIR`` and ``--claims-port`` to ``serve``, and
+``add_serve_options(parser)`` adds ``--claims DIR``, ``--claims-port`` and the front door's
+options (``--door-port``, on by default, or ``--no-door``) to ``serve``, and
 ``serve_with_claims`` runs the agent's main coroutine with an embedded reconciler beside it.
 """
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
+from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
@@ -65,6 +68,7 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--host", default="0.0.0.0")
     r.add_argument("--port", type=int, default=DEFAULT_PORT)
     r.add_argument("--log-level", default="info")
+    _door_options(r, None)
     r.set_defaults(func=_reconcile)
     c = sub.add_parser("claims", help="show ModelClaims of a reconciler")
     csub = c.add_subparsers(dest="claims_command", required=True)
@@ -82,24 +86,65 @@ def add_commands(sub: Any) -> None:
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
-    """``serve --claims DIR [--claims-port P]``: reconcile DIR with this agent as the pool."""
+    """``serve --claims DIR [--claims-port P] [--door-port P | --no-door] [door options]``:
+    reconcile DIR with this agent as the pool, with the front door on by default."""
     parser.add_argument("--claims", help="run the ModelClaim reconciler for this directory "
                         "beside the agent, with the agent as its pool")
     parser.add_argument("--claims-port", type=int, default=DEFAULT_PORT,
                         help="port of the embedded reconciler's API")
+    _door_options(parser, DEFAULT_DOOR_PORT)
+    parser.add_argument("--no-door", action="store_true",
+                        help="no front door beside the embedded reconciler (engines then "
+                        "listen on 0.0.0.0 unless --engine-host says otherwise)")
+
+
+def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
+    on = "on by default with --claims" if port is not None else "off unless a port is given"
+    parser.add_argument("--door-port", type=int, default=port,
+                        help=f"port of the OpenAI-compatible front door ({on}; 0: any free "
+                        "port)")
+    parser.add_argument("--door-api-keys", default=None, metavar="FILE",
+                        help="API keys for the door, one per line, each optionally followed "
+                        "by the models it may use (re-read when it changes)")
+    parser.add_argument("--door-max-held", type=int, default=DoorSettings.max_held,
+                        help="requests held per model for a wake, room or a start; more: 503")
+    parser.add_argument("--door-max-wait", type=float, default=DoorSettings.max_wait_s,
+                        help="seconds a request is held at most before a 503")
+    parser.add_argument("--door-access-log", default="-", metavar="-|off|FILE",
+                        help="the door's JSON access log: stderr (-), off, or a file")
+
+
+def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
+    """The door's settings from the command line; None when it is off."""
+    if getattr(args, "no_door", False) or args.door_port is None:
+        return None
+    if args.door_max_held < 1 or args.door_max_wait <= 0:
+        raise SystemExit("--door-max-held must be at least 1 and --door-max-wait positive")
+    return DoorSettings(host=host, port=args.door_port, max_held=args.door_max_held,
+                        max_wait_s=args.door_max_wait,
+                        api_keys=Path(args.door_api_keys) if args.door_api_keys else None,
+                        access_log=args.door_access_log)
 
 
 async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
                             claims_dir: str, listen_host: str, listen_port: int,
-                            agent_token: str | None = None) -> None:
+                            agent_token: str | None = None,
+                            door: DoorSettings | None = None) -> None:
     """Run ``agent_main`` (the agent's ``serve`` coroutine) with an embedded reconciler whose
-    pool is that agent; the reconciler stops when the agent does (its engines keep running)."""
+    pool is that agent (and its front door, with ``door``); the reconciler stops when the agent
+    does (its engines keep running)."""
     agent = asyncio.ensure_future(agent_main)
     host = "127.0.0.1" if agent_host in ("", "0.0.0.0", "::") else agent_host
     host = f"[{host}]" if ":" in host else host
     try:
         handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
-                                      listen_port, agent_token)
+                                      listen_port, agent_token, door)
+    except OSError as err:  # a port in use: say which, without a stack trace
+        agent.cancel()
+        raise SystemExit(f"runtime-agent: the embedded reconciler (port {listen_port}) or its "
+                         f"front door (port {door.port if door else '-'}) cannot listen: {err}; "
+                         "choose other ports with --claims-port / --door-port, or --no-door"
+                         ) from err
     except BaseException:
         agent.cancel()
         raise
@@ -142,7 +187,8 @@ def _reconcile(args: argparse.Namespace) -> int:
         return run_kubernetes(settings)
     if not args.claims:
         raise SystemExit("reconcile needs --claims DIR (local mode) or --kubernetes")
-    run_reconciler(args.claims, args.pool, args.host, args.port, agent_token=token)
+    run_reconciler(args.claims, args.pool, args.host, args.port, agent_token=token,
+                   door=door_settings(args, args.host))
     return 0
 
 

@@ -4,7 +4,8 @@
 desired state, the status store, the agent clients, the snapshot cache and the small books
 (idle times, reservations, route holds, wake requests). ``world`` reads every agent's snapshot
 through the cache and turns each into a planning ``Candidate``; ``kick_*`` put keys back on the
-controllers' queues (room may have appeared, a KV division is due).
+controllers' queues (room may have appeared, a KV division is due). ``in_flight`` counts the
+requests the front door (``reconciler.door``) holds or forwards per model: such a model is busy.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from reconciler.observe import (
     candidate,
 )
 from reconciler.planning.state import Candidate
-from reconciler.routes import RouteHolds, WakeBook
+from reconciler.routes import RouteHolds, WakeBook, WakeRequest
 from reconciler.runtime.clock import Clock
 from reconciler.status import (
     ACTIVATE_FAILED,
@@ -81,6 +82,8 @@ class Deps:
     timings: Timings = field(default_factory=Timings)
     kick_kv: Callable[[str], None] = lambda agent: None
     kick_claim: Callable[[ClaimKey], None] = lambda key: None
+    # requests in flight through the front door, by model: such a model is busy (never slept)
+    in_flight: Callable[[str], int] = lambda model: 0
     # Make a model's route as the books say now, before acting on it (a hold taken before a
     # sleep): True once readers see it. The HTTP route table reads the books on every request;
     # on Kubernetes the Pod's route annotation is patched first.
@@ -198,6 +201,14 @@ class Deps:
                     or ready in (WAITING_FOR_ROOM, ENGINE_FAILED, ACTIVATE_FAILED):
                 out.append(st.key)
         return sorted(out)
+
+    def ask_wake(self, model: str, key: ClaimKey) -> tuple[WakeRequest, bool]:
+        """Record a wake request for ``model`` (repeats collapse into the first) and look at its
+        claim now if it is new; (the request, whether it is new)."""
+        req, new = self.wakes.request(model, key, self.clock.now(), self.wall())
+        if new:
+            self.kick_claim(key)
+        return req, new
 
     def kick_waiting(self) -> None:
         for key in self.waiting_keys():

@@ -71,7 +71,8 @@ class Core:
     """Agents, controllers, feeds and the HTTP server around a desired state and a store."""
 
     def __init__(self, settings: CoreSettings, desired: Desired, store: StatusStore, *,
-                 clock: Clock | None = None, wall: Callable[[], float] = time.time) -> None:
+                 clock: Clock | None = None, wall: Callable[[], float] = time.time,
+                 in_flight: Callable[[str], int] = lambda model: 0) -> None:
         self.core_settings = settings
         self.clock: Clock = clock or RealClock()
         self.wall = wall
@@ -88,7 +89,8 @@ class Core:
                                    on_snapshot=tracker.observe)
         self.deps = Deps(self.clock, wall, self.desired, self.store, self._client, self.cache,
                          tracker=tracker, metrics=self.metrics, timings=settings.timings,
-                         kick_kv=self.kv_queue.add, kick_claim=self.claim_queue.add)
+                         kick_kv=self.kv_queue.add, kick_claim=self.claim_queue.add,
+                         in_flight=in_flight)
         shared = ControllerMetrics.shared(self.registry)
         self.claims = ClaimReconciler(self.deps)
         self.claim_controller: Controller[ClaimKey] = Controller(

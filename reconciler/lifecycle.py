@@ -1,9 +1,9 @@
 """Sleep and wake: idle models asleep, woken models served, room made by sleeping others.
 
 * Idle sleep (the pool's ``sleepAfterSeconds``): ``idle_to_sleep`` names the model; it is taken
-  off the route first, a fresh snapshot must still show no request running or waiting, and only
-  then is it put to sleep (level 1) -> Sleeping, event ``Sleeping``. A model that turned busy
-  stays awake and on the route.
+  off the route first, a fresh snapshot must still show no request running or waiting and the
+  front door none in flight; only then is it put to sleep (level 1) -> Sleeping, event
+  ``Sleeping``. A model that turned busy stays awake and on the route.
 * Wake requests (``WakeBook``): a sleeping claim wakes where it is when its GPUs have room for it
   (``victims`` answers []); the agent's own check may still refuse (409
   ``InsufficientGPUMemory``). With ``noWakeReserveWhileAsleep`` the idle models on those GPUs are
@@ -118,7 +118,7 @@ class Lifecycle:
                             claim.key, model)
                 return Result(requeue_after=retry_delay(0))
             fresh = (await self.d.cache.fresh(agent)).engine(model)
-            if fresh is None or fresh.phase != "active" or fresh.load is None or fresh.load > 0:
+            if fresh is None or not self._idle(fresh, model):
                 self.d.tracker.busy(agent, model, self.d.clock.now())
                 return Result(requeue_after=policy.sleep_after_seconds)
             reply = await self._call_sleep(agent, model)
@@ -136,6 +136,12 @@ class Lifecycle:
             return Result(requeue_after=retry_delay(0))
         finally:
             self.d.holds.release(model)
+
+    def _idle(self, fresh: EngineObs, model: str) -> bool:
+        """The last look before a sleep: active, no request running or waiting in the engine,
+        none in flight through the front door. No await may come between it and the sleep."""
+        return fresh.phase == "active" and fresh.load is not None and fresh.load == 0 \
+            and self.d.in_flight(model) == 0
 
     async def _call_sleep(self, agent: str, model: str) -> Reply:
         try:
@@ -158,7 +164,7 @@ class Lifecycle:
         try:
             fresh = (await self.d.cache.fresh(agent)).engine(victim) \
                 if await self.d.routes_out(victim) else None
-            if fresh is None or fresh.phase != "active" or fresh.load is None or fresh.load > 0:
+            if fresh is None or not self._idle(fresh, victim):
                 del self._settling[entry]
                 return False
             reply = await self._call_sleep(agent, victim)

@@ -78,13 +78,20 @@ class WakeBook:
 
 
 class RouteHolds:
-    """Models kept off the route while the reconciler prepares to put them to sleep."""
+    """Models kept off the route while the reconciler prepares to put them to sleep.
+    ``listen``: called after every hold and release (the front door's held requests look
+    again)."""
 
     def __init__(self) -> None:
         self._held: dict[str, int] = {}
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
 
     def hold(self, model: str) -> None:
         self._held[model] = self._held.get(model, 0) + 1
+        self._changed()
 
     def release(self, model: str) -> None:
         left = self._held.get(model, 0) - 1
@@ -92,6 +99,11 @@ class RouteHolds:
             self._held[model] = left
         else:
             self._held.pop(model, None)
+        self._changed()
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     def __contains__(self, model: object) -> bool:
         return model in self._held

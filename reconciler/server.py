@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from reconciler.context import Deps
@@ -35,20 +36,31 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"status": "error", "message": message}, status=status)
 
 
-@web.middleware
-async def _errors(request: web.Request,
-                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                  ) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _error(exc.status, f"no such endpoint: {request.method} {request.path}"
-                      if exc.status == 404 else exc.text or exc.reason)
-    except Exception as exc:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return _error(500, f"internal error ({type(exc).__name__}); see the reconciler log")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Render = Callable[[web.Request, int, str], web.Response]
+
+
+def error_middleware(render: Render) -> Middleware:
+    """Errors shaped by ``render(request, status, message)``: aiohttp's own (no such route, a
+    body too large) and any unhandled exception (500, logged), never a stack trace."""
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return render(request, exc.status, exc.text or exc.reason)
+        except Exception as exc:
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            return render(request, 500, f"internal error ({type(exc).__name__}); see the "
+                          "reconciler log")
+    return errors
+
+
+def _render(request: web.Request, status: int, message: str) -> web.Response:
+    return _error(status, f"no such endpoint: {request.method} {request.path}"
+                  if status == 404 else message)
 
 
 def _healthy(deps: Deps) -> Callable[[str], bool]:
@@ -107,9 +119,7 @@ async def wake(request: web.Request) -> web.Response:
         return web.json_response({"status": "success", "model": model,
                                   "claim": f"{key[0]}/{key[1]}", "new": False,
                                   "message": "the model serves; nothing to wake"})
-    req, new = deps.wakes.request(model, key, deps.clock.now(), deps.wall())
-    if new:
-        deps.kick_claim(key)
+    req, new = deps.ask_wake(model, key)
     return web.json_response({"status": "accepted", "model": model,
                               "claim": f"{key[0]}/{key[1]}", "new": new,
                               "requests": req.repeats + 1}, status=202)
@@ -121,7 +131,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def make_app(deps: Deps, registry: CollectorRegistry) -> web.Application:
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[error_middleware(_render)])
     app[DEPS_KEY] = deps
     app[REGISTRY_KEY] = registry
     app.router.add_get("/healthz", healthz)

@@ -51,6 +51,11 @@ class StatusStore:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the loop, synchronously) after every change of any status."""
+        self._listeners.append(listener)
 
     def where(self) -> str:
         return str(self.directory)
@@ -81,6 +86,8 @@ class StatusStore:
         self._dirty.add(key)
         self._removed.discard(key)
         self._wake.set()
+        for listener in self._listeners:
+            listener()
 
     def get(self, key: ClaimKey) -> ClaimStatus | None:
         return self._statuses.get(key)
@@ -106,6 +113,8 @@ class StatusStore:
             self._dirty.discard(key)
             self._removed.add(key)
             self._wake.set()
+            for listener in self._listeners:
+                listener()
 
     def all(self) -> Iterator[ClaimStatus]:
         return iter(sorted(self._statuses.values(), key=lambda s: s.key))

@@ -66,8 +66,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
     low, high = args.engine_ports
     return Settings(
         host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
-        port_high=high, engine_bind_host=args.engine_host, restart_delays=args.restart_delays,
-        stop_grace_s=args.stop_grace, engine_cgroups=args.engine_cgroups == "auto", probe_max_s=max(args.probe_max, 0.005),
+        port_high=high, engine_bind_host=args.engine_host or _default_engine_host(args),
+        restart_delays=args.restart_delays, engine_cgroups=args.engine_cgroups == "auto",
+        stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
         scrape_interval_s=args.scrape_interval, kv_shm_dir=Path(args.kv_shm_dir),
         kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
         gpu_backend=args.gpu, simulate_gpus=args.simulate_gpus, gpu_reserve_bytes=args.gpu_reserve,
@@ -88,6 +89,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
         hf_endpoint=env.get("HF_ENDPOINT") or None, hf_token=env.get("HF_TOKEN") or None,
         s3_endpoint_url=args.s3_endpoint_url,
     )
+
+
+def _default_engine_host(args: argparse.Namespace) -> str:
+    """Loopback when the embedded front door is the way in (``--claims`` without
+    ``--no-door``); every address otherwise."""
+    door = getattr(args, "claims", None) and not getattr(args, "no_door", False) \
+        and getattr(args, "door_port", None) is not None
+    return "127.0.0.1" if door else "0.0.0.0"
 
 
 EXIT_STATE_DIR_BUSY = 3
@@ -112,10 +121,11 @@ def _serve(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     try:
         if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
-            from reconciler.cli import serve_with_claims
+            from reconciler.cli import door_settings, serve_with_claims
 
             run_loop(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
-                                       args.host, args.claims_port, settings.api_token))
+                                       args.host, args.claims_port, settings.api_token,
+                                       door_settings(args, args.host)))
         else:
             run_loop(serve(settings))
     except StateDirBusy as exc:
@@ -246,7 +256,9 @@ def parser() -> argparse.ArgumentParser:
                    help="engine binaries: auto = real vLLM when a GPU and vllm are present, "
                    "else the simulated engine")
     s.add_argument("--engine-ports", type=_port_range, default=(20000, 20999))
-    s.add_argument("--engine-host", default="0.0.0.0", help="address engines listen on")
+    s.add_argument("--engine-host", default=None,
+                   help="address engines listen on (default 0.0.0.0; 127.0.0.1 with --claims "
+                   "and its front door, the only way in)")
     s.add_argument("--restart-delays", type=_delays, default=(2.0, 4.0, 8.0, 16.0, 32.0),
                    help="seconds before restarts 1..N (default 2,4,8,16,32)")
     s.add_argument("--stop-grace", type=float, default=10.0)

@@ -3,9 +3,10 @@
 Starts ``runtime-agent serve --claims DIR`` (simulated GPU and engines when no GPU is present;
 the embedded reconciler treats this agent as the pool) with a throw-away state directory and the
 seed's `modelclaims.yaml` plus a pool that lets idle models sleep after a few seconds. It shows
-the claims reaching Active, the agent's snapshot, a chat request served through a claim's route,
-an idle model put to sleep, a wake on request, an engine killed and restarted on its port, and
-finally the claims deleted (the reconciler stops their engines). Everything it started is
+the claims reaching Active, the agent's snapshot, a chat request served through the front door
+(the one OpenAI-compatible port), an idle model put to sleep, a request that wakes it, an engine
+killed and restarted on its port, and finally the claims deleted (the reconciler stops their
+engines). Everything it started is
 stopped at the end, unless --keep-running is given.
 """
 
@@ -83,6 +84,7 @@ def wait_until(test: Callable[[], bool], what: str, timeout_s: float = 90.0) -> 
 
 
 def chat(port: int, model: str) -> tuple[int, str]:
+    """A chat request to the front door on ``port``."""
     status, body = post(f"http://127.0.0.1:{port}/v1/chat/completions",
                         {"model": model, "max_tokens": 12,
                          "messages": [{"role": "user", "content": "Say hello."}]})
@@ -95,6 +97,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--port", type=int, default=8080, help="the agent's port")
     p.add_argument("--claims-port", type=int, default=8081, help="the reconciler's port")
+    p.add_argument("--door-port", type=int, default=8000, help="the front door's port")
     p.add_argument("--state-dir", default=None)
     p.add_argument("--keep-running", action="store_true")
     args = p.parse_args()
@@ -107,19 +110,21 @@ def main() -> int:
     agent_url = f"http://127.0.0.1:{args.port}"
     rec_url = f"http://127.0.0.1:{args.claims_port}"
     client = AgentClient(agent_url, timeout_s=60)
-    step(f"starting the agent on :{args.port} with its reconciler on :{args.claims_port} "
-         f"(state in {state_dir}, claims in {claims_dir})")
+    step(f"starting the agent on :{args.port} with its reconciler on :{args.claims_port} and "
+         f"its front door on :{args.door_port} (state in {state_dir}, claims in {claims_dir})")
     log = open(work / "agent.log", "ab")
     agent = subprocess.Popen(
         [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
          "--port", str(args.port),
          "--state-dir", str(state_dir), "--log-format", "text", "--restart-delays", "1,2,4,8,16",
          "--scrape-interval", "0.5", "--claims", str(claims_dir),
-         "--claims-port", str(args.claims_port)],
+         "--claims-port", str(args.claims_port), "--door-port", str(args.door_port)],
         cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
     try:
-        wait_until(lambda: client.health().get("status") == "ok" and bool(get(rec_url + "/healthz")),
-                   "the agent and its reconciler to answer", 30)
+        door_url = f"http://127.0.0.1:{args.door_port}"
+        wait_until(lambda: client.health().get("status") == "ok"
+                   and bool(get(rec_url + "/healthz")) and bool(get(door_url + "/healthz")),
+                   "the agent, its reconciler and its door to answer", 30)
         snap = client.snapshot()
         print(f"engines: {'simulated' if snap['agent']['simulated_engines'] else 'vLLM'}; "
               f"GPU memory: {snap['node']['gpu_backend']}")
@@ -133,24 +138,25 @@ def main() -> int:
         print()
         print(snapshot_table(client.snapshot()))
 
-        step("a chat request to qwen3-0.6b through its route")
+        step(f"a chat request to qwen3-0.6b through the front door (:{args.door_port}), which "
+             "follows the claim's route")
         routes = {r["model"]: r for r in get(rec_url + "/v1/routes")["routes"]}
         print(json.dumps(routes["qwen3-0.6b"]))
-        status, text = chat(routes["qwen3-0.6b"]["port"], "qwen3-0.6b")
+        status, text = chat(args.door_port, "qwen3-0.6b")
         print(f"HTTP {status}: {text}")
+        print("models: " + ", ".join(f"{m['id']} ({m['state']}, context {m['max_model_len']})"
+                                     for m in get(door_url + "/v1/models")["data"]))
 
         step(f"idle for {SLEEP_AFTER_S} s, both models are put to sleep")
         wait_until(lambda: {c["status"]["phase"] for c in get(rec_url + "/v1/claims")["items"]}
                    == {"Sleeping"}, "both claims Sleeping", 60)
         print(claims_table(get(rec_url + "/v1/claims")["items"]))
 
-        step("a wake request for qwen3-0.6b (what the gateway does on a request)")
-        print(post(rec_url + "/v1/routes/qwen3-0.6b/wake"))
-        wait_until(lambda: any(r["model"] == "qwen3-0.6b" and r["state"] == "active"
-                               for r in get(rec_url + "/v1/routes")["routes"]), "qwen3 awake")
-        port = next(r["port"] for r in get(rec_url + "/v1/routes")["routes"]
-                    if r["model"] == "qwen3-0.6b")
-        print(f"request after the wake: HTTP {chat(port, 'qwen3-0.6b')[0]}")
+        step("a request for the sleeping qwen3-0.6b: the door wakes it and holds the request")
+        started = time.monotonic()
+        status, text = chat(args.door_port, "qwen3-0.6b")
+        print(f"HTTP {status} after {time.monotonic() - started:.2f} s: {text}")
+        print(claims_table(get(rec_url + "/v1/claims")["items"]))
 
         step("qwen3-0.6b's engine is killed (SIGKILL); the agent restarts it on its port")
         pid = next(m["pid"] for m in client.snapshot()["models"] if m["model_name"] == "qwen3-0.6b")
@@ -165,7 +171,7 @@ def main() -> int:
             print(f"  {e['model']}: {e['from']} -> {e['to']} ({e['reason']}) {first}")
         if args.keep_running:
             step(f"running: runtime-agent snapshot --url {agent_url}; runtime-agent claims get "
-                 f"--url {rec_url} (Ctrl-C stops it and its engines)")
+                 f"--url {rec_url}; curl {door_url}/v1/models (Ctrl-C stops it and its engines)")
             try:
                 agent.wait()
             except KeyboardInterrupt:

@@ -106,7 +106,8 @@ def _free(port: int) -> bool:
 class AgentProcess:
     def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
                  ports: int = 100, extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, root: Path = ROOT) -> None:
+                 env: dict[str, str] | None = None, root: Path = ROOT,
+                 engine_host: str | None = "127.0.0.1") -> None:
         self.state_dir = state_dir
         self.root = root  # the source tree the agent runs from (a bench compares two)
         self.port = free_port()
@@ -115,6 +116,7 @@ class AgentProcess:
         self.restart_delays = restart_delays
         self.extra_args = list(extra_args)
         self.env = dict(env or {})  # over the test's own environment
+        self.engine_host = engine_host  # None: the agent's own default
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = AgentClient(self.url, timeout_s=60)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -126,7 +128,8 @@ class AgentProcess:
         argv = [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
                 "--port", str(self.port), "--state-dir", str(self.state_dir), "--engines", "sim",
                 "--engine-ports", f"{self.port_low}-{self.port_high}",
-                "--engine-host", "127.0.0.1", "--restart-delays", self.restart_delays,
+                *(["--engine-host", self.engine_host] if self.engine_host else []),
+                "--restart-delays", self.restart_delays,
                 "--stop-grace", "3", "--scrape-interval", "0.2", "--log-format", "text",
                 "--kv-shm-dir", str(self.shm_dir), "--kv-hold-interval", "0.2",
                 *self.extra_args]

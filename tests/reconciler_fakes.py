@@ -165,8 +165,12 @@ class FakeAgent:
 
 def claim_yaml(name: str, model: str | None = None, footprint: str = "6Gi",
                kv_floor: str = "1Gi", args: Mapping[str, str] | None = None,
-               pool: str = "pool-a") -> str:
-    lines = ",".join(f'\n      "{k}": "{v}"' for k, v in (args or {}).items())
+               pool: str = "pool-a", engine: str = "vllm", artifact: str | None = None) -> str:
+    """A ModelClaim manifest; engine arguments ``args`` over a 2048-token context (not for
+    Ollama, which takes no such flag)."""
+    merged = {} if engine == "ollama" else {"--max-model-len": "2048"}
+    merged.update(args or {})
+    lines = ",".join(f'\n      "{k}": "{v}"' for k, v in merged.items())
     return f"""---
 apiVersion: model.aibrix.ai/v1alpha1
 kind: ModelClaim
@@ -178,13 +182,13 @@ spec:
   podSelector:
     matchLabels:
       claim.model.aibrix.ai/pool: {pool}
-  artifactURL: huggingface://t/{model or name}
-  engine: vllm
+  artifactURL: {artifact or f"huggingface://t/{model or name}"}
+  engine: {engine}
   perGPU:
     maximumFootprint: {footprint}
     kvFloor: {kv_floor}
   engineConfig:
-    args: {{"--max-model-len": "2048"{"," if lines else ""}{lines}}}
+    args: {{{lines}}}
 """
 
 

@@ -7,7 +7,8 @@ says ``"stream": false``. An empty prompt (generate) or empty ``messages`` (chat
 (``done_reason: "load"``), or with ``"keep_alive": 0`` unloads it (``done_reason: "unload"``). Errors
 are ``{"error": "..."}``; a model that is not installed is 404 ``model 'NAME' not found``. Unknown
 routes answer gin's plain ``404 page not found``. The shapes follow Ollama's ``docs/api.md``,
-``api/types.go`` and ``server/routes.go``.
+``api/types.go`` and ``server/routes.go``. The OpenAI-compatible ``/v1/*`` routes are
+``ollama_openai``'s.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _now() -> str:
     return rfc3339(time.time(), utc=True)
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def read_body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     if not raw.strip():
         raise ApiError(400, "missing request body")
@@ -66,7 +67,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _model(body: dict[str, Any], state: OllamaState) -> str:
+def model_name(body: dict[str, Any], state: OllamaState) -> str:
     name = body.get("model") or body.get("name") or ""  # "name" is the older spelling
     if not isinstance(name, str):
         raise ApiError(400, "json: cannot unmarshal model into Go struct field of type string")
@@ -75,7 +76,7 @@ def _model(body: dict[str, Any], state: OllamaState) -> str:
     return name
 
 
-def _keep_alive(body: dict[str, Any]) -> float | None:
+def keep_alive(body: dict[str, Any]) -> float | None:
     value = body.get("keep_alive")
     if value is None:
         return None
@@ -127,7 +128,7 @@ async def _ps(request: web.Request) -> web.Response:
 async def _show(request: web.Request) -> web.Response:
     state = request.app[OLLAMA_STATE_KEY]
     try:
-        name = _model(await _body(request), state)
+        name = model_name(await read_body(request), state)
     except ApiError as exc:
         return exc.response()
     key = normalize_model_name(name)
@@ -168,7 +169,7 @@ def _finish(kind: str, name: str, done_reason: str) -> dict[str, Any]:
     return doc
 
 
-class _Generation:
+class Generation:
     """The documents of one generate/chat answer."""
 
     def __init__(self, kind: str, name: str, prompt: str, count: int, done_reason: str) -> None:
@@ -212,7 +213,7 @@ def _line(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc).encode() + b"\n"
 
 
-async def _stream(request: web.Request, out: _Generation, token_seconds: float) -> web.StreamResponse:
+async def _stream(request: web.Request, out: Generation, token_seconds: float) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
     try:
@@ -247,29 +248,29 @@ def _prompt(kind: str, body: dict[str, Any]) -> str:
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[OLLAMA_STATE_KEY]
     try:
-        body = await _body(request)
-        name = _model(body, state)
-        keep_alive = _keep_alive(body)
+        body = await read_body(request)
+        name = model_name(body, state)
+        keep_alive_s = keep_alive(body)
         prompt = _prompt(kind, body)
     except ApiError as exc:
         return exc.response()
     if not prompt:  # a load or unload request; always one JSON document
-        if keep_alive == 0:
+        if keep_alive_s == 0:
             state.unload(name)
             return web.json_response(_finish(kind, name, "unload"))
-        async with state.use(name, keep_alive):
+        async with state.use(name, keep_alive_s):
             pass
         return web.json_response(_finish(kind, name, "load"))
     num_predict = _num_predict(body)
     count = num_predict or DEFAULT_NUM_PREDICT
-    out = _Generation(kind, name, prompt, count, "length" if num_predict else "stop")
-    async with state.use(name, keep_alive) as model:
+    out = Generation(kind, name, prompt, count, "length" if num_predict else "stop")
+    async with state.use(name, keep_alive_s) as model:
         out.load_ns = int((time.monotonic() - out.started) * 1e9)
         response = await _run(request, state, model, out, body.get("stream") is not False)
     return response
 
 
-async def _run(request: web.Request, state: OllamaState, model: LoadedModel, out: _Generation,
+async def _run(request: web.Request, state: OllamaState, model: LoadedModel, out: Generation,
                stream: bool) -> web.StreamResponse:
     options = state.options
     async with state.slot(model):
@@ -328,4 +329,7 @@ def build_ollama_app(state: OllamaState) -> web.Application:
     app.router.add_post("/api/generate", _handler("generate"))
     app.router.add_post("/api/chat", _handler("chat"))
     app.router.add_get("/sim/state", _sim_state)
+    from engines.sim import ollama_openai  # it builds on this module's helpers
+
+    ollama_openai.add_routes(app)
     return app

@@ -51,7 +51,7 @@ class Job:
     include_usage: bool
 
 
-async def _read_body(request: web.Request) -> dict[str, Any]:
+async def read_body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -61,12 +61,20 @@ async def _read_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _parse_job(kind: str, body: dict[str, Any], state: EngineState) -> Job:
-    options = state.options
+def check_model(body: dict[str, Any], state: EngineState) -> None:
+    """vLLM's check of the request's ``model``: absent, a served name or a loaded adapter."""
     model = body.get("model")
-    if (model is not None and model not in options.served_model_names
+    if (model is not None and model not in state.options.served_model_names
             and model not in state.lora_adapters):
         raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+
+def _parse_job(kind: str, body: dict[str, Any], state: EngineState) -> Job:
+    options = state.options
+    if options.runner == "pooling":  # vLLM registers no completion handler for a pooling model
+        api = "Chat Completions" if kind == "chat" else "Completions"
+        raise RequestError(400, f"The model does not support {api} API", "BadRequestError")
+    check_model(body, state)
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -186,7 +194,7 @@ async def _write_events(response: web.StreamResponse, job: Job, state: EngineSta
 async def _serve(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     try:
-        job = _parse_job(kind, await _read_body(request), state)
+        job = _parse_job(kind, await read_body(request), state)
     except RequestError as exc:
         return exc.response
     out = _Completion(job, state.options.served_model_name)

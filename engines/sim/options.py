@@ -5,6 +5,8 @@ The agent launches engines with the command line real vLLM expects (``vllm serve
 exact command line unchanged, so it parses the few flags it models, ignores every other flag (and its
 value), and adds its own ``--sim-*`` knobs for tuning and fault injection. Each ``--sim-*`` flag has an
 environment fallback (``SIM_STARTUP_SECONDS`` for ``--sim-startup-seconds`` and so on); the flag wins.
+Like vLLM, ``--runner pooling`` (or the older ``--task embed``, ``--convert embed``) makes a pooling
+model: it serves ``/v1/embeddings`` (``--sim-embedding-dim`` wide) instead of completions.
 
 ``--sim-mode sglang`` serves SGLang's HTTP API instead of vLLM's (``engines.sim.sglang_api``): the model
 comes from ``--model-path`` (or ``--model``), and ``--enable-memory-saver``,
@@ -79,6 +81,8 @@ class SimOptions:
     stop_seconds: float = 0.0  # a SIGTERM ends the process this much later (a slow shutdown)
     kv_bytes_per_token: int = 64 * KIB  # Ollama: KV slab = this x context_length x num_parallel
     missing_models: tuple[str, ...] = ()  # Ollama: normalised names that answer "not found"
+    runner: str = "generate"  # vLLM's --runner: "pooling" serves /v1/embeddings instead of completions
+    embedding_dim: int = 384  # the width of the simulated embedding vectors
     ollama: OllamaSettings | None = None  # present in --sim-mode ollama
     # SGLang (--sim-mode sglang): the memory saver makes a release free memory; the CPU backup
     # keeps the weights through it; metrics only with --enable-metrics. /health on a released
@@ -139,7 +143,10 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("load_seconds", float, 0.2, False),
     ("kv_bytes_per_token", int, 64 * KIB, False),
     ("stop_seconds", float, 0.0, False),
+    ("embedding_dim", int, 384, False),
 )
+# vLLM's --task values (older releases) and --convert values that make a pooling (embedding) model.
+POOLING_TASKS = frozenset({"embed", "embedding", "classify", "score", "reward", "pooling"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-weights-cpu-backup", action="store_true")
     parser.add_argument("--enable-metrics", action="store_true")
     parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--runner", choices=["auto", "generate", "pooling", "draft"], default="auto")
+    parser.add_argument("--task", default=None)
+    parser.add_argument("--convert", default=None)
     for dest, convert, _default, is_bool in _SIM_FLAGS:
         flag = "--sim-" + dest.replace("_", "-")
         if is_bool:
@@ -216,6 +226,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
             raise OptionsError("the following arguments are required: --model-path/--model")
     if not model and sim["mode"] == "vllm":
         raise OptionsError("a model is required: 'serve MODEL' or 'serve --model MODEL'")
+    if sim["embedding_dim"] < 1:
+        raise OptionsError("--sim-embedding-dim must be at least 1")
     if sim["max_running"] < 1:
         raise OptionsError("--sim-max-running must be at least 1")
     for dest in ("startup_seconds", "sleep_seconds", "wake_seconds", "request_seconds", "token_seconds",
@@ -246,6 +258,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         kvcached_ipc_name = None  # Ollama's runners do not use kvcached
         model = model or ""
     names = tuple(namespace.served_model_name or (model,))
+    pooling = namespace.runner == "pooling" or namespace.task in POOLING_TASKS \
+        or namespace.convert in POOLING_TASKS
     return SimOptions(
         model=model,
         served_model_names=names,
@@ -263,6 +277,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         enable_metrics=namespace.enable_metrics,
         enable_lora=namespace.enable_lora,
         health_timeout_s=_health_timeout(env),
+        runner="pooling" if pooling else "generate",
         **sim,
     )
 

@@ -3,11 +3,13 @@
 Tests and demos need completions that are reproducible (the same prompt always yields the same text)
 yet differ between prompts, and token counts that behave like a tokenizer's. A SHA-256 of the prompt
 seeds a private random generator that picks words from a fixed vocabulary; one word is one token.
+Token ids (``/tokenize``) and embedding vectors (``/v1/embeddings``) are derived the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 
@@ -53,3 +55,23 @@ def chat_prompt(messages: Sequence[object]) -> str:
             raise ValueError("message 'content' must be a string or a list of parts")
         lines.append(f"{role}: {content}")
     return "\n".join(lines)
+
+
+def token_ids(text: str) -> list[int]:
+    """The ids the stand-in tokenizer gives ``text``: one per word (as ``count_tokens`` counts them),
+    each word's vocabulary index, or a stable hash into a 32k vocabulary for any other word."""
+    words = text.split() or [""]
+    return [_INDEX.get(word, 1000 + int.from_bytes(hashlib.sha256(word.encode("utf-8")).digest()[:4], "big")
+                       % 31000) for word in words]
+
+
+def embedding(text: str, dim: int) -> list[float]:
+    """A deterministic unit vector for ``text``: the same text always embeds to the same vector."""
+    seed = int.from_bytes(hashlib.sha256(("embed:" + text).encode("utf-8")).digest()[:8], "big")
+    rng = random.Random(seed)
+    values = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [v / norm for v in values]
+
+
+_INDEX = {word.strip(): index for index, word in enumerate(_VOCABULARY)}

@@ -15,7 +15,6 @@ Defaults are client-go's: 15 s lease, 10 s renew deadline, 2 s retry period.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable

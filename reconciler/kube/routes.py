@@ -26,8 +26,21 @@ from typing import Any
 
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, key_text
-from reconciler.kube.api import JSON_PATCH, MERGE_PATCH, PODS, Conflict, KubeApi, KubeError
-from reconciler.kube.desired import ROUTE_PREFIX, WAKE_PREFIX, KubeDesired, PodAgent, pod_of
+from reconciler.kube.api import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    PODS,
+    Conflict,
+    KubeApi,
+    KubeError,
+)
+from reconciler.kube.desired import (
+    ROUTE_PREFIX,
+    WAKE_PREFIX,
+    KubeDesired,
+    PodAgent,
+    pod_of,
+)
 from reconciler.routes import Route, route_of
 from reconciler.runtime.clock import Clock
 from reconciler.status import ACTIVE

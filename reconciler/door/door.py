@@ -1,0 +1,327 @@
+"""The door: routes each request by its model, holds it until the model serves, forwards it.
+
+One request, start to end (``serve``):
+
+1. its ``model`` names claims (``Catalog``: modelNames, Ollama tags, learned served names and
+   LoRA adapters); an unknown name, or one the API key may not use, is answered at once;
+2. ``admit`` decides per call (``plan.decide`` per claim, ``plan.choose`` among them) and, while
+   the model cannot serve, holds the request: it asks the reconciler for a wake through the same
+   wake book the gateway's wake requests use (many requests, one wake), kicks a claim that waits
+   for room or a start, and waits for the next status or route change. A held request counts
+   against its model's bound (``max_held``; past it: 503 at once) and gives up after
+   ``max_wait_s`` (503); both carry the guide's Retry-After for the state it waited in. A client
+   that disconnects cancels its handler, which leaves the queue;
+3. the prompt is checked against the engine's context window (``window``);
+4. ``proxy.forward`` sends it to the engine the route names and the answer back.
+
+From the moment a claim is picked until the answer is sent, the request counts in flight for the
+claim's model (``Ledger``): the reconciler's idle check asks ``in_flight`` before every sleep,
+and the idle tracker is told the model was busy when a request starts and ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from reconciler.context import Deps
+from reconciler.desired import ClaimKey, key_text
+from reconciler.door import errors, plan, proxy, window
+from reconciler.door.access import AccessRecord
+from reconciler.door.catalog import Catalog
+from reconciler.door.keys import Key
+from reconciler.door.ledger import Changes, Ledger
+from reconciler.door.metrics import DoorMetrics
+from reconciler.door.settings import DoorSettings
+from reconciler.door.upstream import Upstream
+from reconciler.routes import Route, route_of
+from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
+
+TOKENIZE_TIMEOUT_S = 5.0
+
+
+class Refused(Exception):
+    """A request answered by the door itself; ``reason`` feeds the errors metric."""
+
+    def __init__(self, response: web.Response, reason: str) -> None:
+        super().__init__(reason)
+        self.response = response
+        self.reason = reason
+
+
+class Ticket:
+    """One request's place in the ledger: in flight for a model, held for a model."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.model: str | None = None  # in flight for this claim model
+        self.held: str | None = None
+
+    def enter(self, model: str) -> None:
+        if self.model != model:
+            self.leave()
+            self._ledger.enter(model)
+            self.model = model
+
+    def hold(self, model: str, bound: int) -> bool:
+        if self.held == model:
+            return True
+        self.unhold()
+        if not self._ledger.try_hold(model, bound):
+            return False
+        self.held = model
+        return True
+
+    def unhold(self) -> None:
+        if self.held is not None:
+            self._ledger.release(self.held)
+            self.held = None
+
+    def leave(self) -> None:
+        self.unhold()
+        if self.model is not None:
+            self._ledger.leave(self.model)
+            self.model = None
+
+
+class Door:
+    """The front door's logic; ``reconciler.door.server`` serves it over HTTP."""
+
+    def __init__(self, settings: DoorSettings, deps: Deps, metrics: DoorMetrics,
+                 ledger: Ledger, changes: Changes) -> None:
+        self.settings = settings
+        self.d = deps
+        self.metrics = metrics
+        self.ledger = ledger
+        self.changes = changes
+        self.catalog = Catalog(deps.desired, self.endpoint)
+        self.session: aiohttp.ClientSession | None = None  # the engines' other routes
+        self.upstream = Upstream()  # requests forwarded to engines
+        self._urls: tuple[object, dict[str, str]] | None = None
+        self._targets: dict[tuple[str, int, str], URL] = {}
+        self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
+
+    # ---- the reconciler's view ------------------------------------------------------------
+
+    def urls(self) -> dict[str, str]:
+        pools = self.d.desired.pools
+        if self._urls is None or self._urls[0] is not pools:
+            self._urls = (pools, {a.name: a.url for a, _ in self.d.desired.agents()})
+        return self._urls[1]
+
+    def _healthy(self, agent: str) -> bool:
+        obs = self.d.cache.last(agent)
+        return obs is not None and obs.ok
+
+    def status_and_route(self, key: ClaimKey) -> tuple[ClaimStatus | None, Route | None]:
+        st = self.d.store.get(key)
+        if st is None:
+            return None, None
+        return st, route_of(st, self.urls(), self._healthy, self.d.holds, self.d.wakes)
+
+    def endpoint(self, key: ClaimKey) -> tuple[str, int] | None:
+        """Where the claim's engine process listens, while it has one (awake or asleep)."""
+        st, route = self.status_and_route(key)
+        inst = st.instance if st is not None else None
+        if st is None or route is None or inst is None or inst.port <= 0 \
+                or st.phase not in (ACTIVE, SLEEPING) or not route.host:
+            return None
+        return route.host, inst.port
+
+    def model_of(self, key: ClaimKey) -> str:
+        claim = self.d.desired.claim(key)
+        return claim.model_name if claim is not None else key[1]
+
+    def decide(self, keys: tuple[ClaimKey, ...]) -> plan.Decision:
+        """``plan.decide`` for each claim and ``plan.choose`` among them. A lone claim that
+        serves is remembered until the next status or route change (``Changes``): its agent's
+        health, which changes without one, is looked at on every call."""
+        if len(keys) == 1:
+            known = self._decided.get(keys[0])
+            if known is not None and known[0] == self.changes.version \
+                    and self._healthy(known[1].agent):
+                return known[1]
+        decisions = [plan.decide(k, *self.status_and_route(k)) for k in keys]
+        chosen = plan.choose(decisions, lambda k: self.ledger.in_flight(self.model_of(k)))
+        if len(keys) == 1 and isinstance(chosen, plan.Forward):
+            self._decided[keys[0]] = (self.changes.version, chosen)
+        return chosen
+
+    # ---- holding ----------------------------------------------------------------------------
+
+    async def admit(self, name: str, keys: tuple[ClaimKey, ...], ticket: Ticket,
+                    rec: AccessRecord, key: Key | None = None) -> plan.Forward:
+        """The claim to forward to, once it serves; ``Refused`` when it cannot in time, or
+        when its claims were deleted meanwhile."""
+        s = self.settings
+        deadline = rec.started + s.max_wait_s
+        held_since: float | None = None
+        kicked: set[ClaimKey] = set()
+        try:
+            while True:
+                changed = self.changes.next()  # before looking: a change after it wakes us
+                keys = tuple(k for k in keys if self.d.desired.claim(k) is not None)
+                if not keys:
+                    raise Refused(errors.unknown_model(name, self.visible_names(key)),
+                                  "unknown_model")
+                d = self.decide(keys)
+                model = self.model_of(d.claim)
+                ticket.enter(model)  # no await since the decision: the idle check sees it
+                rec.model, rec.claim = model, key_text(d.claim)
+                if isinstance(d, plan.Forward):
+                    if held_since is not None:
+                        held = time.monotonic() - held_since
+                        rec.held_ms = round(held * 1000, 3)
+                        self.metrics.was_held(model, rec.held_for or plan.START, held)
+                    return d
+                if isinstance(d, plan.Refuse):
+                    raise Refused(errors.unavailable(d.message, "model_unavailable",
+                                                     d.retry_after), "unavailable")
+                if not ticket.hold(model, s.max_held):
+                    raise Refused(errors.unavailable(
+                        f"{s.max_held} requests already wait for model {model!r} ({d.cause}); "
+                        "try again later", "queue_full", d.retry_after), "queue_full")
+                if held_since is None:
+                    held_since = time.monotonic()
+                if rec.held_for in (None, plan.SETTLE):
+                    rec.held_for = d.cause
+                if d.wake:
+                    _, new = self.d.ask_wake(model, d.claim)
+                    if new:
+                        self.metrics.wake_requested(model)
+                if d.kick and d.claim not in kicked:
+                    kicked.add(d.claim)
+                    self.d.kick_claim(d.claim)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Refused(errors.unavailable(
+                        f"model {model!r} did not become ready within {s.max_wait_s:g} s "
+                        f"(waiting for: {d.cause}); try again later", "wait_timeout",
+                        d.retry_after), "wait_timeout")
+                try:
+                    await asyncio.wait_for(changed.wait(), min(left, s.recheck_s))
+                except TimeoutError:
+                    pass
+        finally:
+            ticket.unhold()
+
+    # ---- one request --------------------------------------------------------------------------
+
+    async def serve(self, request: web.Request, endpoint: str, doc: Mapping[str, Any],
+                    body: bytes, key: Key | None, ticket: Ticket,
+                    rec: AccessRecord, outcome: proxy.Outcome) -> web.StreamResponse:
+        name = doc["model"]
+        keys = self.catalog.claims_for(name)
+        if not keys:  # perhaps an adapter loaded since we last asked the engines
+            await self.refresh_names()
+            keys = self.catalog.claims_for(name)
+        if not keys:
+            raise Refused(errors.unknown_model(name, self.visible_names(key)), "unknown_model")
+        if key is not None and not self.allowed(key, name, keys):
+            raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
+        fwd = await self.admit(name, keys, ticket, rec, key)
+        claim = self.catalog.claim(fwd.claim)
+        assert claim is not None  # admit looked, with no await since
+        model = claim.model_name
+        rec.upstream = f"{fwd.agent} {fwd.host}:{fwd.port}"
+        assert self.session is not None
+        self.catalog.learn_soon(self.session, fwd.claim, fwd.host, fwd.port)
+        upstream_name = self.catalog.upstream_name(claim, name)
+        await self.check_window(endpoint, doc, body, fwd, claim.engine, upstream_name, name)
+        if upstream_name != name:
+            body = json.dumps({**doc, "model": upstream_name}).encode()
+        self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
+        try:
+            return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
+                                       body, outcome)
+        finally:
+            self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
+
+    def _url(self, fwd: plan.Forward, path: str) -> URL:
+        target = (fwd.host, fwd.port, path)
+        url = self._targets.get(target)
+        if url is None:
+            if len(self._targets) > 4096:
+                self._targets.clear()
+            url = self._targets[target] = URL.build(scheme="http", host=fwd.host, port=fwd.port,
+                                                    path=path)
+        return url
+
+    async def check_window(self, endpoint: str, doc: Mapping[str, Any], body: bytes,
+                           fwd: plan.Forward, engine: str, upstream_name: str,
+                           name: str) -> None:
+        context = self.catalog.context(fwd.claim, name)
+        if not window.needs_count(len(body), context):
+            return
+        prompt = window.prompt_of(endpoint, doc, upstream_name)
+        if prompt is None:
+            return
+        count: int | None = prompt.token_ids
+        if count is None and engine == "vllm" and prompt.tokenize_body is not None:
+            count = await self._tokenize(fwd, prompt.tokenize_body)
+        elif count is None and engine == "ollama":
+            count = window.estimate(prompt.text)
+        assert context is not None
+        if window.exceeded(count, context):
+            assert count is not None
+            raise Refused(errors.context_exceeded(
+                window.refusal_message(count, context, prompt.param), prompt.param),
+                "context_length_exceeded")
+
+    async def _tokenize(self, fwd: plan.Forward, body: dict[str, Any]) -> int | None:
+        """The engine's own count (vLLM's ``/tokenize``); None when it gave none."""
+        assert self.session is not None
+        timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)
+        try:
+            async with self.session.post(self._url(fwd, "/tokenize"), json=body,
+                                         timeout=timeout) as resp:
+                if resp.status != 200:
+                    return None
+                doc = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+        count = doc.get("count") if isinstance(doc, dict) else None
+        return count if isinstance(count, int) else None
+
+    # ---- keys -------------------------------------------------------------------------------
+
+    def allowed(self, key: Key, name: str, keys: tuple[ClaimKey, ...]) -> bool:
+        return key.may_use(name) or any(key.may_use(self.model_of(k)) for k in keys)
+
+    def visible_names(self, key: Key | None) -> list[str]:
+        names = self.catalog.names()
+        if key is None:
+            return names
+        return [n for n in names if self.allowed(key, n, self.catalog.claims_for(n))]
+
+    # ---- the models list ----------------------------------------------------------------------
+
+    async def refresh_names(self) -> None:
+        """Ask the engines what they serve now (at most once a second)."""
+        assert self.session is not None
+        await self.catalog.refresh(self.session, list(self.d.desired.claims))
+
+    def listing(self, key: Key | None) -> list[dict[str, Any]]:
+        """``/v1/models``: every claim's model and its adapters, with context length and the
+        route's state, as far as ``key`` may use them."""
+        out: list[dict[str, Any]] = []
+        for ckey, claim in sorted(self.d.desired.claims.items()):
+            st, route = self.status_and_route(ckey)
+            common = {"object": "model", "created": int(st.created if st else time.time()),
+                      "owned_by": "warm-pool", "state": route.state if route else "activating"}
+            names: list[tuple[str, str, str | None]] = [(claim.model_name, claim.artifact_url,
+                                                          None)]
+            names += [(a, a, claim.model_name) for a in self.catalog.adapters(ckey)]
+            for name, root, parent in names:
+                if key is not None and not self.allowed(key, name, (ckey,)):
+                    continue
+                out.append({"id": name, **common, "root": root, "parent": parent,
+                            "max_model_len": self.catalog.context(ckey, name)})
+        return out

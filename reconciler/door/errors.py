@@ -1,0 +1,67 @@
+"""The door's answers in OpenAI's error format: ``{"error": {message, type, param, code}}``.
+
+Clients of an OpenAI-compatible endpoint read ``error.code`` (``model_not_found``,
+``context_length_exceeded``, ``invalid_api_key``) and ``error.type``; each answer says what to do
+about it. A 503 carries ``Retry-After`` when waiting helps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from aiohttp import web
+
+
+def error_body(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "param": param,
+                                 "code": code}}).encode()
+
+
+def error_response(status: int, message: str, kind: str, code: str | None,
+                   param: str | None = None, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return web.Response(status=status, body=error_body(message, kind, code, param),
+                        content_type="application/json", headers=headers)
+
+
+def bad_request(message: str, param: str | None = None) -> web.Response:
+    return error_response(400, message, "invalid_request_error", None, param)
+
+
+def unknown_model(model: str, known: Iterable[str]) -> web.Response:
+    names = sorted(known)
+    listed = ", ".join(names) if names else "none yet"
+    return error_response(404, f"The model `{model}` does not exist. Models served here: "
+                          f"{listed}.", "invalid_request_error", "model_not_found", "model")
+
+
+def not_allowed(model: str, allowed: Iterable[str]) -> web.Response:
+    names = ", ".join(sorted(allowed)) or "none"
+    return error_response(403, f"This API key may not use the model `{model}`; it may use: "
+                          f"{names}.", "invalid_request_error", "model_not_allowed", "model")
+
+
+def unauthorized(message: str) -> web.Response:
+    response = error_response(401, message, "invalid_request_error", "invalid_api_key")
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def context_exceeded(message: str, param: str) -> web.Response:
+    return error_response(400, message, "invalid_request_error", "context_length_exceeded", param)
+
+
+def unavailable(message: str, code: str, retry_after: int | None) -> web.Response:
+    return error_response(503, message, "service_unavailable", code, None, retry_after)
+
+
+def upstream_failed(message: str) -> web.Response:
+    return error_response(502, message, "upstream_error", "upstream_error")
+
+
+def stream_error_event(message: str) -> bytes:
+    """The Server-Sent Event that ends a stream whose engine broke off (vLLM's own shape for an
+    error in a stream: an ``error`` document, then ``[DONE]``)."""
+    return (b"data: " + error_body(message, "upstream_error", "upstream_error") + b"\n\n"
+            b"data: [DONE]\n\n")

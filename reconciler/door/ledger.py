@@ -1,0 +1,84 @@
+"""Requests the door holds or forwards, counted per model, and the signal that wakes held ones.
+
+``Ledger`` counts, per claim model: requests in flight (every request from the moment the door
+picks the model's claim until it has answered, held ones included) and requests held (waiting
+for a wake, for room, for a start). The reconciler reads the first count before it puts a model
+to sleep (``Deps.in_flight``): a model with a request in flight through the door is busy,
+whatever its engine's own figures say yet. The second is bounded per model: past the bound a
+new request is answered 503 at once instead of joining the wait.
+
+Counts change only on the event loop and without an await between a decision and its count,
+so the reconciler's last look before a sleep (also on the loop) sees every request that was
+sent, or about to be sent, to the engine.
+
+``Changes`` is how held requests learn that something moved: every claim status change and
+every route hold taken or released bumps it, and each held request re-decides. A waiter takes
+``next()`` *before* it looks at the world, so a change between its look and its wait still
+wakes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Changes:
+    """A broadcast: ``bump()`` wakes everyone who took ``next()`` before it."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event: asyncio.Event | None = None
+
+    def next(self) -> asyncio.Event:
+        """The event the next bump sets."""
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
+
+    def bump(self) -> None:
+        self.version += 1
+        event, self._event = self._event, None
+        if event is not None:
+            event.set()
+
+
+class Ledger:
+    """In-flight and held requests per claim model."""
+
+    def __init__(self) -> None:
+        self._in_flight: dict[str, int] = {}
+        self._held: dict[str, int] = {}
+
+    def in_flight(self, model: str) -> int:
+        return self._in_flight.get(model, 0)
+
+    def held(self, model: str) -> int:
+        return self._held.get(model, 0)
+
+    def enter(self, model: str) -> None:
+        self._in_flight[model] = self._in_flight.get(model, 0) + 1
+
+    def leave(self, model: str) -> None:
+        _down(self._in_flight, model)
+
+    def try_hold(self, model: str, bound: int) -> bool:
+        """Join the model's held requests unless ``bound`` of them are held already."""
+        held = self._held.get(model, 0)
+        if held >= bound:
+            return False
+        self._held[model] = held + 1
+        return True
+
+    def release(self, model: str) -> None:
+        _down(self._held, model)
+
+    def models(self) -> list[str]:
+        return sorted(self._in_flight.keys() | self._held.keys())
+
+
+def _down(counts: dict[str, int], model: str) -> None:
+    left = counts.get(model, 0) - 1
+    if left > 0:
+        counts[model] = left
+    else:
+        counts.pop(model, None)

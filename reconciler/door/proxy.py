@@ -1,0 +1,145 @@
+"""Forwarding one request to an engine and its answer back, as the engine produces it.
+
+The body goes out as the client sent it (the door only ever rewrites the ``model`` of an Ollama
+request, whose server knows its model by the Ollama tag), over the door's own keep-alive
+connections (``upstream``). The answer comes back untouched:
+
+* a JSON answer is read whole and sent on with the engine's status and content type;
+* a Server-Sent Event stream (``text/event-stream``) is written on chunk by chunk as it arrives,
+  each write waiting for the client's socket to drain (backpressure: a slow reader slows the
+  engine's stream instead of growing the door's memory). If the engine breaks off mid-stream the
+  client gets an error event and ``[DONE]`` (vLLM's own shape for an error inside a stream),
+  never a silent cut. A client that goes away cancels the handler (the door's server runs with
+  handler cancellation), which closes the engine connection (an unfinished answer's connection
+  is never reused), and the engine aborts the request.
+
+Usage (``prompt_tokens``, ``completion_tokens``) is read from the answer's last ``"usage"``
+object, found by searching the bytes (the answer is not parsed): the whole body of a JSON answer,
+the last few kilobytes of a stream (engines put usage in the final chunk, with
+``stream_options.include_usage``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from reconciler.door.errors import stream_error_event, upstream_failed
+from reconciler.door.upstream import Response, Upstream, UpstreamError
+
+TAIL_BYTES = 4096
+PASS_REQUEST = ("Content-Type", "Accept", "Accept-Encoding", "X-Request-Id")
+PASS_RESPONSE = ("Content-Type", "Content-Encoding", "Cache-Control", "X-Request-Id")
+_USAGE = b'"usage"'
+_DECODER = json.JSONDecoder()
+
+
+@dataclass
+class Outcome:
+    """What happened to one forwarded request (for metrics and the access log)."""
+
+    status: int = 0
+    stream: bool = False
+    first_byte: float | None = None  # monotonic time of the first streamed byte
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None  # a reason for the errors metric
+    bytes_out: int = 0
+    upstream_s: float | None = None  # sent to the engine -> its last byte passed on
+
+
+def usage_of(data: bytes) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) of the last ``"usage": {...}`` in ``data``."""
+    at = data.rfind(_USAGE)
+    while at >= 0:
+        start = data.find(b"{", at + len(_USAGE), at + len(_USAGE) + 8)
+        if start >= 0:
+            try:
+                usage, _ = _DECODER.raw_decode(data[start:].decode("utf-8", "replace"))
+            except ValueError:
+                usage = None
+            if isinstance(usage, dict):
+                prompt, done = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+                if isinstance(prompt, int) and isinstance(done, int):
+                    return prompt, done
+        at = data.rfind(_USAGE, 0, at)
+    return None
+
+
+def _request_headers(request: web.Request) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in PASS_REQUEST:
+        value = request.headers.get(name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _response_headers(upstream: Response) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in PASS_RESPONSE:
+        value = upstream.headers.get(name.lower())
+        if value is not None:
+            out[name] = value
+    return out
+
+
+async def forward(request: web.Request, upstream_pool: Upstream, host: str, port: int,
+                  path: str, body: bytes, outcome: Outcome) -> web.StreamResponse:
+    """Send ``body`` to the engine at ``host:port``; the answer for the client (a 502 when the
+    engine did not answer)."""
+    sent = time.monotonic()
+    try:
+        upstream = await upstream_pool.post(host, port, path, _request_headers(request), body)
+    except UpstreamError as err:
+        outcome.status, outcome.error = 502, "upstream_unreachable"
+        return upstream_failed(f"the model's engine did not answer: {err}")
+    try:
+        outcome.status = upstream.status
+        if upstream.content_type == "text/event-stream":
+            outcome.stream = True
+            return await _stream(request, upstream, outcome)
+        try:
+            data = await upstream.read()
+        except UpstreamError as err:
+            outcome.status, outcome.error = 502, "upstream_broken"
+            return upstream_failed(f"the model's engine broke off its answer: {err}")
+    finally:
+        upstream.release()
+        outcome.upstream_s = time.monotonic() - sent
+    if upstream.status >= 400:
+        outcome.error = "upstream_error"
+    usage = usage_of(data) if upstream.status < 400 else None
+    if usage is not None:
+        outcome.prompt_tokens, outcome.completion_tokens = usage
+    outcome.bytes_out = len(data)
+    return web.Response(status=upstream.status, body=data, headers=_response_headers(upstream))
+
+
+async def _stream(request: web.Request, upstream: Response,
+                  outcome: Outcome) -> web.StreamResponse:
+    out = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream))
+    await out.prepare(request)
+    tail = b""
+    try:
+        try:
+            async for chunk in upstream.chunks():
+                if outcome.first_byte is None:
+                    outcome.first_byte = time.monotonic()
+                await out.write(chunk)
+                outcome.bytes_out += len(chunk)
+                tail = (tail + chunk)[-TAIL_BYTES:]
+        except UpstreamError as err:
+            outcome.error = "upstream_broken"
+            await out.write(stream_error_event(f"the model's engine broke off the stream: {err}"))
+        await out.write_eof()
+    except ConnectionResetError:  # the client went away while we wrote
+        outcome.error = "client_disconnected"
+        return out
+    usage = usage_of(tail)
+    if usage is not None:
+        outcome.prompt_tokens, outcome.completion_tokens = usage
+    return out

@@ -1,0 +1,93 @@
+"""The door running beside the reconciler: its HTTP server, its connections to the engines and
+the API keys file it re-reads.
+
+``FrontDoor`` is built by the reconciler's app (``reconciler.app``) with the reconciler's own
+``Deps``: the same status store, route holds, wake book, snapshot cache and idle tracker the
+controllers use, so the door and the reconciler can never disagree about where a model serves.
+Every status change and every route hold bumps the door's ``Changes``, which wakes held requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from reconciler.context import Deps
+from reconciler.door.access import AccessLog
+from reconciler.door.door import Door
+from reconciler.door.keys import KeyFile
+from reconciler.door.ledger import Changes, Ledger
+from reconciler.door.metrics import DoorMetrics
+from reconciler.door.server import make_app
+from reconciler.door.settings import DoorSettings
+
+log = logging.getLogger("reconciler.door")
+
+KEYS_CHECK_S = 2.0
+SHUTDOWN_S = 2.0  # streams still open at shutdown get this long
+
+
+class FrontDoor:
+    """``await start()``, then ``await stop()``; ``port``: where it listens."""
+
+    def __init__(self, settings: DoorSettings, deps: Deps, registry: CollectorRegistry,
+                 ledger: Ledger) -> None:
+        self.settings = settings
+        self.changes = Changes()
+        self.ledger = ledger
+        self.metrics = DoorMetrics(registry, ledger)
+        self.door = Door(settings, deps, self.metrics, ledger, self.changes)
+        self.keys = KeyFile(settings.api_keys)
+        self.access = AccessLog(settings.access_log)
+        deps.store.listen(self.changes.bump)
+        deps.holds.listen(self.changes.bump)
+        self.port = settings.port
+        self._runner: web.AppRunner | None = None
+        self._keys_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        await asyncio.to_thread(self.keys.load)  # a broken keys file stops the start
+        self.door.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=False, skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar())  # engines set no cookies: skip the jar's work
+        await asyncio.to_thread(self.access.open)
+        app = make_app(self.door, self.keys, self.access)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                                     shutdown_timeout=SHUTDOWN_S)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, s.host, s.port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) if server is not None else None
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        if self.keys.enabled:
+            self._keys_task = asyncio.get_running_loop().create_task(self._watch_keys())
+        log.info("door: OpenAI-compatible endpoint on %s:%d (%s)", s.host, self.port,
+                 "API keys from " + str(s.api_keys) if s.api_keys else "no API keys")
+
+    async def _watch_keys(self) -> None:
+        while True:
+            await asyncio.sleep(KEYS_CHECK_S)
+            await asyncio.to_thread(self.keys.check)
+
+    async def stop(self) -> None:
+        if self._keys_task is not None:
+            self._keys_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keys_task
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.access.close()
+        await self.door.catalog.stop()
+        self.door.upstream.close()
+        if self.door.session is not None:
+            await self.door.session.close()

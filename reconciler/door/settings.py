@@ -1,0 +1,20 @@
+"""The door's settings: where it listens, how long and how many requests it holds, its keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_DOOR_PORT = 8000  # where OpenAI-compatible servers (vLLM, SGLang's router) listen
+
+
+@dataclass(frozen=True)
+class DoorSettings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_DOOR_PORT  # 0: any free port (tests)
+    max_held: int = 256  # per model: requests held for a wake, room or a start
+    max_wait_s: float = 120.0  # a held request is answered 503 after this long
+    api_keys: Path | None = None  # None: no keys asked for
+    access_log: str = "-"  # "-": stderr, "off", or a file
+    max_body_bytes: int = 64 << 20
+    recheck_s: float = 1.0  # held requests look again at least this often (changes wake them)

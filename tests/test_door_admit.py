@@ -1,0 +1,243 @@
+"""Holding requests against fake agents: one wake for many requests, bounded queues and waits,
+cancelled requests leave, and a model with a request in flight is never put to sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from reconciler.door.access import AccessRecord
+from reconciler.door.door import Door, Refused, Ticket
+from reconciler.door.ledger import Changes, Ledger
+from reconciler.door.metrics import DoorMetrics
+from reconciler.door.plan import Forward
+from reconciler.door.settings import DoorSettings
+from contract.quantity import GiB
+from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
+from tests.test_reconciler_claims_lifecycle import (
+    IDLE_POLICY,
+    ROOM_POLICY,
+    active_claim,
+    asleep_beside,
+)
+
+pytestmark = pytest.mark.timeout(30)
+M = ("default", "m")
+
+
+def door_for(rig: Rig, **settings: float) -> Door:
+    ledger, changes = Ledger(), Changes()
+    rig.deps.in_flight = ledger.in_flight
+    rig.store.listen(changes.bump)
+    rig.deps.holds.listen(changes.bump)
+    s = DoorSettings(port=0, **settings)  # type: ignore[arg-type]
+    return Door(s, rig.deps, DoorMetrics(CollectorRegistry(), ledger), ledger, changes)
+
+
+def record() -> AccessRecord:
+    return AccessRecord("POST", "/v1/chat/completions", "-", time.monotonic())
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def sleeping_m(tmp_path: Path) -> tuple[Rig, FakeAgent]:
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
+    await active_claim(rig, a, "m")
+    await rig.reconcile("m", advance=61)
+    assert rig.status("m").phase == "Sleeping"
+    return rig, a
+
+
+async def test_requests_for_a_sleeping_model_ask_one_wake_and_go_once_it_serves(
+        tmp_path: Path) -> None:
+    rig, a = await sleeping_m(tmp_path)
+    door = door_for(rig)
+    tickets = [Ticket(door.ledger) for _ in range(3)]
+    waiting = [asyncio.ensure_future(door.admit("m", (M,), t, record())) for t in tickets]
+    await settle()
+    req = rig.deps.wakes.get("m")
+    assert req is not None and req.repeats == 2 and rig.claim_kicks == [M]
+    assert door.ledger.held("m") == 3 and door.ledger.in_flight("m") == 3
+    assert not any(w.done() for w in waiting)
+    await rig.reconcile("m")  # wakes it
+    await rig.reconcile("m")  # sees it serve: Active, on the route
+    got = await asyncio.wait_for(asyncio.gather(*waiting), 5)
+    port = a.models["m"]["port"]
+    assert got == [Forward(M, "agent-a.pool", port, "agent-a")] * 3
+    assert a.calls_of("wake") == [("wake", "m")]
+    assert door.ledger.held("m") == 0 and door.ledger.in_flight("m") == 3
+    for t in tickets:
+        t.leave()
+    assert door.ledger.in_flight("m") == 0
+
+
+async def test_past_its_bound_a_request_is_refused_at_once_with_retry_after(
+        tmp_path: Path) -> None:
+    rig, _ = await sleeping_m(tmp_path)
+    door = door_for(rig, max_held=1)
+    first = asyncio.ensure_future(door.admit("m", (M,), Ticket(door.ledger), record()))
+    await settle()
+    with pytest.raises(Refused) as refused:
+        await door.admit("m", (M,), Ticket(door.ledger), record())
+    assert refused.value.reason == "queue_full"
+    assert refused.value.response.status == 503
+    assert refused.value.response.headers["Retry-After"] == "10"
+    first.cancel()
+
+
+async def test_a_held_request_gives_up_after_the_wait_bound(tmp_path: Path) -> None:
+    rig, _ = await sleeping_m(tmp_path)
+    door = door_for(rig, max_wait_s=0.2, recheck_s=0.05)
+    ticket = Ticket(door.ledger)
+    with pytest.raises(Refused) as refused:
+        await door.admit("m", (M,), ticket, record())
+    assert refused.value.reason == "wait_timeout"
+    assert refused.value.response.headers["Retry-After"] == "10"
+    assert b"did not become ready within 0.2 s (waiting for: wake)" in \
+        refused.value.response.body  # type: ignore[operator]
+    assert door.ledger.held("m") == 0
+
+
+async def test_a_cancelled_held_request_leaves_the_queue(tmp_path: Path) -> None:
+    rig, _ = await sleeping_m(tmp_path)
+    door = door_for(rig, max_held=1)
+    ticket = Ticket(door.ledger)
+    held = asyncio.ensure_future(door.admit("m", (M,), ticket, record()))
+    await settle()
+    assert door.ledger.held("m") == 1
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
+    ticket.leave()
+    assert door.ledger.held("m") == 0 and door.ledger.in_flight("m") == 0
+    again = asyncio.ensure_future(door.admit("m", (M,), Ticket(door.ledger), record()))
+    await settle()
+    assert door.ledger.held("m") == 1 and not again.done()
+    again.cancel()
+
+
+async def test_a_request_for_an_unplaced_claim_kicks_it_and_waits_for_room(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a", card=8 * GiB)
+    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("one", "two", "three"))
+    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
+    await active_claim(rig, a, "one")
+    await active_claim(rig, a, "two")
+    await rig.reconcile("three")
+    assert rig.status("three").phase == "Pending"
+    door = door_for(rig)
+    rec = record()
+    three = ("default", "three")
+    waiting = asyncio.ensure_future(door.admit("three", (three,), Ticket(door.ledger), rec))
+    await settle()
+    assert rig.claim_kicks[-1] == three and rec.held_for == "room"
+    rig.clock.advance(31)
+    await rig.reconcile("three")  # puts 'one' to sleep for room
+    await rig.reconcile("three")  # places 'three'
+    a.serve("three")
+    await rig.reconcile("three")
+    got = await asyncio.wait_for(waiting, 5)
+    assert isinstance(got, Forward) and got.claim == three
+    assert a.calls_of("sleep") == [("sleep", "one", 1)] and rec.held_ms is not None
+
+
+# ---- in flight through the door: busy -----------------------------------------------------
+
+
+async def test_a_model_with_a_request_in_flight_through_the_door_is_not_put_to_sleep(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
+    await active_claim(rig, a, "m")
+    door = door_for(rig)
+    ticket = Ticket(door.ledger)
+    assert await door.admit("m", (M,), ticket, record()) == Forward(
+        M, "agent-a.pool", a.models["m"]["port"], "agent-a")
+    await rig.reconcile("m", advance=61)  # the engine itself shows no request yet
+    assert a.calls_of("sleep") == [] and rig.status("m").phase == "Active"
+    assert "m" not in rig.deps.holds
+    ticket.leave()
+    result = await rig.reconcile("m", advance=61)
+    while not a.calls_of("sleep"):
+        assert result.requeue_after is not None
+        result = await rig.reconcile("m", advance=result.requeue_after)
+    assert a.calls_of("sleep") == [("sleep", "m", 1)]
+
+
+async def test_a_model_with_a_request_in_flight_is_not_slept_to_make_room(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a", card=8 * GiB)
+    claims = "".join(claim_yaml(n, footprint="2Gi") for n in ("old", "sleeper"))
+    rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
+    await asleep_beside(rig, a, "old")
+    a.add("hog", claim=None, hbm_bytes=3 * GiB)  # no room for 'sleeper' beside 'old'
+    rig.clock.advance(60)
+    door = door_for(rig)
+    door.ledger.enter("old")
+    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    await rig.reconcile("sleeper")
+    assert ("sleep", "old", 1) not in a.calls
+    door.ledger.leave("old")
+    await rig.reconcile("sleeper", advance=1)
+    assert ("sleep", "old", 1) in a.calls
+
+
+async def test_a_request_held_for_a_claim_deleted_meanwhile_is_told_the_model_is_gone(
+        tmp_path: Path) -> None:
+    rig, _ = await sleeping_m(tmp_path)
+    door = door_for(rig)
+    held = asyncio.ensure_future(door.admit("m", (M,), Ticket(door.ledger), record()))
+    await settle()
+    rig.write_claims("# every claim deleted\n")  # (an empty file is a read caught mid-write)
+    await rig.reconcile("m")  # the drain marks the status deleted: a change
+    with pytest.raises(Refused) as refused:
+        await asyncio.wait_for(held, 5)
+    assert refused.value.reason == "unknown_model" and refused.value.response.status == 404
+
+
+# ---- names the engines serve ------------------------------------------------------------------
+
+
+async def test_served_names_and_lora_adapters_an_engine_lists_route_to_its_claim(
+        tmp_path: Path) -> None:
+    from aiohttp import ClientSession, web
+
+    async def models(request: web.Request) -> web.Response:  # vLLM's /v1/models, one adapter
+        return web.json_response({"object": "list", "data": [
+            {"id": "m", "object": "model", "root": "t/m", "parent": None, "max_model_len": 8192},
+            {"id": "sql-lora", "object": "model", "root": "/adapters/sql", "parent": "m",
+             "max_model_len": 8192}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"))
+    door = door_for(rig)
+    try:
+        assert door.catalog.claims_for("sql-lora") == ()
+        assert door.catalog.context(M, "m") == 2048  # declared, until the engine says
+        async with ClientSession() as session:
+            door.catalog.learn_soon(session, M, "127.0.0.1", port)
+            for _ in range(100):
+                if door.catalog.claims_for("sql-lora"):
+                    break
+                await asyncio.sleep(0.02)
+        assert door.catalog.claims_for("sql-lora") == (M,)
+        assert door.catalog.adapters(M) == ("sql-lora",)
+        assert door.catalog.context(M, "sql-lora") == 8192 == door.catalog.context(M, "m")
+        listed = {m["id"]: m for m in door.listing(None)}
+        assert listed["sql-lora"]["parent"] == "m" and listed["m"]["parent"] is None
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,178 @@
+"""The door's HTTP/1.1 client to engines: framing by length, chunks or close; keep-alive reuse,
+a stale pooled connection retried, an unfinished answer never reused, backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.door.upstream import ResponseParser, Upstream, UpstreamError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def parse(raw: bytes, cuts: list[int] = ()) -> tuple[ResponseParser, bytes]:  # type: ignore[assignment]
+    parser = ResponseParser()
+    body = b""
+    start = 0
+    for cut in sorted(set(c for c in cuts if 0 < c < len(raw))) + [len(raw)]:
+        body += b"".join(parser.feed(raw[start:cut]))
+        start = cut
+    return parser, body
+
+
+CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked"
+           b"\r\n\r\n7\r\ndata: 1\r\n8;ext=1\r\n\n\ndata: \r\n0\r\nX-Trailer: t\r\n\r\n")
+
+
+def test_a_chunked_answer_is_decoded_and_ends_after_its_trailers() -> None:
+    parser, body = parse(CHUNKED)
+    assert parser.head is not None and parser.head.status == 200 and parser.head.keep_alive
+    assert parser.head.headers["content-type"] == "text/event-stream"
+    assert body == b"data: 1\n\ndata: " and parser.done
+
+
+@given(st.lists(st.integers(0, len(CHUNKED)), max_size=8))
+def test_framing_does_not_depend_on_how_the_bytes_arrive(cuts: list[int]) -> None:
+    parser, body = parse(CHUNKED, cuts)
+    assert body == b"data: 1\n\ndata: " and parser.done
+
+
+def test_a_length_answer_ends_at_its_length_and_an_interim_answer_is_skipped() -> None:
+    raw = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n"
+           b"Connection: close\r\n\r\nhello")
+    parser, body = parse(raw, [3, 30])
+    assert parser.head is not None and parser.head.status == 404 and not parser.head.keep_alive
+    assert body == b"hello" and parser.done
+
+
+def test_an_answer_without_length_runs_until_the_connection_closes() -> None:
+    parser, body = parse(b"HTTP/1.0 200 OK\r\n\r\nabc")
+    assert body == b"abc" and not parser.done
+    parser.eof()
+    assert parser.done and parser.head is not None and not parser.head.keep_alive
+
+
+@pytest.mark.parametrize("raw", [b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort",
+                                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab"])
+def test_a_cut_answer_is_an_error(raw: bytes) -> None:
+    parser, _ = parse(raw)
+    with pytest.raises(UpstreamError, match="before the end"):
+        parser.eof()
+
+
+@pytest.mark.parametrize("raw", [b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 200 OK\r\nbad\r\n\r\n",
+                                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"])
+def test_what_is_not_http_is_an_error(raw: bytes) -> None:
+    with pytest.raises(UpstreamError):
+        ResponseParser().feed(raw)
+
+
+# ---- against a real server ----------------------------------------------------------------
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[tuple[int, list[str]]]:
+    peers: list[str] = []
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        peers.append(str(request.transport.get_extra_info("peername")))  # type: ignore[union-attr]
+        body = await request.read()
+        if request.path == "/stream":
+            out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await out.prepare(request)
+            for i in range(int(body or b"3")):
+                await out.write(b"x" * 1024 + str(i).encode())
+            await out.write_eof()
+            return out
+        return web.Response(body=body, headers={"X-Request-Id": request.headers.get(
+            "X-Request-Id", "")})
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_post("/stream", echo)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=0.3)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield port, peers
+    await runner.cleanup()
+
+
+async def test_answers_come_back_and_connections_are_reused(
+        engine: tuple[int, list[str]]) -> None:
+    port, peers = engine
+    pool = Upstream()
+    for i in range(3):
+        resp = await pool.post("127.0.0.1", port, "/echo", {"X-Request-Id": f"r{i}"}, b"hi %d" % i)
+        assert resp.status == 200 and await resp.read() == b"hi %d" % i
+        assert resp.headers["x-request-id"] == f"r{i}"
+        resp.release()
+    assert len(set(peers)) == 1  # one keep-alive connection
+    pool.close()
+
+
+async def test_a_connection_the_engine_closed_while_idle_is_retried_once(
+        engine: tuple[int, list[str]]) -> None:
+    port, peers = engine
+    pool = Upstream()
+    resp = await pool.post("127.0.0.1", port, "/echo", {}, b"one")
+    await resp.read()
+    resp.release()
+    await asyncio.sleep(0.6)  # the server's keep-alive timeout closed it
+    resp = await pool.post("127.0.0.1", port, "/echo", {}, b"two")
+    assert await resp.read() == b"two"
+    resp.release()
+    assert len(set(peers)) == 2
+    pool.close()
+
+
+async def test_an_unfinished_answer_closes_its_connection_and_a_finished_stream_is_reused(
+        engine: tuple[int, list[str]]) -> None:
+    port, peers = engine
+    pool = Upstream(limit=4096)
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"200")
+    pieces = resp.chunks()
+    first = await pieces.__anext__()
+    assert first.startswith(b"x")
+    resp.release()  # a client that went away
+    await pieces.aclose()
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"3")
+    assert resp.content_type == "text/event-stream"
+    assert len(await resp.read()) == 3 * 1025
+    resp.release()
+    resp = await pool.post("127.0.0.1", port, "/echo", {}, b"after")
+    assert await resp.read() == b"after"
+    resp.release()
+    assert peers[-1] == peers[-2] != peers[0]  # the cut one is never reused
+    pool.close()
+
+
+async def test_a_slow_reader_pauses_reading_from_the_engine(
+        engine: tuple[int, list[str]]) -> None:
+    port, _ = engine
+    pool = Upstream(limit=4096)
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"2000")  # ~2 MB
+    await asyncio.sleep(0.3)
+    conn = resp._conn
+    assert conn is not None and conn._paused and conn._buffered < 200_000
+    total = len(await resp.read())
+    assert total == sum(1024 + len(str(i)) for i in range(2000))
+    resp.release()
+    pool.close()
+
+
+async def test_an_engine_that_is_not_there_is_an_upstream_error() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(UpstreamError, match="cannot connect"):
+        await Upstream().post("127.0.0.1", port, "/echo", {}, b"x")
