@@ -30,13 +30,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from contract.endpoints import AGENT_PORT, base_url
 from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+EXIT_UNREACHABLE = 8  # as the agent's client commands (README, "Exit codes")
 
 
 def _url_default() -> str:
     return os.environ.get("RECONCILER_URL", DEFAULT_URL)
+
+
+def _url(text: str) -> str:
+    """``--url`` with or without its scheme (``host:8081``, ``:8081``)."""
+    try:
+        return base_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_URL_HELP = "the reconciler's address (env RECONCILER_URL; default %(default)s)"
 
 
 def add_commands(sub: Any) -> None:
@@ -55,13 +68,13 @@ def add_commands(sub: Any) -> None:
     g = csub.add_parser("get", help="the claims as a table")
     g.add_argument("name", nargs="?")
     g.add_argument("-n", "--namespace")
-    g.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    g.add_argument("--url", default=_url_default())
+    g.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    g.add_argument("--url", type=_url, default=_url_default(), help=_URL_HELP)
     g.set_defaults(func=_claims)
     d = csub.add_parser("describe", help="one claim's conditions and events")
     d.add_argument("name")
     d.add_argument("-n", "--namespace", default="default")
-    d.add_argument("--url", default=_url_default())
+    d.add_argument("--url", type=_url, default=_url_default(), help=_URL_HELP)
     d.set_defaults(func=_claims)
 
 
@@ -124,18 +137,37 @@ def _claims(args: argparse.Namespace) -> int:
             message = json.loads(body).get("message", body)
         except ValueError:
             message = body
-        print(f"error ({exc.code}): {message}", file=sys.stderr)
+        print(f"error ({exc.code}): {message}{_pointer(base, exc.code)}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"cannot reach the reconciler at {base}: {exc}", file=sys.stderr)
-        return 2
+        print(f"cannot reach the reconciler at {base}: {exc}; is it running (runtime-agent "
+              "serve --claims DIR, or reconcile)? Set --url or RECONCILER_URL", file=sys.stderr)
+        return EXIT_UNREACHABLE
     items = [i for i in items if (args.name is None or i["metadata"]["name"] == args.name)
              and (args.namespace is None or i["metadata"]["namespace"] == args.namespace)]
     if args.output == "json":
         print(json.dumps(items, indent=2))
+    elif args.output == "yaml":
+        import yaml
+
+        print(yaml.safe_dump(items, sort_keys=False).rstrip("\n"))
     else:
         print(table(items))
     return 0
+
+
+def _pointer(base: str, status: int) -> str:
+    """A 404 from a runtime agent's port: say where the reconciler is."""
+    if status != 404:
+        return ""
+    try:
+        health = _get(base + "/healthz")
+    except (OSError, ValueError):
+        return ""
+    if isinstance(health, dict) and "boot_id" in health:  # only the agent's /healthz has it
+        return (f" — {base} is a runtime agent (port {AGENT_PORT}), not the reconciler; claims "
+                f"are served by the reconciler: --url {DEFAULT_URL} (or RECONCILER_URL)")
+    return ""
 
 
 def age(stamp: str | None, now: float | None = None) -> str:
