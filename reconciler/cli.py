@@ -165,8 +165,9 @@ def _pointer(base: str, status: int) -> str:
     except (OSError, ValueError):
         return ""
     if isinstance(health, dict) and "boot_id" in health:  # only the agent's /healthz has it
-        return (f" — {base} is a runtime agent (port {AGENT_PORT}), not the reconciler; claims "
-                f"are served by the reconciler: --url {DEFAULT_URL} (or RECONCILER_URL)")
+        return (f" — {base} is a runtime agent (port {AGENT_PORT} by default), not the "
+                f"reconciler; claims are served by the reconciler: --url {DEFAULT_URL} (or "
+                "RECONCILER_URL)")
     return ""
 
 

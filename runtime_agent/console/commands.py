@@ -24,7 +24,7 @@ from engines.flags import known_flags
 from runtime_agent.client import AgentClient, AgentError
 from runtime_agent.console.output import add_output_flag, render
 from runtime_agent.console.tables import snapshot_table
-from runtime_agent.preflight import EXIT_UNREADABLE, StartupError, read_token_file
+from runtime_agent.preflight import StartupError, read_token_file
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 8
@@ -134,6 +134,8 @@ def guarded(args: argparse.Namespace, body: Callable[[AgentClient], int]) -> int
         hint = pointer(client) if exc.status == 404 and "no such endpoint" in str(exc) else ""
         print(f"runtime-agent: the agent answered {exc.status}: {exc}{hint}", file=sys.stderr)
         return EXIT_REFUSED
+    except BrokenPipeError:  # our reader went away (| head): not the agent's fault
+        raise
     except ValueError as exc:  # a body that is not JSON: not the agent's API
         print(f"runtime-agent: {args.url} did not answer as a runtime agent ({exc}); check "
               "--url (or RUNTIME_AGENT_URL)", file=sys.stderr)

@@ -13,7 +13,7 @@ from runtime_agent.console.output import columns, number, size
 
 SIM_MARK = " (sim)"
 CAP_NOTES = {
-    "engine_kv_capacity": "cap: the engine created its KV cache with less than the limit asked "
+    "engine_kv_capacity": "the engine created its KV cache with less than the limit asked "
                           "(KV CAP, kv_startup_capacity_bytes); a limit can only lower it",
 }
 
@@ -93,7 +93,7 @@ def _notes(snapshot: dict[str, Any]) -> list[str]:
             "simulated_engines"):
         notes.append("(sim): a simulated engine (python -m engines.sim) that speaks the "
                      "engine's API and flags; it runs no model and its answers are made up")
-    if snapshot.get("node", {}).get("gpu_backend") == "sim":
+    if snapshot.get("node", {}).get("gpu_backend") == "simulated":
         notes.append("GPU memory is simulated (--gpu sim, or auto without a GPU): engines "
                      "report made-up allocations")
     for why in sorted({m["kv_limit_capped_by"] for m in models if m.get("kv_limit_capped_by")}):
