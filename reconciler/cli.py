@@ -81,9 +81,9 @@ def add_commands(sub: Any) -> None:
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
     """``serve --claims DIR [--claims-port P]``: reconcile DIR with this agent as the pool."""
     parser.add_argument("--claims", help="run the ModelClaim reconciler for this directory "
-                        "beside the agent, with the agent as its pool")
+                        "beside the agent, with the agent as its pool (default: none)")
     parser.add_argument("--claims-port", type=int, default=DEFAULT_PORT,
-                        help="port of the embedded reconciler's API")
+                        help="port of the embedded reconciler's API (default %(default)s)")
 
 
 async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime_agent.settings import Settings
+from runtime_agent.statelock import StateDirBusy, StateLock
 from runtime_agent.supervision.engine_kinds import command_prefix, executable_problem
 
 # Exit codes of ``runtime-agent serve`` (documented in the README; 3 predates this table).
@@ -86,6 +87,13 @@ def check(settings: Settings, *, claims_dir: str | None = None, claims_port: int
         for sock in bind(settings.host, claims_port, "--claims-port"):
             sock.close()
     checked.sockets = bind(settings.host, settings.port, "--port")
+    try:  # last: the lock file is the first thing of the registry's that gets written
+        lock = StateLock(settings.state_dir)
+        lock.acquire()
+        lock.release()  # the agent takes it again for its life; one that wins the race meanwhile
+    except StateDirBusy as exc:  # still stops it there, with the same line
+        checked.close()
+        raise StartupError(EXIT_STATE_DIR_BUSY, str(exc)) from None
     if not settings.simulate_engines:
         for kind in ENGINE_KINDS:
             problem = executable_problem(settings, kind)  # checked again on every activation

@@ -54,7 +54,8 @@ def add_agent_options(parser: argparse.ArgumentParser) -> None:
                         "(env RUNTIME_AGENT_URL; default %(default)s)")
     parser.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
                         help="a file holding the agent's bearer token (env "
-                        "RUNTIME_AGENT_TOKEN_FILE; or the token itself in RUNTIME_AGENT_TOKEN)")
+                        "RUNTIME_AGENT_TOKEN_FILE; or the token itself in RUNTIME_AGENT_TOKEN; default: "
+                        "no token)")
 
 
 def add_commands(sub: Any) -> None:
@@ -83,10 +84,11 @@ def add_commands(sub: Any) -> None:
     c.add_argument("--engine-port", type=int, default=0,
                    help="the engine's port (default 0: the agent picks one of --engine-ports)")
     c.add_argument("--kv-limit", type=size_type, default=None,
-                   help="a KV-cache limit to hold from the start, with units (e.g. 4GiB)")
+                   help="a KV-cache limit to hold from the start, with units (e.g. 4GiB; "
+                   "default: none, the engine's own size)")
     c.add_argument("--arg", action="append", default=[], metavar="FLAG[=VALUE]",
                    help="an engine flag, repeatable: --arg --max-model-len=2048, "
-                   "--arg --max-model-len 2048, or --arg --enforce-eager")
+                   "--arg --max-model-len 2048, or --arg --enforce-eager (default: none)")
     command("deactivate", "stop a model's engine (its whole process tree)").add_argument(
         "model")
     c = command("sleep", "put a model's engine to sleep")
@@ -94,17 +96,20 @@ def add_commands(sub: Any) -> None:
     c.add_argument("--level", type=int, choices=(1, 2), default=1,
                    help="1: weights kept in host memory (fast wake); 2: weights dropped "
                    "(default %(default)s)")
-    c.add_argument("--operation-id", help="a retry with the same id returns the first result")
+    c.add_argument("--operation-id", help="a retry with the same id returns the first result "
+                   "(default: a new id)")
     c = command("wake", "wake a model's engine")
     c.add_argument("model")
-    c.add_argument("--operation-id", help="a retry with the same id returns the first result")
+    c.add_argument("--operation-id", help="a retry with the same id returns the first result "
+                   "(default: a new id)")
     c = command("kv-limit", "set a model's KV-cache limit",
                 "Write a KV-cache limit into the engine's kvcached segment and read it back. "
                 "The engine's own KV capacity caps it (the answer says so).")
     c.add_argument("model")
     c.add_argument("size", type=size_type, metavar="SIZE",
                    help="with units: 4GiB, 512MiB, 6Gi, or bytes")
-    c.add_argument("--operation-id", help="a retry with the same id returns the first result")
+    c.add_argument("--operation-id", help="a retry with the same id returns the first result "
+                   "(default: a new id)")
     c = command("logs", "the last lines of a model's engine log")
     c.add_argument("model")
     c.add_argument("--tail", type=int, default=100, help="lines (default %(default)s)")
