@@ -122,6 +122,6 @@ def headline(snapshot: dict[str, Any], url: str) -> str:
     agent = snapshot.get("agent", {})
     engines = "SIMULATED engines" if agent.get("simulated_engines") else "real engines"
     gpu = snapshot.get("node", {}).get("gpu_backend", "?")
-    memory = "simulated GPU memory" if gpu == "simulated" else f"GPU memory from {gpu}"
+    memory = "SIMULATED GPU memory" if gpu == "simulated" else f"GPU memory from {gpu}"
     return (f"runtime-agent {agent.get('version', '?')} at {url}: {engines}, {memory}; "
             f"{len(snapshot.get('models', []))} engine(s)")
