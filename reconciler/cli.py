@@ -148,7 +148,7 @@ def _claims(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(items, indent=2))
     elif args.output == "yaml":
-        import yaml
+        import yaml  # type: ignore[import-untyped]
 
         print(yaml.safe_dump(items, sort_keys=False).rstrip("\n"))
     else:

@@ -169,7 +169,7 @@ def bind(host: str, port: int, flag: str) -> list[socket.socket]:
         raise StartupError(EXIT_PORT, f"--host {host!r} is not an address of this machine "
                            f"({exc.strerror})") from None
     bound: list[socket.socket] = []
-    seen: set[tuple[int, str]] = set()
+    seen: set[tuple[int, object]] = set()
     try:
         for family, kind, proto, _, address in infos:
             if (family, address[0]) in seen:

@@ -101,7 +101,7 @@ def kv_figure(m: dict[str, Any]) -> str:
 
 
 def engine_rows(snapshot: dict[str, Any], last_events: dict[str, str]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for m in sorted(snapshot.get("models", []), key=lambda m: m["model_name"]):
         name = m["model_name"]
         rows.append((name, engine_label(m), m["phase"], "yes" if m.get("ready") else "no",

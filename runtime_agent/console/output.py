@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 FORMATS = ("table", "wide", "json", "yaml")
 
@@ -31,7 +31,7 @@ def render(data: Any, fmt: str, table: Callable[[Any, bool], str]) -> str:
     if fmt == "json":
         return json.dumps(data, indent=2)
     if fmt == "yaml":
-        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip("\n")
+        return str(yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).rstrip("\n")
     return table(data, fmt == "wide")
 
 

@@ -19,7 +19,7 @@ CAP_NOTES = {
 
 
 def engine_label(model: dict[str, Any]) -> str:
-    return model["engine"] + (SIM_MARK if model.get("simulated") else "")
+    return str(model["engine"]) + (SIM_MARK if model.get("simulated") else "")
 
 
 def kv_applied(model: dict[str, Any]) -> str:

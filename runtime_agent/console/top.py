@@ -37,7 +37,8 @@ STREAM = "/v1/runtime/events/stream"
 
 async def sse_events(content: aiohttp.StreamReader) -> AsyncIterator[tuple[str, str, str | None]]:
     """``(event, data, id)`` for each Server-Sent Event of a response body."""
-    event, data, eid = "message", [], None
+    event, eid = "message", None
+    data: list[str] = []
     async for raw in content:
         line = raw.decode(errors="replace").rstrip("\r\n")
         if not line:
