@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from contract.quantity import QuantityError, parse_size
 from runtime_agent import __version__
+from runtime_agent.console.commands import size_type as _size
 from runtime_agent.console.output import quiet_on_closed_pipe
 from runtime_agent.logs import setup_logging
 from runtime_agent.preflight import (
@@ -116,15 +116,9 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except QuantityError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _size_or_zero(text: str) -> int:
     return 0 if text.strip() == "0" else _size(text)
+
 
 
 def _gpu_spec(text: str) -> str:

@@ -30,6 +30,7 @@ EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 8
 DEFAULT_AGENT_URL = f"http://127.0.0.1:{AGENT_PORT}"
 DEFAULT_RECONCILER_URL = f"http://127.0.0.1:{RECONCILER_PORT}"
+OPERATION_ID_HELP = "a retry with the same id returns the first result (default: a new id)"
 
 
 def url_type(text: str) -> str:
@@ -96,20 +97,17 @@ def add_commands(sub: Any) -> None:
     c.add_argument("--level", type=int, choices=(1, 2), default=1,
                    help="1: weights kept in host memory (fast wake); 2: weights dropped "
                    "(default %(default)s)")
-    c.add_argument("--operation-id", help="a retry with the same id returns the first result "
-                   "(default: a new id)")
+    c.add_argument("--operation-id", help=OPERATION_ID_HELP)
     c = command("wake", "wake a model's engine")
     c.add_argument("model")
-    c.add_argument("--operation-id", help="a retry with the same id returns the first result "
-                   "(default: a new id)")
+    c.add_argument("--operation-id", help=OPERATION_ID_HELP)
     c = command("kv-limit", "set a model's KV-cache limit",
                 "Write a KV-cache limit into the engine's kvcached segment and read it back. "
                 "The engine's own KV capacity caps it (the answer says so).")
     c.add_argument("model")
     c.add_argument("size", type=size_type, metavar="SIZE",
                    help="with units: 4GiB, 512MiB, 6Gi, or bytes")
-    c.add_argument("--operation-id", help="a retry with the same id returns the first result "
-                   "(default: a new id)")
+    c.add_argument("--operation-id", help=OPERATION_ID_HELP)
     c = command("logs", "the last lines of a model's engine log")
     c.add_argument("model")
     c.add_argument("--tail", type=int, default=100, help="lines (default %(default)s)")
