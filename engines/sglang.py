@@ -36,6 +36,9 @@ SGLANG_FIGURES: Mapping[str, str] = {
     "sglang:num_requests_total": "success_total",
 }
 AGENT_FLAGS = ("--enable-memory-saver", "--enable-weights-cpu-backup", "--enable-metrics")
+# The agent's probes and scrapes stay out of SGLang's access log (prefixes; see engines.vllm).
+QUIET_PREFIXES = ("/health", "/ready", "/metrics")
+ACCESS_LOG_FLAG = "--uvicorn-access-log-exclude-prefixes"
 
 
 def build_argv(command: Sequence[str], artifact_url: str, served_name: str, host: str,
@@ -43,6 +46,8 @@ def build_argv(command: Sequence[str], artifact_url: str, served_name: str, host
     argv = [*command, "--model-path", model_argument(artifact_url),
             "--served-model-name", served_name, "--host", host, "--port", str(port),
             *AGENT_FLAGS]
+    if not any(flag.replace("_", "-") == ACCESS_LOG_FLAG for flag in args):
+        argv += [ACCESS_LOG_FLAG, *QUIET_PREFIXES]
     for flag, value in args.items():
         argv.append(flag)
         if value != "":

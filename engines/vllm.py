@@ -19,6 +19,13 @@ from engines.adapter import LaunchContext, Observation, adapters_from_cards
 from engines.client import EngineClient
 from registry.record import EngineRecord
 
+# The agent's own requests (readiness and health probes, metric scrapes) stay out of the engine's
+# access log, so its log and the tail in last_error show what clients did. vLLM (0.16+) drops
+# these exact paths; an activation that sets either access-log flag itself keeps its choice.
+QUIET_PATHS = ("/health", "/is_sleeping", "/metrics")
+ACCESS_LOG_FLAGS = ("--disable-access-log-for-endpoints", "--disable-uvicorn-access-log",
+                    "--no-disable-uvicorn-access-log")
+
 
 def build_argv(
     command: Sequence[str],
@@ -33,6 +40,8 @@ def build_argv(
     argv += ["--served-model-name", served_name, "--host", host, "--port", str(port)]
     if sleep_mode:
         argv.append("--enable-sleep-mode")
+    if not any(flag.replace("_", "-") in ACCESS_LOG_FLAGS for flag in args):
+        argv += ["--disable-access-log-for-endpoints", ",".join(QUIET_PATHS)]
     for flag, value in args.items():
         argv.append(flag)
         if value != "":

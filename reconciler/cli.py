@@ -32,14 +32,27 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from contract.endpoints import AGENT_PORT, base_url
 from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
 from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+EXIT_UNREACHABLE = 8  # as the agent's client commands (README, "Exit codes")
 
 
 def _url_default() -> str:
     return os.environ.get("RECONCILER_URL", DEFAULT_URL)
+
+
+def _url(text: str) -> str:
+    """``--url`` with or without its scheme (``host:8081``, ``:8081``)."""
+    try:
+        return base_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_URL_HELP = "the reconciler's address (env RECONCILER_URL; default %(default)s)"
 
 
 def add_commands(sub: Any) -> None:
@@ -75,13 +88,13 @@ def add_commands(sub: Any) -> None:
     g = csub.add_parser("get", help="the claims as a table")
     g.add_argument("name", nargs="?")
     g.add_argument("-n", "--namespace")
-    g.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    g.add_argument("--url", default=_url_default())
+    g.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    g.add_argument("--url", type=_url, default=_url_default(), help=_URL_HELP)
     g.set_defaults(func=_claims)
     d = csub.add_parser("describe", help="one claim's conditions and events")
     d.add_argument("name")
     d.add_argument("-n", "--namespace", default="default")
-    d.add_argument("--url", default=_url_default())
+    d.add_argument("--url", type=_url, default=_url_default(), help=_URL_HELP)
     d.set_defaults(func=_claims)
 
 
@@ -89,9 +102,9 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     """``serve --claims DIR [--claims-port P] [--door-port P | --no-door] [door options]``:
     reconcile DIR with this agent as the pool, with the front door on by default."""
     parser.add_argument("--claims", help="run the ModelClaim reconciler for this directory "
-                        "beside the agent, with the agent as its pool")
+                        "beside the agent, with the agent as its pool (default: none)")
     parser.add_argument("--claims-port", type=int, default=DEFAULT_PORT,
-                        help="port of the embedded reconciler's API")
+                        help="port of the embedded reconciler's API (default %(default)s)")
     _door_options(parser, DEFAULT_DOOR_PORT)
     parser.add_argument("--no-door", action="store_true",
                         help="no front door beside the embedded reconciler (engines then "
@@ -102,16 +115,20 @@ def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
     on = "on by default with --claims" if port is not None else "off unless a port is given"
     parser.add_argument("--door-port", type=int, default=port,
                         help=f"port of the OpenAI-compatible front door ({on}; 0: any free "
-                        "port)")
+                        "port; default %(default)s)")
     parser.add_argument("--door-api-keys", default=None, metavar="FILE",
                         help="API keys for the door, one per line, each optionally followed "
-                        "by the models it may use (re-read when it changes)")
+                        "by the models it may use (re-read when it changes; default: none, "
+                        "the door is open)")
     parser.add_argument("--door-max-held", type=int, default=DoorSettings.max_held,
-                        help="requests held per model for a wake, room or a start; more: 503")
+                        help="requests held per model for a wake, room or a start; more: 503 "
+                        "(default %(default)s)")
     parser.add_argument("--door-max-wait", type=float, default=DoorSettings.max_wait_s,
-                        help="seconds a request is held at most before a 503")
+                        help="seconds a request is held at most before a 503 "
+                        "(default %(default)s)")
     parser.add_argument("--door-access-log", default="-", metavar="-|off|FILE",
-                        help="the door's JSON access log: stderr (-), off, or a file")
+                        help="the door's JSON access log: stderr (-), off, or a file "
+                        "(default %(default)s)")
 
 
 def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
@@ -212,15 +229,20 @@ def _claims(args: argparse.Namespace) -> int:
             message = json.loads(body).get("message", body)
         except ValueError:
             message = body
-        print(f"error ({exc.code}): {message}", file=sys.stderr)
+        print(f"error ({exc.code}): {message}{_pointer(base, exc.code)}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"cannot reach the reconciler at {base}: {exc}", file=sys.stderr)
-        return 2
+        print(f"cannot reach the reconciler at {base}: {exc}; is it running (runtime-agent "
+              "serve --claims DIR, or reconcile)? Set --url or RECONCILER_URL", file=sys.stderr)
+        return EXIT_UNREACHABLE
     items = [i for i in items if (args.name is None or i["metadata"]["name"] == args.name)
              and (args.namespace is None or i["metadata"]["namespace"] == args.namespace)]
     if args.output == "json":
         print(json.dumps(items, indent=2))
+    elif args.output == "yaml":
+        import yaml  # type: ignore[import-untyped]
+
+        print(yaml.safe_dump(items, sort_keys=False).rstrip("\n"))
     else:
         print(table(items))
         for line in spec_warnings(items):
@@ -236,6 +258,21 @@ def spec_warnings(items: list[dict[str, Any]]) -> list[str]:
             if c["type"] == "SpecApplied" and c["status"] == "False":
                 out.append(f"warning: {i['metadata']['name']}: {c['reason']}: {c['message']}")
     return out
+
+
+def _pointer(base: str, status: int) -> str:
+    """A 404 from a runtime agent's port: say where the reconciler is."""
+    if status != 404:
+        return ""
+    try:
+        health = _get(base + "/healthz")
+    except (OSError, ValueError):
+        return ""
+    if isinstance(health, dict) and "boot_id" in health:  # only the agent's /healthz has it
+        return (f" — {base} is a runtime agent (port {AGENT_PORT} by default), not the "
+                f"reconciler; claims are served by the reconciler: --url {DEFAULT_URL} (or "
+                "RECONCILER_URL)")
+    return ""
 
 
 def age(stamp: str | None, now: float | None = None) -> str:

@@ -100,7 +100,10 @@ class EngineRecord(BaseModel):
     pid_start_time: int | None = None
     phase: Phase = Phase.ACTIVATING
     restart_count: int = 0
+    # What is wrong now (cleared when the engine is ready again), and how its process last ended
+    # without being asked to (kept: history, not an error).
     last_error: str | None = None
+    last_exit: str | None = None
     last_transition: float = 0.0
     created_at: float = 0.0
     operations: dict[str, dict[str, Any]] = Field(default_factory=dict)

@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -59,8 +60,11 @@ STOP_STAGE_S = {"api": 4.0, "loops": 2.0, "engines": 5.0, "artifacts": 3.0, "gpu
 
 
 class Agent:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
         self.settings = settings
+        # The API's sockets, bound by the start-up checks (``runtime_agent.preflight``): the
+        # port found free there is the one served here. None: bind host:port at the end.
+        self._sockets = sockets or []
         self.events = EventLog()
         self.storage = StorageHealth()  # what owners last found writing the state directory
         self.streams = Slots(64, "event streams")
@@ -141,8 +145,9 @@ class Agent:
         self._runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, s.host, s.port, reuse_address=True)
-        await site.start()
+        sites: list[web.BaseSite] = [web.SockSite(self._runner, sock) for sock in self._sockets]
+        for site in sites or [web.TCPSite(self._runner, s.host, s.port, reuse_address=True)]:
+            await site.start()
         log.info("runtime agent %s listening on %s:%d, state in %s", __version__, s.host, s.port,
                  s.state_dir)
 
@@ -275,7 +280,8 @@ def make_gpu_backend(settings: Settings) -> tuple[GpuBackend, Path | None]:
         except GpuUnavailable as exc:
             if settings.gpu_backend == "nvml":
                 raise
-            log.info("no GPU through NVML (%s); simulating %s", exc, settings.simulate_gpus)
+            log.warning("GPU memory is SIMULATED: no GPU through NVML (%s); simulating %s",
+                        exc, settings.simulate_gpus)
     channel = settings.state_dir / "sim-gpu"
     return SimulatedGpuBackend(settings.simulate_gpus, channel), channel
 
@@ -310,8 +316,8 @@ def engine_cgroups(settings: Settings) -> EngineCgroups | None:
     return cgroups
 
 
-async def serve(settings: Settings) -> None:
-    agent = Agent(settings)
+async def serve(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    agent = Agent(settings, sockets)
     await agent.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

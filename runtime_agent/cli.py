@@ -1,25 +1,77 @@
-"""``runtime-agent``: the daemon (``serve``) and a client for its API (snapshot, activate, ...).
+"""``runtime-agent``: the daemon (``serve``), the live view (``top``) and a client for its API.
 
 This is the only module that reads flags and the environment; it turns them into Settings.
+Every mistake on the command line or at start-up is one line on stderr with its own exit code
+(``runtime_agent.preflight`` and the README's "Exit codes").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import logging
 import os
 import shutil
 import sys
-import time
 from collections.abc import Coroutine
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from contract.quantity import QuantityError, parse_size
-from runtime_agent.client import AgentClient, AgentError, read_token
+from runtime_agent import __version__
+from runtime_agent.console.commands import size_type as _size
+from runtime_agent.console.output import quiet_on_closed_pipe
 from runtime_agent.logs import setup_logging
+from runtime_agent.preflight import (
+    EXIT_PORT,
+    EXIT_STATE_DIR_BUSY,
+    EXIT_USAGE,
+    StartupError,
+    check,
+    read_token_file,
+)
 from runtime_agent.settings import DEFAULT_STATE_DIR, Settings
+
+log = logging.getLogger("runtime_agent.cli")
+
+DESCRIPTION = """\
+The warm-pool runtime agent: supervises vLLM, SGLang and Ollama engine processes on a GPU
+node (start, sleep, wake, restart, KV-cache limits, GPU memory per engine) and answers a
+controller and people on port 8080. Without a GPU it runs simulated engines, and says so.
+
+  runtime-agent serve [--claims DIR]     run the agent (and a reconciler for DIR beside it)
+  runtime-agent top                      a live view of the node (sleep/wake/stop with keys)
+  runtime-agent snapshot [-o wide]       the engines as a table
+  runtime-agent claims get               the ModelClaims of a reconciler (port 8081)
+"""
+
+EPILOG = """\
+environment:
+  RUNTIME_AGENT_URL         the agent's address for client commands (http://127.0.0.1:8080)
+  RUNTIME_AGENT_TOKEN       the API's bearer token (serve: required of callers; clients: sent)
+  RUNTIME_AGENT_TOKEN_FILE  a file holding that token (--token-file)
+  RECONCILER_URL            the reconciler's address for `claims` (http://127.0.0.1:8081)
+  AIBRIX_WEIGHT_CACHE_DIR   the weight cache's directory (serve --weight-cache-dir)
+  HF_ENDPOINT, HF_TOKEN     the Hugging Face Hub the weight cache and engines use
+
+exit codes: 0 ok; 1 the API refused or the operation failed; 2 a flag is wrong;
+  3 another agent holds --state-dir; 4 a directory the agent writes cannot be used;
+  5 a port cannot be bound; 6 --gpu nvml finds no GPU; 7 a file the agent reads cannot be
+  read (token, --claims); 8 the agent or reconciler cannot be reached; 130 interrupted.
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with every mistake in one line (argparse prints the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return int(text)
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -42,25 +94,63 @@ def _delays(text: str) -> tuple[float, ...]:
     return values
 
 
-def _size(text: str) -> int:
+def _seconds(text: str) -> float:
     try:
-        return parse_size(text)
-    except QuantityError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
 
 
 def _size_or_zero(text: str) -> int:
     return 0 if text.strip() == "0" else _size(text)
 
 
+
+def _gpu_spec(text: str) -> str:
+    from runtime_agent.gpu.simulated import parse_spec
+
+    try:
+        parse_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def gpu_present() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
+def engines_choice(choice: str) -> tuple[bool, str]:
+    """(simulate engines?, why) for ``--engines``."""
+    if choice == "sim":
+        return True, "--engines sim"
+    if choice == "vllm":
+        return False, "--engines vllm"
+    if not gpu_present():
+        return True, "--engines auto and no GPU on this machine"
+    if shutil.which("vllm") is None:
+        return True, "--engines auto and no vllm executable on PATH"
+    return False, "--engines auto found a GPU and vllm"
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
-    engines = args.engines
-    if engines == "auto":
-        engines = "vllm" if gpu_present() and shutil.which("vllm") else "sim"
+    simulate, _ = engines_choice(args.engines)
     cache = args.weight_cache_dir
     env = os.environ
     low, high = args.engine_ports
@@ -77,10 +167,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ollama_command=tuple(args.ollama_command.split()),
         sglang_command=tuple(args.sglang_command.split()),
         vllm_sleep_mode=(args.vllm_sleep_mode == "on" or (args.vllm_sleep_mode == "auto"
-                                                          and (gpu_present() or engines == "sim"))),
-        simulate_engines=engines == "sim",
+                                                          and (gpu_present() or simulate))),
+        simulate_engines=simulate,
         weight_cache_dir=Path(cache) if cache else None,
-        api_token=read_token(args.token_file), auth_reads=args.auth_reads,
+        api_token=read_token_file(args.token_file, env.get("RUNTIME_AGENT_TOKEN")),
+        auth_reads=args.auth_reads,
         health_interval_s=args.health_interval, unresponsive_after=args.unresponsive_after,
         unresponsive_grace_s=args.unresponsive_grace, budget_reset_s=args.budget_reset,
         allow_trust_remote_code=args.allow_trust_remote_code,
@@ -99,9 +190,6 @@ def _default_engine_host(args: argparse.Namespace) -> str:
     return "127.0.0.1" if door else "0.0.0.0"
 
 
-EXIT_STATE_DIR_BUSY = 3
-
-
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
     """Run the daemon on uvloop where it is installed (Linux, a dependency): the control API
     answers about 1.5x the requests per second of asyncio's own loop (bench/bench_costs.py)."""
@@ -118,242 +206,217 @@ def _serve(args: argparse.Namespace) -> int:
     from runtime_agent.statelock import StateDirBusy
 
     setup_logging(args.log_format, args.log_level)
-    settings = settings_from(args)
+    try:
+        settings = settings_from(args)
+        checked = check(settings, claims_dir=args.claims,
+                        claims_port=args.claims_port if args.claims else None)
+    except StartupError as exc:
+        print(f"runtime-agent serve: {exc}", file=sys.stderr)
+        return exc.code
+    settings = replace(settings, engine_problems=tuple(checked.engine_problems.items()))
+    _say_what_is_real(settings, args.engines)
+    for warning in checked.warnings:
+        log.warning(warning)
     try:
         if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
             from reconciler.cli import door_settings, serve_with_claims
 
-            run_loop(serve_with_claims(serve(settings), args.host, settings.port, args.claims,
-                                       args.host, args.claims_port, settings.api_token,
+            run_loop(serve_with_claims(serve(settings, checked.sockets), args.host,
+                                       settings.port, args.claims, args.host,
+                                       args.claims_port, settings.api_token,
                                        door_settings(args, args.host)))
         else:
-            run_loop(serve(settings))
+            run_loop(serve(settings, checked.sockets))
     except StateDirBusy as exc:
-        print(f"runtime-agent: {exc}", file=sys.stderr)
+        print(f"runtime-agent serve: {exc}", file=sys.stderr)
         return EXIT_STATE_DIR_BUSY
+    except OSError as exc:
+        if exc.errno is None or not _is_bind_error(exc):
+            raise
+        print(f"runtime-agent serve: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_PORT
+    finally:
+        checked.close()
     return 0
 
 
-def _table(snapshot: dict[str, Any]) -> str:
-    cols = ("MODEL", "ENGINE", "PHASE", "READY", "PORT", "PID", "RESTARTS", "RUNNING",
-            "WAITING", "HBM", "KV LIMIT", "KV APPLIED", "KV USED", "LAST ERROR")
-    rows = [cols]
-    for m in snapshot.get("models", []):
-        err = (m.get("last_error") or "").splitlines()
-        notes = [*m.get("conditions", []), *(err[:1])]
-        rows.append((m["model_name"], m["engine"], m["phase"], str(m["ready"]).lower(),
-                     str(m["port"]), str(m["pid"] or "-"), str(m["restart_count"]),
-                     _num(m.get("requests_running")), _num(m.get("requests_waiting")),
-                     _bytes(m.get("hbm_bytes")), _bytes(m.get("kv_limit_requested_bytes")),
-                     _bytes(m.get("kv_limit_applied_bytes")), _bytes(m.get("kv_used_bytes")),
-                     "; ".join(notes)[:70]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    for gpu in snapshot.get("accelerators", []):
-        lines.append(f"GPU {gpu['index']} {gpu['name']}: {_bytes(gpu['hbm_used_bytes'])} used of "
-                     f"{_bytes(gpu['hbm_total_bytes'])}, {_bytes(gpu.get('hbm_room_bytes'))} "
-                     "room after claims")
-    cached = snapshot.get("cached_artifacts") or []
-    lines.append(f"\nobserved at {snapshot.get('observed_at')}; cached artifacts: "
-                 f"{', '.join(cached) if cached else 'none'}")
-    return "\n".join(lines)
+def _is_bind_error(exc: OSError) -> bool:
+    import errno
+
+    return exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 
 
-def _bytes(value: Any) -> str:
-    if value is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= size:
-            return f"{value / size:.1f}{unit}"
-    return f"{value}B"
+def _say_what_is_real(settings: Settings, choice: str) -> None:
+    """One line at start saying whether engines are real or simulated, and why."""
+    simulate, why = engines_choice(choice)
+    if simulate:
+        log.warning("engines are SIMULATED (%s): every activation, whatever its engine, runs "
+                    "python -m engines.sim, which speaks that engine's API and refuses flags it "
+                    "does not have, but runs no model; snapshots and metrics mark them "
+                    "simulated", why)
+    else:
+        log.info("engines are real (%s): vllm, sglang and ollama run as installed", why)
 
 
-def _num(value: Any) -> str:
-    return "-" if value is None else f"{value:g}"
+def _top(args: argparse.Namespace) -> int:
+    from runtime_agent.console.top import run_top
+
+    return run_top(args)
 
 
-def _client_command(args: argparse.Namespace) -> int:
-    client = AgentClient(args.url, token=read_token(args.token_file))
-    try:
-        if args.command == "snapshot":
-            snap = client.snapshot()
-            print(json.dumps(snap, indent=2) if args.output == "json" else _table(snap))
-            return 0
-        if args.command == "events":
-            return _follow(client, args.follow)
-        if args.command == "logs":
-            for line in client.logs(args.model, args.tail)["lines"]:
-                print(line)
-            return 0
-        result = _dispatch(client, args)
-    except AgentError as exc:
-        print(f"error ({exc.status}): {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"cannot reach the agent at {args.url}: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2))
-    return 0 if result.get("status") == "success" else 1
+def serve_parser(sub: Any) -> None:
+    env = os.environ
+    s = sub.add_parser("serve", help="run the agent daemon",
+                       description="Run the runtime agent. Every start-up mistake ends it at "
+                       "once with one line on stderr and its own exit code (see runtime-agent "
+                       "--help), before it takes over any engine.", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    api = s.add_argument_group("the control API")
+    api.add_argument("--host", default="0.0.0.0",
+                     help="address of the control API (default %(default)s: every interface; "
+                     "set a token then)")
+    api.add_argument("--port", type=_port, default=8080, help="its port (default %(default)s)")
+    api.add_argument("--token-file", default=env.get("RUNTIME_AGENT_TOKEN_FILE"),
+                     help="a file holding the API's bearer token; every call that changes "
+                     "something must carry it (env RUNTIME_AGENT_TOKEN_FILE, or the token "
+                     "itself in RUNTIME_AGENT_TOKEN; default: no token)")
+    api.add_argument("--auth-reads", action="store_true",
+                     help="reads need the token too (/healthz, /ready and /metrics stay open)")
+    api.add_argument("--log-format", choices=("json", "text"), default="json",
+                     help="the agent's log on stderr: json lines or text (default %(default)s)")
+    api.add_argument("--log-level", type=str.lower, default="info",
+                     choices=("debug", "info", "warning", "error", "critical"),
+                     help="default %(default)s")
+    st = s.add_argument_group("state")
+    st.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR),
+                    help="the engine registry and engine logs; one agent per directory "
+                    "(default %(default)s)")
+    st.add_argument("--kv-shm-dir", default="/dev/shm",
+                    help="where kvcached segments live (default %(default)s)")
+    eng = s.add_argument_group("engines")
+    eng.add_argument("--engines", choices=("auto", "vllm", "sim"), default="auto",
+                     help="auto: real engines when a GPU and vllm are present, else simulated "
+                     "ones; vllm: always real (vllm, sglang, ollama as installed); sim: always "
+                     "simulated (default %(default)s)")
+    eng.add_argument("--engine-ports", type=_port_range, default=(20000, 20999),
+                     help="engines listen on a port of this range for their whole life "
+                     "(default 20000-20999)")
+    eng.add_argument("--engine-host", default=None,
+                     help="the address engines listen on (default 0.0.0.0; 127.0.0.1 with "
+                     "--claims and its front door, the only way in)")
+    eng.add_argument("--vllm-command", default="vllm serve",
+                     help="how to run vLLM, before MODEL and its flags (default '%(default)s')")
+    eng.add_argument("--sglang-command", default="python3 -m sglang.launch_server",
+                     help="how to run SGLang, before --model-path and its flags "
+                     "(default '%(default)s')")
+    eng.add_argument("--ollama-command", default="ollama serve",
+                     help="how to run Ollama (default '%(default)s')")
+    eng.add_argument("--vllm-sleep-mode", choices=("auto", "on", "off"), default="auto",
+                     help="auto: on with a GPU or simulated engines (vLLM on CPU refuses "
+                     "--enable-sleep-mode) (default %(default)s)")
+    eng.add_argument("--allow-trust-remote-code", action="store_true",
+                     help="let activations pass --trust-remote-code (runs a model "
+                     "repository's code on this node; default: refused)")
+    sup = s.add_argument_group("supervision")
+    sup.add_argument("--restart-delays", type=_delays, default=(2.0, 4.0, 8.0, 16.0, 32.0),
+                     help="seconds before restarts 1..N; the engine fails after N "
+                     "(default 2,4,8,16,32)")
+    sup.add_argument("--budget-reset", type=_seconds, default=600.0,
+                     help="seconds an engine must serve without a crash before its restart "
+                     "budget starts again (default %(default)g)")
+    sup.add_argument("--stop-grace", type=_seconds, default=10.0,
+                     help="seconds between SIGTERM and SIGKILL of an engine's process group "
+                     "(default %(default)g)")
+    sup.add_argument("--engine-cgroups", choices=("auto", "off"), default="auto",
+                     help="auto: run each engine in its own cgroup (v2) where the agent can "
+                     "create one, so everything it forks dies with it; off: process group "
+                     "and engine id only (default %(default)s)")
+    sup.add_argument("--start-stall-timeout", type=_interval, default=600.0,
+                     help="seconds a booting engine may go without opening its port or "
+                     "logging (default %(default)g)")
+    sup.add_argument("--probe-max", type=_interval, default=0.05,
+                     help="longest gap between readiness probes of a booting engine, seconds "
+                     "(default %(default)g)")
+    sup.add_argument("--health-interval", type=_interval, default=1.0,
+                     help="seconds between health probes of a ready engine (default %(default)g)")
+    sup.add_argument("--unresponsive-after", type=_count, default=3,
+                     help="missed probes in a row before an engine is not ready "
+                     "(default %(default)s)")
+    sup.add_argument("--unresponsive-grace", type=_seconds, default=30.0,
+                     help="seconds an unresponsive engine is given before it is restarted "
+                     "(default %(default)g)")
+    sup.add_argument("--scrape-interval", type=_interval, default=2.0,
+                     help="seconds between scrapes of an engine's /metrics (default %(default)g)")
+    mem = s.add_argument_group("GPU and host memory (sizes take units: 1GiB, 512MiB, 6Gi)")
+    mem.add_argument("--gpu", choices=("auto", "nvml", "sim"), default="auto",
+                     help="GPU memory source: auto = NVML when it finds a GPU, else simulated "
+                     "(default %(default)s)")
+    mem.add_argument("--simulate-gpus", type=_gpu_spec, default="1x80GiB",
+                     help="simulated cards, COUNTxSIZE, e.g. 2x141GiB (default %(default)s)")
+    mem.add_argument("--gpu-reserve", type=_size, default=1 << 30,
+                     help="per card, kept out of every budget (CUDA context, fragmentation; "
+                     "default 1GiB)")
+    mem.add_argument("--host-reserve", type=_size, default=2 << 30,
+                     help="host memory kept out of the budget for sleeping engines' weights "
+                     "(default 2GiB)")
+    mem.add_argument("--gpu-sample-interval", type=_interval, default=1.0,
+                     help="seconds between GPU samples (default %(default)g)")
+    mem.add_argument("--kv-hold-interval", type=_interval, default=1.0,
+                     help="seconds between checks that each KV limit still holds "
+                     "(default %(default)g)")
+    wc = s.add_argument_group("the weight cache")
+    wc.add_argument("--weight-cache-dir", default=env.get("AIBRIX_WEIGHT_CACHE_DIR"),
+                    help="where artifacts are staged (env AIBRIX_WEIGHT_CACHE_DIR; default: "
+                    "the cache is off)")
+    wc.add_argument("--artifact-reserve", type=_size_or_zero, default=1 << 30,
+                    help="disk space the weight cache always leaves free (default 1GiB)")
+    wc.add_argument("--artifact-local-root", action="append", default=[],
+                    help="a directory whose files the cache may copy (repeatable; default none)")
+    wc.add_argument("--s3-endpoint-url", default=env.get("AWS_ENDPOINT_URL_S3")
+                    or env.get("AWS_ENDPOINT_URL"),
+                    help="an S3-compatible endpoint for s3:// artifacts (env "
+                    "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL; default: AWS)")
+    s.set_defaults(func=_serve)
+    from reconciler.cli import add_serve_options
 
-
-def _dispatch(client: AgentClient, args: argparse.Namespace) -> dict[str, Any]:
-    if args.command == "activate":
-        flags: dict[str, str] = {}
-        for item in args.arg:
-            flag, _, value = item.partition("=")
-            flags[flag] = value
-        return client.activate(args.model, args.artifact, args.engine, args.engine_port, flags)
-    if args.command == "deactivate":
-        return client.deactivate(args.model)
-    if args.command == "kv-limit":
-        return client.kv_limit(args.model, args.bytes, args.operation_id)
-    if args.command == "sleep":
-        return client.sleep(args.model, args.level, args.operation_id)
-    return client.wake(args.model, args.operation_id)
-
-
-def _follow(client: AgentClient, follow: bool) -> int:
-    cursor = 0
-    while True:
-        page = client.events(cursor, wait=30 if follow else 0)
-        for item in page["events"]:
-            when = time.strftime("%H:%M:%S", time.localtime(item["ts"]))
-            who = item["model"] or item.get("artifact_url", "")
-        print(f"{when} {who}: {item['from']} -> {item['to']} "
-                  f"({item['reason']}) {item['message'].splitlines()[0] if item['message'] else ''}",
-                  flush=True)
-        cursor = page["cursor"]
-        if not follow:
-            return 0
+    add_serve_options(s)  # --claims DIR [--claims-port P]: the embedded reconciler
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runtime-agent", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the agent daemon")
-    s.add_argument("--host", default="0.0.0.0",
-                   help="address of the control API (0.0.0.0: every interface; set a token)")
-    s.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
-                   help="a file holding the API's bearer token (or RUNTIME_AGENT_TOKEN): every "
-                   "call that changes something must carry it")
-    s.add_argument("--auth-reads", action="store_true",
-                   help="reads need the token too (/healthz, /ready and /metrics stay open)")
-    s.add_argument("--health-interval", type=float, default=1.0,
-                   help="seconds between health probes of a ready engine")
-    s.add_argument("--unresponsive-after", type=int, default=3,
-                   help="missed probes in a row before an engine is not ready")
-    s.add_argument("--unresponsive-grace", type=float, default=30.0,
-                   help="seconds an unresponsive engine is given before it is restarted")
-    s.add_argument("--budget-reset", type=float, default=600.0,
-                   help="seconds an engine must serve without a crash before its restart "
-                   "budget starts again")
-    s.add_argument("--allow-trust-remote-code", action="store_true",
-                   help="let activations pass --trust-remote-code (runs a model repository's "
-                   "code on this node)")
-    s.add_argument("--port", type=int, default=8080)
-    s.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
-    s.add_argument("--engines", choices=("auto", "vllm", "sim"), default="auto",
-                   help="engine binaries: auto = real vLLM when a GPU and vllm are present, "
-                   "else the simulated engine")
-    s.add_argument("--engine-ports", type=_port_range, default=(20000, 20999))
-    s.add_argument("--engine-host", default=None,
-                   help="address engines listen on (default 0.0.0.0; 127.0.0.1 with --claims "
-                   "and its front door, the only way in)")
-    s.add_argument("--restart-delays", type=_delays, default=(2.0, 4.0, 8.0, 16.0, 32.0),
-                   help="seconds before restarts 1..N (default 2,4,8,16,32)")
-    s.add_argument("--stop-grace", type=float, default=10.0)
-    s.add_argument("--engine-cgroups", choices=("auto", "off"), default="auto",
-                   help="auto: run each engine in its own cgroup (v2) where the agent can "
-                        "create one, so everything it forks dies with it; off: process group "
-                        "and engine id only")
-    s.add_argument("--probe-max", type=float, default=0.05,
-                   help="longest gap between readiness probes of a booting engine, seconds")
-    s.add_argument("--scrape-interval", type=float, default=2.0,
-                   help="seconds between scrapes of an engine's /metrics")
-    s.add_argument("--start-stall-timeout", type=float, default=600.0,
-                   help="seconds a booting engine may go without opening its port or logging")
-    s.add_argument("--vllm-command", default="vllm serve",
-                   help="how to run vLLM, before MODEL and its flags (split on spaces)")
-    s.add_argument("--ollama-command", default="ollama serve")
-    s.add_argument("--sglang-command", default="python3 -m sglang.launch_server",
-                   help="how to run SGLang, before --model-path and its flags (split on spaces)")
-    s.add_argument("--vllm-sleep-mode", choices=("auto", "on", "off"), default="auto",
-                   help="auto: on with a GPU or simulated engines (vLLM on CPU refuses "
-                   "--enable-sleep-mode)")
-    s.add_argument("--gpu", choices=("auto", "nvml", "sim"), default="auto",
-                   help="GPU memory source: auto = NVML when it finds a GPU, else simulated")
-    s.add_argument("--simulate-gpus", default="1x80GiB",
-                   help="simulated cards, COUNTxSIZE (e.g. 2x141GiB)")
-    s.add_argument("--gpu-reserve", type=_size, default=1 << 30,
-                   help="per card, kept out of every budget (CUDA context, fragmentation)")
-    s.add_argument("--gpu-sample-interval", type=float, default=1.0)
-    s.add_argument("--host-reserve", type=_size, default=2 << 30,
-                   help="host memory kept out of the budget for sleeping engines' weights")
-    s.add_argument("--kv-hold-interval", type=float, default=1.0,
-                   help="seconds between checks that each KV limit still holds")
-    s.add_argument("--kv-shm-dir", default="/dev/shm",
-                   help="where kvcached segments live (tests point it at a temp dir)")
-    s.add_argument("--weight-cache-dir", default=os.environ.get("AIBRIX_WEIGHT_CACHE_DIR"),
-                   help="the weight cache (default: $AIBRIX_WEIGHT_CACHE_DIR; unset: off)")
-    s.add_argument("--artifact-reserve", type=_size_or_zero, default=1 << 30,
-                   help="disk space the weight cache always leaves free (default 1GiB)")
-    s.add_argument("--artifact-local-root", action="append", default=[],
-                   help="a directory whose files the cache may copy (repeatable)")
-    s.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL_S3")
-                   or os.environ.get("AWS_ENDPOINT_URL"),
-                   help="an S3-compatible endpoint for s3:// artifacts")
-    s.add_argument("--log-format", choices=("json", "text"), default="json")
-    s.add_argument("--log-level", default="info")
-    s.set_defaults(func=_serve)
-    from reconciler.cli import add_commands, add_serve_options
+    p = Parser(prog="runtime-agent", description=DESCRIPTION, epilog=EPILOG,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"runtime-agent {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve_parser(sub)
+    from runtime_agent.console.commands import add_agent_options
+    from runtime_agent.console.commands import add_commands as add_client_commands
 
-    add_serve_options(s)  # serve --claims DIR [--claims-port 8081]
+    t = sub.add_parser("top", help="a live view of the node: memory per card, engines, keys to "
+                       "sleep, wake and stop",
+                       description="A live view of one agent, refreshed from its events feed. "
+                       "Keys: up/down select an engine, s sleep, w wake, x stop (asks first), "
+                       "q quit.")
+    add_agent_options(t)
+    t.set_defaults(func=_top)
+    add_client_commands(sub)  # snapshot, activate, deactivate, sleep, wake, kv-limit, logs...
+    from reconciler.cli import add_commands
 
-    def client_parser(name: str, help_text: str) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help_text)
-        c.add_argument("--url", default=os.environ.get("RUNTIME_AGENT_URL",
-                                                       "http://127.0.0.1:8080"))
-        c.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
-                       help="the agent's bearer token (or RUNTIME_AGENT_TOKEN)")
-        c.set_defaults(func=_client_command)
-        return c
-
-    c = client_parser("snapshot", "print the engines as a table (-o json for JSON)")
-    c.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    c = client_parser("activate", "start an engine for a model")
-    c.add_argument("model")
-    c.add_argument("--artifact", required=True, help="e.g. huggingface://Qwen/Qwen3-0.6B")
-    c.add_argument("--engine", default="vllm", choices=("vllm", "ollama", "sim"))
-    c.add_argument("--engine-port", type=int, default=0)
-    c.add_argument("--arg", action="append", default=[], help="engine flag, --flag=value")
-    client_parser("deactivate", "stop a model's engine").add_argument("model")
-    c = client_parser("sleep", "put a model's engine to sleep")
-    c.add_argument("model")
-    c.add_argument("--level", type=int, choices=(1, 2), default=1)
-    c.add_argument("--operation-id")
-    c = client_parser("wake", "wake a model's engine")
-    c.add_argument("model")
-    c.add_argument("--operation-id")
-    c = client_parser("kv-limit", "set a model's KV-cache limit (bytes)")
-    c.add_argument("model")
-    c.add_argument("bytes", type=int)
-    c.add_argument("--operation-id")
-    c = client_parser("logs", "print the last lines of a model's engine log")
-    c.add_argument("model")
-    c.add_argument("--tail", type=int, default=100)
-    c = client_parser("events", "print engine events (-f to follow)")
-    c.add_argument("-f", "--follow", action="store_true")
     add_commands(sub)  # reconcile --claims DIR --pool FILE; claims get|describe
-    from runtime_agent.artifacts.commands import add_commands as add_artifact_commands
+    from runtime_agent.console.artifacts import add_commands as add_artifact_commands
 
     add_artifact_commands(sub)  # download URL; artifacts
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    from runtime_agent.console.commands import join_arg_values
+
+    words = join_arg_values(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(words)
     try:
-        return int(args.func(args))
+        if args.command in ("serve", "reconcile", "top"):
+            return int(args.func(args))
+        return quiet_on_closed_pipe(lambda: int(args.func(args)))
     except KeyboardInterrupt:
         return 130
 

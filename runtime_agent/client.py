@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 
-def read_token(token_file: str | None) -> str | None:
+def read_token(token_file: str | None) -> str | None:  # scripts; the CLI uses preflight's
     """The API token from ``--token-file`` or ``RUNTIME_AGENT_TOKEN``; None when neither."""
     if token_file:
         try:
@@ -94,8 +94,18 @@ class AgentClient:
         quoted = urllib.parse.quote(model_name, safe="")
         return self._call("GET", f"/v1/runtime/models/{quoted}/logs?tail={tail}")
 
-    def events(self, since: int = 0, wait: int = 0) -> dict[str, Any]:
-        return self._call("GET", f"/v1/runtime/events?since={since}&wait={wait}")
+    def events(self, since: int = 0, wait: int = 0, boot_id: str | None = None
+               ) -> dict[str, Any]:
+        """Events after ``since``; with ``boot_id`` (the boot the cursor is from), an agent
+        that restarted since answers ``reset: true``."""
+        query = f"since={since}&wait={wait}"
+        if boot_id:
+            query += f"&boot_id={urllib.parse.quote(boot_id)}"
+        return self._call("GET", f"/v1/runtime/events?{query}")
+
+    def get(self, path: str) -> dict[str, Any]:
+        """Any GET of the API, for what has no method here."""
+        return self._call("GET", path)
 
     # ---- the weight cache -------------------------------------------------------------------
 

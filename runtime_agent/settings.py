@@ -65,6 +65,9 @@ class Settings:
     sim_command: tuple[str, ...] = SIM_ENGINE_COMMAND
     # Run simulated engines in place of vLLM (the embedded default on a machine without a GPU).
     simulate_engines: bool = False
+    # Why a real engine kind cannot run here, as found at start (``python -m`` modules that
+    # are not installed): (kind, why) pairs; activations for those kinds answer 503.
+    engine_problems: tuple[tuple[str, str], ...] = ()
     # The weight cache (AIBRIX_WEIGHT_CACHE_DIR): artifacts staged before engines need them.
     weight_cache_dir: Path | None = None
     artifact_reserve_bytes: int = 1 << 30  # kept free on the cache's disk

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from reconciler.cli import table as claims_table  # noqa: E402
-from runtime_agent.cli import _table as snapshot_table  # noqa: E402
+from runtime_agent.console.tables import snapshot_table  # noqa: E402
 from runtime_agent.client import AgentClient, AgentError  # noqa: E402
 
 SLEEP_AFTER_S = 6

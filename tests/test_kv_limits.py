@@ -173,4 +173,9 @@ def test_the_cli_snapshot_shows_the_kv_figures(agent: AgentProcess) -> None:
     assert out.returncode == 0
     header, row = out.stdout.splitlines()[:2]
     assert "KV LIMIT" in header and "KV USED" in header
-    assert row.split()[10:12] == ["1.0GiB", "1.0GiB"]
+
+    def cell(name: str) -> str:  # columns are left-aligned under their headers
+        start = header.index(name)
+        return row[start:].split("  ")[0].strip()
+
+    assert (cell("KV LIMIT"), cell("KV APPLIED")) == ("1.0GiB", "1.0GiB")

@@ -94,7 +94,8 @@ async def test_a_crash_restarts_after_the_backoff_and_counts(rig: OwnerRig) -> N
                     and rig.owner.view.phase is Phase.ACTIVE, "restarted")
     assert rig.owner is not None
     assert rig.owner.view.restart_count == 1
-    assert "exited with code 3" in (rig.owner.view.last_error or "")
+    assert "exited with code 3" in (rig.owner.view.last_exit or "")
+    assert rig.owner.view.last_error is None  # ready again: no current error
     assert ["booting", "active", "restarting", "booting", "active"] == [
         e.dst for e in rig.events if e.src != e.dst]
 
@@ -119,7 +120,7 @@ async def test_an_unusable_engine_has_its_group_killed_and_is_restarted(rig: Own
     rig.owner._inbox.put_nowait(Unusable(rig.owner._gen, "stuck"))
     await rig.until(lambda: len(rig.launcher.spawned) == 2, "restart")
     assert proc.calls == ["signal_group:SIGKILL"]
-    assert (rig.owner.view.last_error or "").startswith("stuck (then killed by signal SIGKILL)")
+    assert (rig.owner.view.last_exit or "").startswith("stuck (then killed by signal SIGKILL)")
 
 
 async def test_news_from_a_dead_process_is_dropped(rig: OwnerRig) -> None:

@@ -81,6 +81,7 @@ def test_vllm_argv_puts_agent_flags_first_and_values_as_separate_items() -> None
                                               "--chat-template": "a b; rm -rf /"})
     assert argv == ["vllm", "serve", "Qwen/Qwen3-0.6B", "--served-model-name", "qwen3-0.6b",
                     "--host", "0.0.0.0", "--port", "20000", "--enable-sleep-mode",
+                    "--disable-access-log-for-endpoints", "/health,/is_sleeping,/metrics",
                     "--max-model-len", "2048", "--enforce-eager", "--chat-template",
                     "a b; rm -rf /"]
 

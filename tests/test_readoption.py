@@ -50,7 +50,7 @@ def test_a_killed_agent_is_replaced_and_readopts_every_engine(agent_factory) -> 
         lambda s: new.model(s, "a")["restart_count"] == 1 and new.model(s, "a")["ready"],
         what="a restarted"), "a")
     assert model["port"] == before["a"]["port"]
-    assert "status unknown" in model["last_error"]
+    assert "status unknown" in model["last_exit"] and model["last_error"] is None
 
 
 def test_an_engine_that_died_with_the_agent_is_restarted_on_its_port(agent_factory) -> None:

@@ -16,6 +16,7 @@ import pytest
 from engines import sglang
 from engines.adapter import LaunchContext
 from engines.flags import known_flags
+from engines.flags import unrecognized
 from registry.record import EngineRecord, EngineSpec
 from runtime_agent.client import AgentError
 from tests.harness import AgentProcess, complete
@@ -28,16 +29,7 @@ def _record(args: dict[str, str] | None = None) -> EngineRecord:
 
 
 def _check_against_sglangs_parser(argv: list[str]) -> None:
-    flags = known_flags("sglang")
-    i = 0
-    while i < len(argv):
-        flag = argv[i]
-        assert flag in flags, f"{flag} is not a flag of SGLang's parser"
-        if flags[flag] == "value":
-            assert i + 1 < len(argv) and not argv[i + 1].startswith("--"), f"{flag} needs a value"
-            i += 2
-        else:
-            i += 1
+    assert unrecognized(argv, known_flags("sglang"), positionals=0) == []
 
 
 async def test_the_command_line_uses_only_sglangs_own_flags() -> None:

@@ -51,6 +51,7 @@ METRICS_LABEL = "aibrix.ai/metrics"
 AGENT_METRICS = (
     "aibrix:modelclaim_models_resident",
     "aibrix:modelclaim_engine_state",
+    "aibrix:modelclaim_engine_info",
     "aibrix:modelclaim_kv_used_bytes",
     "aibrix:modelclaim_kv_total_bytes",
     "aibrix:modelclaim_kv_limit_requested_bytes",

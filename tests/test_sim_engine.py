@@ -39,7 +39,7 @@ from tests.harness import SimProcess, engine_port, port_is_open, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VLLM_FLAGS = ["--gpu-memory-utilization", "0.9", "--max-model-len", "2048", "--trust-remote-code",
-              "--kv-cache-dtype", "auto", "--compilation-config", '{"level": 3}', "--swap-space", "-1"]
+              "--kv-cache-dtype", "auto", "--compilation-config", '{"level": 3}', "--seed", "-1"]
 
 
 
@@ -141,11 +141,34 @@ def sse_events(raw: str) -> list[str]:
 # --- command line ---------------------------------------------------------------------------------
 
 
-def test_command_line_ignores_unknown_vllm_flags_and_their_values() -> None:
+def test_command_line_takes_real_vllm_flags_it_does_not_model_with_their_values() -> None:
     options = parse_options(["serve", "m", "--served-model-name", "n", *VLLM_FLAGS, "--port", "9"], {})
     assert (options.model, options.served_model_name, options.port, options.max_model_len) == ("m", "n", 9, 2048)
     assert "--gpu-memory-utilization" in options.ignored_args and "-1" in options.ignored_args
-    assert parse_options(["serve", "--model", "m", "--foo", "1"], {}).served_model_name == "m"
+    assert parse_options(["serve", "m", "--max_model_len=100"], {}).max_model_len == 100
+
+
+@pytest.mark.parametrize("argv, refused", [
+    (["serve", "m", "--foo", "1"], "--foo 1"),  # no such vLLM flag (1 is no second model)
+    (["serve", "m", "--swap-space", "4"], "--swap-space 4"),  # gone from vLLM 0.32
+    (["serve", "m", "--model-path", "x"], "--model-path x"),  # SGLang's, not vLLM's
+    (["serve", "m", "stray"], "stray"),  # one positional only
+    (["serve", "--model-path", "m", "--sim-mode", "sglang", "--max-model-len", "8"], "--max-model-len 8"),
+    (["serve", "m", "--sim-mode", "ollama", "--num-parallel", "2"], "--num-parallel 2"),
+    (["serve", "m", "--sim-no-such-knob"], "--sim-no-such-knob"),
+])
+def test_command_line_refuses_what_the_real_engine_would_refuse(
+        argv: list[str], refused: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(OptionsError, match=f"unrecognized arguments: {refused}$"):
+        parse_options(argv, {})
+    assert f"error: unrecognized arguments: {refused}" in capsys.readouterr().err
+
+
+def test_a_refused_command_line_exits_2_with_argparses_words() -> None:
+    out = subprocess.run([sys.executable, "-m", "engines.sim", "serve", "m", "--foo"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "error: unrecognized arguments: --foo" in out.stderr
 
 
 def test_sim_flags_fall_back_to_env_and_the_flag_wins() -> None:

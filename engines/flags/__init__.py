@@ -9,6 +9,7 @@ simulator works on the real engine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -28,3 +29,43 @@ def known_flags(kind: str) -> dict[str, str]:
         flag, _, arity = line.partition("\t")
         flags[flag] = arity.strip()
     return flags
+
+
+def _looks_like_flag(word: str) -> bool:
+    return word.startswith("-") and len(word) > 1 and not word[1].isdigit() and word[1] != "."
+
+
+def unrecognized(words: Sequence[str], known: Mapping[str, str], positionals: int = 1) -> list[str]:
+    """The words of a command line (after ``serve``) that the engine's parser would not take:
+    unknown flags and stray positionals. Values are skipped by each flag's arity (``value``,
+    ``no-value``, ``values*``, ``values+``, ``optional-value``); ``--flag_name`` is
+    ``--flag-name``, as vLLM reads it. ``positionals``: how many plain words the parser takes
+    (``vllm serve``'s MODEL)."""
+    refused: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not _looks_like_flag(word):
+            if positionals > 0:
+                positionals -= 1
+            else:
+                refused.append(word)
+            continue
+        name, eq, _ = word.partition("=")
+        arity = known.get(name)
+        if arity is None and name.startswith("--"):
+            arity = known.get(name.replace("_", "-"))
+        if arity is None:
+            refused.append(word)
+            continue
+        if eq or arity == "no-value":
+            continue
+        if arity == "value":
+            i += 1
+        elif arity == "optional-value":
+            i += int(i < len(words) and not _looks_like_flag(words[i]))
+        else:  # values* / values+
+            while i < len(words) and not _looks_like_flag(words[i]):
+                i += 1
+    return refused

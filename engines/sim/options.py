@@ -1,21 +1,25 @@
 """Command line of the simulated engine.
 
 The agent launches engines with the command line real vLLM expects (``vllm serve MODEL
---served-model-name NAME --host H --port P --enable-sleep-mode ...``). The simulator must accept that
-exact command line unchanged, so it parses the few flags it models, ignores every other flag (and its
-value), and adds its own ``--sim-*`` knobs for tuning and fault injection. Each ``--sim-*`` flag has an
-environment fallback (``SIM_STARTUP_SECONDS`` for ``--sim-startup-seconds`` and so on); the flag wins.
+--served-model-name NAME --host H --port P --enable-sleep-mode ...``). The simulator accepts that
+exact command line and refuses what the real engine would refuse: every flag is checked against the
+real parser's list (``engines/flags/<kind>.tsv``, read with ``engines.flags.known_flags``), and a flag
+the engine does not have ends the process with exit code 2 and argparse's "unrecognized arguments",
+as ``vllm serve`` does. So a spec that works in the simulator works on the real engine. It models a
+few of those flags, accepts the rest (``ignored_args``), and adds its own ``--sim-*`` knobs for tuning
+and fault injection. Each ``--sim-*`` flag has an environment fallback (``SIM_STARTUP_SECONDS`` for
+``--sim-startup-seconds`` and so on); the flag wins.
 Like vLLM, ``--runner pooling`` (or the older ``--task embed``, ``--convert embed``) makes a pooling
 model: it serves ``/v1/embeddings`` (``--sim-embedding-dim`` wide) instead of completions.
 
-``--sim-mode sglang`` serves SGLang's HTTP API instead of vLLM's (``engines.sim.sglang_api``): the model
-comes from ``--model-path`` (or ``--model``), and ``--enable-memory-saver``,
+``--sim-mode sglang`` serves SGLang's HTTP API instead of vLLM's (``engines.sim.sglang_api``) and takes
+SGLang's flags: the model comes from ``--model-path`` (or ``--model``), and ``--enable-memory-saver``,
 ``--enable-weights-cpu-backup``, ``--enable-metrics`` and ``--context-length`` are modelled.
 
-``--sim-mode ollama`` turns the process into one ``ollama serve``: no model argument, configuration
-from the ``OLLAMA_*`` environment (``engines.sim.ollama_config``); ``--host``/``--port`` still override
-``OLLAMA_HOST`` for convenience. ``--sim-missing-model NAME`` (repeatable; ``SIM_MISSING_MODEL`` takes a
-comma-separated list) makes Ollama answer "model not found" for that name.
+``--sim-mode ollama`` turns the process into one ``ollama serve``: no flags but ``--sim-*`` (and
+``--host``/``--port`` for convenience), the model as the positional argument, configuration from the
+``OLLAMA_*`` environment (``engines.sim.ollama_config``). ``--sim-missing-model NAME`` (repeatable;
+``SIM_MISSING_MODEL`` takes a comma-separated list) makes Ollama answer "model not found" for that name.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from engines.flags import known_flags, unrecognized
 from engines.sim.kvcache import DEFAULT_SHM_DIR, ipc_name_from_env, round_up_to_pages
 from engines.sim.ollama_config import (
     OllamaSettings,
@@ -57,6 +62,10 @@ class SimOptions:
     enable_sleep_mode: bool = False
     max_model_len: int = 4096
     access_log: bool = True
+    # Paths left out of the access log: vLLM's --disable-access-log-for-endpoints (exact paths),
+    # SGLang's --uvicorn-access-log-exclude-prefixes (prefixes).
+    quiet_paths: tuple[str, ...] = ()
+    quiet_prefixes: tuple[str, ...] = ()
     mode: str = "vllm"
     startup_seconds: float = 0.5
     hang_on_start: bool = False
@@ -92,7 +101,7 @@ class SimOptions:
     enable_metrics: bool = False
     health_timeout_s: float = 20.0
     enable_lora: bool = False  # --enable-lora (vLLM and SGLang): adapters may be loaded
-    ignored_args: tuple[str, ...] = ()
+    ignored_args: tuple[str, ...] = ()  # the real engine's flags that the simulator does not model
     # kvcached, from the environment like the real engine: ENABLE_KVCACHED=true and KVCACHED_IPC_NAME
     # (sanitised as kvcached does). KVCACHED_SHM_DIR is the simulator's own, for tests.
     kvcached_ipc_name: str | None = None
@@ -166,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--disable-uvicorn-access-log", action="store_true")
+    parser.add_argument("--disable-access-log-for-endpoints", default="")
+    parser.add_argument("--uvicorn-access-log-exclude-prefixes", nargs="*", default=[])
     # SGLang's own spellings (--sim-mode sglang)
     parser.add_argument("--model-path", dest="model_path", default=None)
     parser.add_argument("--context-length", type=int, default=None)
@@ -211,7 +222,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
     """Merge the command line and SIM_* environment into SimOptions; raise OptionsError if unusable."""
     parser = build_parser()
     try:
-        namespace, unknown = parser.parse_known_args(list(argv))
+        namespace, unknown = parser.parse_known_args([_dashes(word) for word in argv])
     except SystemExit as exc:  # argparse already printed its message (or the --help text)
         if exc.code in (0, None):
             raise
@@ -220,6 +231,14 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
     sim = {dest: _sim_value(namespace, env, dest, conv, default) for dest, conv, default, _ in _SIM_FLAGS}
     if sim["mode"] not in SUPPORTED_MODES:
         raise OptionsError(f"--sim-mode {sim['mode']!r} is not supported (choose from {SUPPORTED_MODES})")
+    refused = unrecognized(list(argv)[1:], accepted_flags(sim["mode"]), positionals=int(sim["mode"] != "sglang"))
+    if refused:
+        parser.prog = f"python -m engines.sim (simulated {sim['mode']})"
+        parser.usage = f"%(prog)s serve [MODEL] [{sim['mode']}'s own flags] [--sim-*]"
+        try:
+            parser.error(f"unrecognized arguments: {' '.join(refused)}")
+        except SystemExit as exc:  # argparse printed the usage and the error, as the real engine does
+            raise OptionsError(f"unrecognized arguments: {' '.join(refused)}") from exc
     if sim["mode"] == "sglang":
         model = namespace.model_path or namespace.model_flag
         if not model:
@@ -268,6 +287,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         enable_sleep_mode=namespace.enable_sleep_mode,
         max_model_len=namespace.context_length or namespace.max_model_len,
         access_log=not namespace.disable_uvicorn_access_log,
+        quiet_paths=tuple(p for p in namespace.disable_access_log_for_endpoints.split(",") if p),
+        quiet_prefixes=tuple(namespace.uvicorn_access_log_exclude_prefixes),
         ignored_args=tuple(unknown),
         kvcached_ipc_name=kvcached_ipc_name,
         kvcached_shm_dir=env.get("KVCACHED_SHM_DIR") or DEFAULT_SHM_DIR,
@@ -288,3 +309,24 @@ def _health_timeout(env: Mapping[str, str]) -> float:
         return max(0.0, float(raw))
     except ValueError as exc:
         raise OptionsError(f"SGLANG_HEALTH_CHECK_TIMEOUT={raw!r}: {exc}") from exc
+
+
+# ---- the real engines' flags ------------------------------------------------------------------
+
+
+def accepted_flags(mode: str) -> dict[str, str]:
+    """``{flag: arity}`` the simulated ``mode`` takes: its real engine's flags and ``--sim-*``."""
+    sim = {"--sim-" + dest.replace("_", "-"): "no-value" if is_bool else "value"
+           for dest, _c, _d, is_bool in _SIM_FLAGS}
+    sim["--sim-missing-model"] = "value"
+    if mode == "ollama":  # `ollama serve` takes no flags; --host/--port are the simulator's
+        return {**sim, "--host": "value", "--port": "value"}
+    return {**known_flags(mode), **sim}
+
+
+def _dashes(word: str) -> str:
+    """``--max_model_len=8`` as ``--max-model-len=8``: vLLM takes both spellings."""
+    if not word.startswith("--"):
+        return word
+    name, eq, value = word.partition("=")
+    return name.replace("_", "-") + eq + value

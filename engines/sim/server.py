@@ -38,7 +38,10 @@ def dev_mode_enabled(value: str | None) -> bool:
         return False
 
 
-def _make_access_log_middleware(enabled: bool) -> Any:
+def _make_access_log_middleware(enabled: bool, quiet_paths: tuple[str, ...] = (),
+                                 quiet_prefixes: tuple[str, ...] = ()) -> Any:
+    """uvicorn's access log, less the paths the engine was told to leave out (vLLM: exact
+    paths, SGLang: prefixes)."""
     @web.middleware
     async def middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
         try:
@@ -48,7 +51,8 @@ def _make_access_log_middleware(enabled: bool) -> Any:
             response = web.json_response({"detail": exc.reason}, status=exc.status)
             if exc.status == 405:
                 response.headers["Allow"] = exc.headers.get("Allow", "")
-        if enabled:
+        if enabled and request.path not in quiet_paths and not request.path.startswith(
+                quiet_prefixes or ("\0",)):
             peer = request.remote or "-"
             transport = request.transport
             if transport is not None:
@@ -149,7 +153,9 @@ async def _collective_rpc(request: web.Request) -> web.Response:
 
 def build_app(state: EngineState, dev_mode: bool) -> web.Application:
     """The complete application; sleep endpoints exist only with dev mode and ``--enable-sleep-mode``."""
-    app = web.Application(middlewares=[_make_access_log_middleware(state.options.access_log)])
+    o = state.options
+    app = web.Application(middlewares=[_make_access_log_middleware(o.access_log, o.quiet_paths,
+                                                                   o.quiet_prefixes)])
     app[STATE_KEY] = state
     app.router.add_get("/health", _health)
     app.router.add_get("/version", _version)

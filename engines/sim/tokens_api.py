@@ -22,7 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.sim.openai_api import STATE_KEY, RequestError, check_model, error_response, read_body
+from engines.sim.openai_api import (
+    STATE_KEY,
+    RequestError,
+    check_model,
+    error_response,
+    read_body,
+)
 from engines.sim.state import EngineAsleep, EngineState, WeightsDiscarded
 from engines.sim.textgen import chat_prompt, embedding, token_ids
 

@@ -44,6 +44,7 @@ class AgentCollector(Collector):
         for phase in Phase:
             state.add_metric([phase.value], phases.get(phase, 0))
         yield state
+        yield engine_info(views)
         restarts = CounterMetricFamily(P + "engine_restart_attempts",
                                        "Restarts of each engine over its life.", labels=["model"])
         exhausted = CounterMetricFamily(P + "engine_restart_budget_exhausted",
@@ -71,6 +72,17 @@ class AgentCollector(Collector):
         yield readopt
         if self._extra is not None:
             yield from self._extra()
+
+
+def engine_info(views: list[EngineView]) -> Metric:
+    """One series per engine saying what it is: its kind and whether the simulator runs in its
+    place (``simulated="true"``: no model runs, its figures are made up)."""
+    info = GaugeMetricFamily(P + "engine_info", "Each engine's kind, and whether it is the "
+                             "simulator (simulated=\"true\") rather than the real engine.",
+                             labels=["model", "engine", "simulated"])
+    for v in views:
+        info.add_metric([v.spec.model_name, v.spec.engine, str(v.simulated).lower()], 1)
+    return info
 
 
 def _kv_families(views: list[EngineView]) -> Iterator[Metric]:

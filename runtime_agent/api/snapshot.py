@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runtime_agent.gpu.broker import EngineHbm, MemoryBroker
+from runtime_agent.kv.hold import capped_by
 from runtime_agent.supervision.views import EngineView
 
 
@@ -32,6 +33,7 @@ def model_entry(view: EngineView) -> dict[str, Any]:
     return {
         "model_name": spec.model_name,
         "engine": spec.engine,
+        "simulated": view.simulated,  # the simulator runs in place of the engine (no model)
         "artifact_url": spec.artifact_url,
         "claim_ref": spec.claim_ref.model_dump() if spec.claim_ref else None,
         "engine_id": view.engine_id,
@@ -47,6 +49,7 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "operation": view.operation,
         "restart_count": view.restart_count,
         "last_error": view.last_error,
+        "last_exit": view.last_exit,
         "last_transition": _iso(view.last_transition) if view.last_transition else None,
         "request_metrics_observed": observed,
         "requests_running": view.requests_running if observed else 0,
@@ -57,6 +60,7 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "context_length": view.context_length,
         "kv_limit_requested_bytes": view.kv.requested,
         "kv_limit_applied_bytes": view.kv.applied,
+        "kv_limit_capped_by": capped_by(view.kv),
         # What the engine obeys now (the segment's total_size), as AIBrix reads the field.
         "kv_capacity_bytes": view.kv.total,
         # What the engine created its segment with: the most a limit can be.
@@ -76,7 +80,8 @@ def model_entry(view: EngineView) -> dict[str, Any]:
 def short_entry(view: EngineView) -> dict[str, Any]:
     """One entry of ``GET /v1/runtime/models`` (AIBrix's ModelInfo, plus ours)."""
     entry: dict[str, Any] = {
-        "model_name": view.spec.model_name, "engine": view.spec.engine, "port": view.port,
+        "model_name": view.spec.model_name, "engine": view.spec.engine,
+        "simulated": view.simulated, "port": view.port,
         "ipc_name": view.spec.ipc_name, "phase": view.phase.value, "ready": view.ready,
         "pid": view.pid, "restart_count": view.restart_count}
     if view.kv.used is not None:

@@ -35,6 +35,18 @@ class KvState:
     restarted: bool = False  # a new engine process: its next segment is a fresh one
 
 
+ENGINE_KV_CAPACITY = "engine_kv_capacity"
+
+
+def capped_by(state: KvState) -> str | None:
+    """What holds the applied limit below the requested one, or None: the engine created its
+    KV cache (its kvcached segment) smaller than the limit asked, and a limit only lowers it."""
+    if state.requested is not None and state.capacity is not None \
+            and state.requested > state.capacity:
+        return ENGINE_KV_CAPACITY
+    return None
+
+
 def new_process(state: KvState) -> KvState:
     """The engine was (re)started: forget the old segment, whatever inode the new one gets.
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 
 import aiohttp
 
@@ -58,6 +60,43 @@ def spec_problem(settings: Settings, spec: EngineSpec, device_count: int) -> str
     return problem
 
 
+# ---- is the real engine there? (issue 13: a missing executable is a 503, not a 500) -----------
+
+
+def command_prefix(settings: Settings, kind: str) -> tuple[str, ...]:
+    """The argv prefix that runs a real engine of ``kind`` (before its model and flags)."""
+    return {"ollama": settings.ollama_command,
+            "sglang": settings.sglang_command}.get(kind, settings.vllm_command)
+
+
+def executable_problem(settings: Settings, kind: str,
+                       which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """Why a real engine of ``kind`` cannot be started here (its executable is not on PATH),
+    or None. A PATH lookup: cheap enough for every activation, so an engine installed after
+    the agent started is found."""
+    command = command_prefix(settings, kind)
+    if not command:
+        return f"--{kind}-command is empty"
+    if which(command[0]) is None:
+        return f"{command[0]!r} (--{kind}-command) is not on PATH"
+    return None
+
+
+def engine_missing(settings: Settings, spec: EngineSpec,
+                   which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """Why this activation's engine cannot start on this node (reason
+    EngineExecutableMissing, a 503), or None. Simulated engines are always there; a
+    ``python -m`` module was looked up once at start (``settings.engine_problems``)."""
+    if simulated(settings, spec):
+        return None
+    problem = (executable_problem(settings, spec.engine, which)
+               or dict(settings.engine_problems).get(spec.engine))
+    if problem is None:
+        return None
+    return (f"engine {spec.engine!r} cannot run on this node: {problem}; install it (or set "
+            f"--{spec.engine}-command) and activate again")
+
+
 def gpus_needed(spec: EngineSpec) -> int:
     return contract_gpus_needed(spec.engine, spec.args)
 
@@ -92,11 +131,7 @@ def engine_command(settings: Settings, record: EngineRecord, adapter: EngineAdap
     artifact URL."""
     spec = record.spec
     sim = simulated(settings, spec)
-    if sim:
-        command = settings.sim_command
-    else:
-        command = {"ollama": settings.ollama_command,
-                   "sglang": settings.sglang_command}.get(spec.engine, settings.vllm_command)
+    command = settings.sim_command if sim else command_prefix(settings, spec.engine)
     identity = {
         ENV_ENGINE_ID: record.engine_id,
         ENV_STATE_DIR: str(settings.state_dir),

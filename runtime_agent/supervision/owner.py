@@ -61,7 +61,7 @@ from runtime_agent.supervision import (
 )
 from runtime_agent.supervision.backoff import restart_delay
 from runtime_agent.supervision.durability import StorageHealth
-from runtime_agent.supervision.engine_kinds import engine_command
+from runtime_agent.supervision.engine_kinds import engine_command, simulated
 from runtime_agent.supervision.intents import resolve
 from runtime_agent.supervision.messages import (
     AdapterDone,
@@ -360,8 +360,9 @@ class EngineOwner:
         await self._transition(Phase.BOOTING, reason, f"pid {proc.pid} on port {self.record.port}")
         if not self.spawned.done():
             self.spawned.set_result(None)
-        log.info("engine %s started: pid %d port %d (%s)", spec.model_name, proc.pid,
-                 self.record.port, reason)
+        log.info("engine %s started: pid %d port %d (%s)%s", spec.model_name, proc.pid,
+                 self.record.port, reason, f"; SIMULATED {spec.engine} (python -m engines.sim)"
+                 if simulated(self._settings, spec) else "", extra={"model": spec.model_name})
 
     async def _adopt(self, pid: int) -> None:
         proc = self._deps.launcher.attach(pid)
@@ -419,7 +420,7 @@ class EngineOwner:
         cause = why or (info.describe() if info else "exited")
         if self._exit_cause is not None:
             cause, self._exit_cause = f"{self._exit_cause} (then {cause})", None
-        self.record.last_error = cause
+        self.record.last_error = self.record.last_exit = cause
         self.record.pid = self.record.pid_start_time = None
         delay = restart_delay(self.record.restart_count, self._settings.restart_delays)
         if delay is None:  # terminal: no hurry, and the log tail belongs in last_error at once
@@ -447,11 +448,16 @@ class EngineOwner:
     async def _add_log_tail(self, cause: str) -> None:
         tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
         if tail:
-            self.record.last_error = cause + "\n" + "\n".join(tail)
+            self.record.last_exit = cause + "\n" + "\n".join(tail)
+            if self.record.last_error == cause:  # still the current error (not ready again)
+                self.record.last_error = self.record.last_exit
             self._publish()
 
     async def _on_ready(self, sleeping: bool | None) -> None:
         self._ready = True
+        if self.record.last_error is not None:  # healthy again: an exit stays in last_exit
+            self.record.last_error = None
+            self._publish()
         self._end_turn()
         if sleeping is None:  # the engine does not say (SGLang): a new process is awake, a
             sleeping = self._adopted and self.record.phase is Phase.SLEEPING  # re-adopted as recorded
@@ -629,7 +635,8 @@ class EngineOwner:
             log_path=str(self.log_path), op_counts=dict(r.op_counts),
             budget_exhausted=r.budget_exhausted, kv=self._kv.state, devices=tuple(r.devices),
             adapters=tuple((a.name, a.path, a.name in self._adapters_loaded) for a in r.adapters),
-            staging=self._staging, conditions=self._conditions(),
+            staging=self._staging, conditions=self._conditions(), last_exit=r.last_exit,
+            simulated=simulated(self._settings, r.spec),
         )
 
     def _conditions(self) -> tuple[str, ...]:

@@ -19,10 +19,14 @@ from dataclasses import dataclass, field
 from contract.engines import lora_enabled
 from contract.names import ipc_name_for
 from contract.phases import Phase
-from contract.reasons import INSUFFICIENT_GPU, INVALID_ENGINE_CONFIG
+from contract.reasons import ENGINE_MISSING, INSUFFICIENT_GPU, INVALID_ENGINE_CONFIG
 from registry.record import EngineRecord, EngineSpec, PerGpu
 from runtime_agent.gpu.admission import Admit, Refuse
-from runtime_agent.supervision.engine_kinds import gpus_needed, spec_problem
+from runtime_agent.supervision.engine_kinds import (
+    engine_missing,
+    gpus_needed,
+    spec_problem,
+)
 from runtime_agent.supervision.intents import no_room
 from runtime_agent.supervision.messages import (
     Intent,
@@ -83,6 +87,8 @@ class EnginePool:
         existing = self.owners.get(name)
         if existing is not None:
             return await self._same_or_conflict(existing, spec, req.port, req.kv_limit_bytes)
+        if (missing := engine_missing(self._settings, spec)) is not None:
+            return Refused(Refusal.UNAVAILABLE, missing, ENGINE_MISSING, name)  # 503, not a 500
         if name in self._admitting:
             return Refused(Refusal.CONFLICT, f"model {name!r} is already being activated "
                            "(waiting for GPU memory)", model_name=name)

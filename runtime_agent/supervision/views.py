@@ -27,7 +27,7 @@ class EngineView:
     sleep_level: int | None
     operation: str | None
     restart_count: int
-    last_error: str | None
+    last_error: str | None  # what is wrong now; None once the engine is ready again
     last_transition: float
     created_at: float
     requests_running: int | None
@@ -44,6 +44,8 @@ class EngineView:
     adapters: tuple[tuple[str, str, bool], ...] = ()  # LoRA: (name, path, loaded now)
     conditions: tuple[str, ...] = ()  # what is wrong now (contract reason names)
     staging: StagingView | None = None  # weights being staged before the start (issue 14)
+    last_exit: str | None = None  # how the process last ended unasked, with its log tail
+    simulated: bool = False  # the process is the simulator (python -m engines.sim), not the engine
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,9 @@ def test_an_agent_killed_mid_call_reports_what_the_engine_did_after_its_restart(
         agent.client.sleep("m1")
     started = threading.Thread(target=lambda: _quietly(getattr(agent.client, call), "m1"))
     started.start()
-    agent.wait_for(lambda s: agent.model(s, "m1")["operation"] == call, what="call in flight")
+    # An operation starts without an event: poll for it.
+    agent.wait_for(lambda s: agent.model(s, "m1")["operation"] == call, what="call in flight",
+                   poll_s=0.05)
     agent.kill()  # mid-call: the engine finishes it with no agent to see
     started.join(10)
     new = restart_agent(agent_factory, agent)

@@ -7,46 +7,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any, TextIO
 
 from runtime_agent.artifacts.planning import human
-from runtime_agent.client import AgentClient, AgentError, read_token
+from runtime_agent.client import AgentClient
+from runtime_agent.console.commands import add_agent_options, guarded
+from runtime_agent.console.output import add_output_flag, columns, render
 
 BAR = 30
 POLL_S = 0.5
 
 
 def add_commands(sub: Any) -> None:
-    url = os.environ.get("RUNTIME_AGENT_URL", "http://127.0.0.1:8080")
-    d = sub.add_parser("download", help="stage an artifact in the agent's weight cache")
+    d = sub.add_parser("download", help="stage an artifact in the agent's weight cache",
+                       description="Stage an artifact in the agent's weight cache and draw its "
+                       "progress until it is ready (exit 0) or failed (exit 1).")
     d.add_argument("artifact", help="huggingface://ORG/NAME, s3://BUCKET/PREFIX or file:///PATH")
     d.add_argument("--revision", help="Hub branch, tag or commit (default main)")
     d.add_argument("--credential", action="append", default=[], metavar="KEY=VALUE",
                    help="e.g. HF_TOKEN=..., AWS_ACCESS_KEY_ID=... (repeatable)")
     d.add_argument("--no-wait", action="store_true", help="start it and return")
-    d.add_argument("--url", default=url)
-    d.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"))
+    add_agent_options(d)
     d.set_defaults(func=_download)
     a = sub.add_parser("artifacts", help="list the agent's weight cache")
-    a.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_output_flag(a, ("table", "json", "yaml"))
     a.add_argument("--delete", metavar="ARTIFACT_ID", help="free this entry")
-    a.add_argument("--url", default=url)
-    a.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"))
+    add_agent_options(a)
     a.set_defaults(func=_artifacts)
-
-
-def _run(args: argparse.Namespace, body: Any) -> int:
-    try:
-        return int(body(AgentClient(args.url, token=read_token(args.token_file))))
-    except AgentError as exc:
-        print(f"error ({exc.status}): {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"cannot reach the agent at {args.url}: {exc}", file=sys.stderr)
-        return 2
 
 
 def _download(args: argparse.Namespace) -> int:
@@ -59,7 +48,7 @@ def _download(args: argparse.Namespace) -> int:
             return 0
         return follow(client, entry["artifact_id"], sys.stderr)
 
-    return _run(args, body)
+    return guarded(args, body)
 
 
 def follow(client: AgentClient, artifact_id: str, out: TextIO) -> int:
@@ -102,11 +91,10 @@ def _artifacts(args: argparse.Namespace) -> int:
         if args.delete:
             print(json.dumps(client.delete_artifact(args.delete), indent=2))
             return 0
-        entries = client.artifacts()
-        print(json.dumps(entries, indent=2) if args.output == "json" else table(entries))
+        print(render(client.artifacts(), args.output, lambda entries, _: table(entries)))
         return 0
 
-    return _run(args, body)
+    return guarded(args, body)
 
 
 def table(entries: list[dict[str, Any]]) -> str:
@@ -122,6 +110,4 @@ def table(entries: list[dict[str, Any]]) -> str:
                      "yes" if e["in_use"] else "no",
                      time.strftime("%Y-%m-%d %H:%M", time.localtime(used)) if used else "-",
                      (e.get("error") or "")[:60]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
+    return columns(rows)

@@ -1,0 +1,266 @@
+"""The client commands of ``runtime-agent``: snapshot, activate, sleep, wake, kv-limit, logs...
+
+Each talks to a running agent's API (``--url``, or ``RUNTIME_AGENT_URL``) with its bearer token
+(``--token-file``, ``RUNTIME_AGENT_TOKEN_FILE`` or ``RUNTIME_AGENT_TOKEN``) and says what went
+wrong in one line: the agent's own refusal, an address that is the reconciler's rather than the
+agent's, an agent that cannot be reached. Exit codes: 0 done, 1 the agent refused or the
+operation did not succeed, 2 a flag is wrong, 7 the token file cannot be read, 8 the agent
+cannot be reached (README, "Exit codes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from contract.endpoints import AGENT_PORT, RECONCILER_PORT, base_url
+from contract.quantity import QuantityError, parse_size
+from engines.flags import known_flags
+from runtime_agent.client import AgentClient, AgentError
+from runtime_agent.console.output import add_output_flag, render
+from runtime_agent.console.tables import snapshot_table
+from runtime_agent.preflight import StartupError, read_token_file
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 8
+DEFAULT_AGENT_URL = f"http://127.0.0.1:{AGENT_PORT}"
+DEFAULT_RECONCILER_URL = f"http://127.0.0.1:{RECONCILER_PORT}"
+OPERATION_ID_HELP = "a retry with the same id returns the first result (default: a new id)"
+
+
+def url_type(text: str) -> str:
+    try:
+        return base_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def size_type(text: str) -> int:
+    try:
+        return parse_size(text)
+    except QuantityError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_agent_options(parser: argparse.ArgumentParser) -> None:
+    """``--url`` and ``--token-file``, with their environment variables."""
+    parser.add_argument("--url", type=url_type,
+                        default=os.environ.get("RUNTIME_AGENT_URL", DEFAULT_AGENT_URL),
+                        help="the agent's address: http://HOST:PORT, HOST:PORT or :PORT "
+                        "(env RUNTIME_AGENT_URL; default %(default)s)")
+    parser.add_argument("--token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
+                        help="a file holding the agent's bearer token (env "
+                        "RUNTIME_AGENT_TOKEN_FILE; or the token itself in RUNTIME_AGENT_TOKEN; default: "
+                        "no token)")
+
+
+def add_commands(sub: Any) -> None:
+    def command(name: str, help_text: str, description: str | None = None
+                ) -> argparse.ArgumentParser:
+        c: argparse.ArgumentParser = sub.add_parser(name, help=help_text,
+                                                    description=description or help_text)
+        add_agent_options(c)
+        c.set_defaults(func=run_command)
+        return c
+
+    c = command("snapshot", "the engines, their figures and the cards, as a table",
+                "The agent's snapshot: one line per engine, the GPUs, and what the marks mean. "
+                "Every column is described in docs/fields.md.")
+    add_output_flag(c)
+    c = command("activate", "start an engine for a model",
+                "Start an engine for MODEL. The same spec again changes nothing; a failed "
+                "engine activated again with its spec restarts with a fresh restart budget; a "
+                "different spec is refused (deactivate it first).")
+    c.add_argument("model", help="the model name clients will ask for")
+    c.add_argument("--artifact", required=True,
+                   help="huggingface://ORG/NAME, hf://ORG/NAME, s3://..., file:///PATH or, for "
+                   "Ollama, ollama://NAME:TAG")
+    c.add_argument("--engine", default="vllm", choices=("vllm", "sglang", "ollama", "sim"),
+                   help="the engine kind (default %(default)s)")
+    c.add_argument("--engine-port", type=int, default=0,
+                   help="the engine's port (default 0: the agent picks one of --engine-ports)")
+    c.add_argument("--kv-limit", type=size_type, default=None,
+                   help="a KV-cache limit to hold from the start, with units (e.g. 4GiB; "
+                   "default: none, the engine's own size)")
+    c.add_argument("--arg", action="append", default=[], metavar="FLAG[=VALUE]",
+                   help="an engine flag, repeatable: --arg --max-model-len=2048, "
+                   "--arg --max-model-len 2048, or --arg --enforce-eager (default: none)")
+    command("deactivate", "stop a model's engine (its whole process tree)").add_argument(
+        "model")
+    c = command("sleep", "put a model's engine to sleep")
+    c.add_argument("model")
+    c.add_argument("--level", type=int, choices=(1, 2), default=1,
+                   help="1: weights kept in host memory (fast wake); 2: weights dropped "
+                   "(default %(default)s)")
+    c.add_argument("--operation-id", help=OPERATION_ID_HELP)
+    c = command("wake", "wake a model's engine")
+    c.add_argument("model")
+    c.add_argument("--operation-id", help=OPERATION_ID_HELP)
+    c = command("kv-limit", "set a model's KV-cache limit",
+                "Write a KV-cache limit into the engine's kvcached segment and read it back. "
+                "The engine's own KV capacity caps it (the answer says so).")
+    c.add_argument("model")
+    c.add_argument("size", type=size_type, metavar="SIZE",
+                   help="with units: 4GiB, 512MiB, 6Gi, or bytes")
+    c.add_argument("--operation-id", help=OPERATION_ID_HELP)
+    c = command("logs", "the last lines of a model's engine log")
+    c.add_argument("model")
+    c.add_argument("--tail", type=int, default=100, help="lines (default %(default)s)")
+    c = command("events", "engine events, oldest first (-f follows them)",
+                "Engine transitions and notable acts. Sequence numbers start again when the "
+                "agent restarts; -f says so when it happens and goes on.")
+    c.add_argument("-f", "--follow", action="store_true", help="wait for new events")
+    c.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                   help="text (default) or json: one JSON object per line")
+
+
+def agent_client(args: argparse.Namespace, timeout_s: float = 330.0) -> AgentClient:
+    token = read_token_file(args.token_file, os.environ.get("RUNTIME_AGENT_TOKEN"))
+    return AgentClient(args.url, timeout_s=timeout_s, token=token)
+
+
+def guarded(args: argparse.Namespace, body: Callable[[AgentClient], int]) -> int:
+    """Run ``body`` with a client; every failure becomes one line on stderr and an exit code."""
+    try:
+        client = agent_client(args)
+    except StartupError as exc:
+        print(f"runtime-agent: {exc}", file=sys.stderr)
+        return exc.code
+    try:
+        return body(client)
+    except AgentError as exc:
+        hint = pointer(client) if exc.status == 404 and "no such endpoint" in str(exc) else ""
+        print(f"runtime-agent: the agent answered {exc.status}: {exc}{hint}", file=sys.stderr)
+        return EXIT_REFUSED
+    except BrokenPipeError:  # our reader went away (| head): not the agent's fault
+        raise
+    except ValueError as exc:  # a body that is not JSON: not the agent's API
+        print(f"runtime-agent: {args.url} did not answer as a runtime agent ({exc}); check "
+              "--url (or RUNTIME_AGENT_URL)", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except OSError as exc:
+        reason = getattr(exc, "reason", None) or exc
+        print(f"runtime-agent: cannot reach the agent at {args.url}: {reason}; is it running "
+              "(runtime-agent serve)? Set --url or RUNTIME_AGENT_URL", file=sys.stderr)
+        return EXIT_UNREACHABLE
+
+
+def pointer(client: AgentClient) -> str:
+    """When an agent command reached a reconciler: say where the agent is."""
+    try:
+        answer = client.get("/v1/claims")
+    except (AgentError, OSError, ValueError):
+        return ""
+    if "items" in answer:
+        return (f" — {client.url} is a ModelClaim reconciler, not a runtime agent; point --url "
+                f"(or RUNTIME_AGENT_URL) at the agent (default {DEFAULT_AGENT_URL})")
+    return ""
+
+
+def run_command(args: argparse.Namespace) -> int:
+    return guarded(args, lambda client: _dispatch(client, args))
+
+
+def _dispatch(client: AgentClient, args: argparse.Namespace) -> int:
+    if args.command == "snapshot":
+        print(render(client.snapshot(), args.output, snapshot_table))
+        return 0
+    if args.command == "events":
+        return follow(client, args.follow, args.output == "json")
+    if args.command == "logs":
+        for line in client.logs(args.model, args.tail)["lines"]:
+            print(line)
+        return 0
+    if args.command == "activate":
+        extra = {} if args.kv_limit is None else {"kv_limit_bytes": args.kv_limit}
+        result = client.activate(args.model, args.artifact, args.engine, args.engine_port,
+                                 engine_flags(args.arg), **extra)
+    elif args.command == "deactivate":
+        result = client.deactivate(args.model)
+    elif args.command == "kv-limit":
+        result = client.kv_limit(args.model, args.size, args.operation_id)
+    elif args.command == "sleep":
+        result = client.sleep(args.model, args.level, args.operation_id)
+    else:
+        result = client.wake(args.model, args.operation_id)
+    print(json.dumps(result, indent=2))
+    return 0 if result.get("status") == "success" else EXIT_REFUSED
+
+
+def engine_flags(items: Sequence[str]) -> dict[str, str]:
+    flags: dict[str, str] = {}
+    for item in items:
+        flag, _, value = item.partition("=")
+        flags[flag] = value
+    return flags
+
+
+def join_arg_values(argv: Sequence[str]) -> list[str]:
+    """``activate ... --arg --flag value`` as ``--arg=--flag=value`` (argparse would read
+    ``--flag`` as an option of its own). Whether the next word is the flag's value comes from
+    the engine's own flag list (``engines/flags``): a flag that takes no value never takes it;
+    one the list does not know takes it unless it starts with ``--``."""
+    words = list(argv)
+    if "activate" not in words:
+        return words
+    kind = _engine_in(words)
+    arity = known_flags("vllm" if kind == "sim" else kind)
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--arg" and i + 1 < len(words):
+            flag = words[i + 1]
+            i += 2
+            takes = arity.get(flag.replace("_", "-") if flag.startswith("--") else flag)
+            if ("=" not in flag and takes != "no-value" and i < len(words)
+                    and not words[i].startswith("--")):
+                out.append(f"--arg={flag}={words[i]}")
+                i += 1
+            else:
+                out.append(f"--arg={flag}")
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
+def _engine_in(words: list[str]) -> str:
+    for i, word in enumerate(words):
+        if word == "--engine" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--engine="):
+            return word.split("=", 1)[1]
+    return "vllm"
+
+
+def follow(client: AgentClient, keep_going: bool, as_json: bool) -> int:
+    """Print events from the first; with ``keep_going``, wait for more. A restart of the agent
+    (another ``boot_id``) is said in one line, and following goes on from the new boot."""
+    cursor, boot = 0, None
+    while True:
+        page = client.events(cursor, wait=30 if keep_going else 0, boot_id=boot)
+        if page.get("reset"):
+            print(f"-- the agent restarted (boot {page['boot_id']}): its event numbers start "
+                  "again; `runtime-agent snapshot` shows where every engine stands now",
+                  flush=True)
+            cursor, boot = 0, page["boot_id"]
+            continue
+        boot = page.get("boot_id", boot)
+        for item in page["events"]:
+            print(json.dumps(item) if as_json else event_line(item), flush=True)
+        cursor = page["cursor"]
+        if not keep_going:
+            return 0
+
+
+def event_line(item: dict[str, Any]) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(item["ts"]))
+    who = item.get("model") or item.get("artifact_url", "")
+    first = item["message"].splitlines()[0] if item.get("message") else ""
+    return f"{when} {who}: {item['from']} -> {item['to']} ({item['reason']}) {first}".rstrip()
