@@ -23,6 +23,7 @@ network file systems.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -53,7 +54,9 @@ class Settings:
     pool_file: Path | None = None
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    status_dir: Path | None = None  # default: <claims_dir>/.status
+    # where statuses are kept; the commands pass a state directory (the agent's, embedded), so
+    # the manifest directory (often a checkout) stays as its owner left it
+    status_dir: Path | None = None  # None: <claims_dir>/.status
     local_agent: AgentRef | None = None  # embedded mode: this agent is the pool
     directory_interval: float = 0.05
     resync_interval: float = 300.0
@@ -77,7 +80,7 @@ class ReconcilerApp(Core):
     def __init__(self, settings: Settings, *, clock: Clock | None = None,
                  wall: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        status_dir = settings.status_dir or settings.claims_dir / ".status"
+        status_dir = settings.status_dir or settings.claims_dir / LEGACY_STATUS
         desired = DesiredState(settings.claims_dir, settings.pool_file,
                                local_agent=settings.local_agent)
         ledger = Ledger()  # the door's requests in flight: the idle check reads them
@@ -88,6 +91,9 @@ class ReconcilerApp(Core):
             if settings.door is not None else None
 
     async def start(self) -> None:
+        if self.settings.status_dir is not None:
+            await asyncio.to_thread(move_legacy_statuses, self.settings.claims_dir,
+                                    self.settings.status_dir)
         await asyncio.to_thread(self.manifests.load)
         await asyncio.to_thread(self.store.load)
         self.store.start()
@@ -116,6 +122,30 @@ class ReconcilerApp(Core):
         await self.store.stop()
 
 
+LEGACY_STATUS = ".status"  # where statuses were kept before: inside the manifest directory
+
+
+def move_legacy_statuses(claims_dir: Path, status_dir: Path) -> list[str]:
+    """Statuses an older reconciler kept in ``<claims_dir>/.status`` move to ``status_dir``
+    (once: only into a directory that has none), so claims keep their history; the files
+    moved."""
+    legacy = claims_dir / LEGACY_STATUS
+    if not legacy.is_dir() or legacy.resolve() == status_dir.resolve():
+        return []
+    status_dir.mkdir(parents=True, exist_ok=True)
+    if any(status_dir.glob("*.json")):
+        return []
+    moved = []
+    for old in sorted(legacy.glob("*.json")):
+        old.replace(status_dir / old.name)
+        moved.append(old.name)
+    with contextlib.suppress(OSError):
+        legacy.rmdir()
+    if moved:
+        log.info("moved %d claim statuses from %s to %s", len(moved), legacy, status_dir)
+    return moved
+
+
 # ---- run modes ----------------------------------------------------------------------------
 
 
@@ -126,13 +156,14 @@ def local_agent(agent_url: str, name: str | None = None) -> AgentRef:
 async def start_embedded(agent_url: str, claims_dir: Path | str, listen_host: str = "127.0.0.1",
                          listen_port: int = DEFAULT_PORT,
                          agent_token: str | None = None,
-                         door: DoorSettings | None = None) -> ReconcilerApp:
+                         door: DoorSettings | None = None,
+                         status_dir: Path | None = None) -> ReconcilerApp:
     """Start a reconciler whose pool is the one agent at ``agent_url`` (and its front door,
     with ``door``); ``await handle.stop()`` stops it. The agent may still be starting: the
     reconciler waits for it."""
     app = ReconcilerApp(Settings(Path(claims_dir), host=listen_host, port=listen_port,
                                  local_agent=local_agent(agent_url), agent_token=agent_token,
-                                 door=door))
+                                 door=door, status_dir=status_dir))
     await app.start()
     return app
 
@@ -153,8 +184,8 @@ async def serve_until_signalled(settings: Settings) -> None:
 
 def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: str = "0.0.0.0",
                    port: int = DEFAULT_PORT, agent_token: str | None = None,
-                   door: DoorSettings | None = None) -> None:
+                   door: DoorSettings | None = None, status_dir: Path | None = None) -> None:
     """Blocking: reconcile ``claims_dir`` against the agents of ``pool_file`` until SIGTERM."""
     asyncio.run(serve_until_signalled(Settings(
         Path(claims_dir), Path(pool_file) if pool_file else None, host, port,
-        agent_token=agent_token, door=door)))
+        agent_token=agent_token, door=door, status_dir=status_dir)))

@@ -38,6 +38,8 @@ from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 EXIT_UNREACHABLE = 8  # as the agent's client commands (README, "Exit codes")
+EXIT_DIRECTORY = 4  # a directory it writes cannot be used, as the agent's serve
+DEFAULT_STATE_DIR = "/var/run/aibrix/reconciler"
 
 
 def _url_default() -> str:
@@ -78,6 +80,10 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--agent-token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
                    help="file holding the agents' bearer token (a mounted Secret; or set "
                         "RUNTIME_AGENT_TOKEN); sent as Authorization: Bearer on every agent call")
+    r.add_argument("--state-dir", default=os.environ.get("RECONCILER_STATE_DIR",
+                                                        DEFAULT_STATE_DIR),
+                   help="local mode: where claim statuses are kept, outside the manifests "
+                   "(env RECONCILER_STATE_DIR; default %(default)s)")
     r.add_argument("--host", default="0.0.0.0")
     r.add_argument("--port", type=int, default=DEFAULT_PORT)
     r.add_argument("--log-level", default="info")
@@ -146,7 +152,8 @@ def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
 async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
                             claims_dir: str, listen_host: str, listen_port: int,
                             agent_token: str | None = None,
-                            door: DoorSettings | None = None) -> None:
+                            door: DoorSettings | None = None,
+                            status_dir: Path | None = None) -> None:
     """Run ``agent_main`` (the agent's ``serve`` coroutine) with an embedded reconciler whose
     pool is that agent (and its front door, with ``door``); the reconciler stops when the agent
     does (its engines keep running)."""
@@ -155,7 +162,7 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
     host = f"[{host}]" if ":" in host else host
     try:
         handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
-                                      listen_port, agent_token, door)
+                                      listen_port, agent_token, door, status_dir)
     except OSError as err:  # a port in use: say which, without a stack trace
         agent.cancel()
         raise SystemExit(f"runtime-agent: the embedded reconciler (port {listen_port}) or its "
@@ -204,8 +211,16 @@ def _reconcile(args: argparse.Namespace) -> int:
         return run_kubernetes(settings)
     if not args.claims:
         raise SystemExit("reconcile needs --claims DIR (local mode) or --kubernetes")
+    status_dir = Path(args.state_dir) / "claims-status"
+    try:
+        status_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"runtime-agent reconcile: cannot use --state-dir {args.state_dir}: "
+              f"{exc.strerror}; choose a directory you can write (--state-dir or "
+              "RECONCILER_STATE_DIR)", file=sys.stderr)
+        return EXIT_DIRECTORY
     run_reconciler(args.claims, args.pool, args.host, args.port, agent_token=token,
-                   door=door_settings(args, args.host))
+                   door=door_settings(args, args.host), status_dir=status_dir)
     return 0
 
 
@@ -220,9 +235,19 @@ def _claims(args: argparse.Namespace) -> int:
         if args.claims_command == "describe":
             path = f"/v1/claims/{urllib.parse.quote(args.namespace)}/" \
                    f"{urllib.parse.quote(args.name)}"
-            print(describe(_get(base + path)))
-            return 0
-        items = _get(base + "/v1/claims")["items"]
+            try:
+                print(describe(_get(base + path)))
+                return 0
+            except urllib.error.HTTPError as exc:
+                invalid = _problems(_get(base + "/v1/claims"), args.name, args.namespace)
+                if exc.code != 404 or not invalid:
+                    raise
+                print(f"{args.namespace}/{args.name} is not running: its manifest is invalid")
+                for line in invalid:
+                    print(f"  {line}")
+                return 1
+        listing = _get(base + "/v1/claims")
+        items = listing["items"]
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace")
         try:
@@ -247,7 +272,31 @@ def _claims(args: argparse.Namespace) -> int:
         print(table(items))
         for line in spec_warnings(items):
             print(line)
+        running = {(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items}
+        invalid = _problems(listing, args.name, args.namespace, running)
+        if invalid:
+            print("invalid manifests (not running; fix the file, or see `claims describe NAME`):")
+            for line in invalid:
+                print(f"  {line}")
     return 0
+
+
+def _problems(listing: dict[str, Any], name: str | None, namespace: str | None,
+              running: set[tuple[str, str]] | None = None) -> list[str]:
+    """The reconciler's problems with declared objects that have no claim running (those that
+    do say it in their SpecApplied condition), as lines; one object's with ``name``."""
+    out = []
+    for p in listing.get("problems") or ():
+        if running and (p.get("namespace") or "default", p.get("name")) in running:
+            continue
+        if name is not None and p.get("name") != name:
+            continue
+        if namespace is not None and p.get("namespace") not in ("", None, namespace):
+            continue
+        where = f"{p['namespace']}/{p['name']}" if p.get("namespace") else p.get("name", "")
+        source = f" ({p['source']})" if p.get("source") else ""
+        out.append(f"{p.get('kind', '')} {where}{source}: {p.get('reason')}: {p.get('message')}")
+    return out
 
 
 def spec_warnings(items: list[dict[str, Any]]) -> list[str]:

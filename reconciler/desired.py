@@ -141,6 +141,7 @@ class DesiredState(Lookups):
         self._good: dict[Path, ParseResult] = {}  # each file's last parse that read cleanly
         self._unreadable: dict[Path, tuple[str, str]] = {}  # files whose text is not taken
         self._dir_problem: str | None = None
+        self._logged: set[Problem] = set()  # each problem is logged once, when first found
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -258,6 +259,10 @@ class DesiredState(Lookups):
         self._agents = {a.name: (a, p) for p in self.pools for a in p.agents}
         self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) + kept \
             + tuple(problems.values())
+        found = {p for p in result.problems if p.reason != NO_AGENTS}
+        for problem in sorted(found - self._logged, key=str):  # a manifest that is not taken
+            log.warning("invalid manifest: %s", problem)
+        self._logged = found
 
     def _keep_last_valid(self, result: ParseResult,
                          claims: dict[ClaimKey, ModelClaim]) -> tuple[Problem, ...]:

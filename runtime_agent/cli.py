@@ -224,7 +224,8 @@ def _serve(args: argparse.Namespace) -> int:
             run_loop(serve_with_claims(serve(settings, checked.sockets), args.host,
                                        settings.port, args.claims, args.host,
                                        args.claims_port, settings.api_token,
-                                       door_settings(args, args.host)))
+                                       door_settings(args, args.host),
+                                       settings.state_dir / "reconciler"))
         else:
             run_loop(serve(settings, checked.sockets))
     except StateDirBusy as exc:

@@ -4,10 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tools the tests use as real peers, from Debian when this runs as root (else they are named):
 # promtool (package prometheus) checks the agent's /metrics exposition; Go (golang-go) decodes
-# the agent's answers exactly as AIBrix's Go controller does (tests/test_aibrix_wire.py).
+# the agent's answers exactly as AIBrix's Go controller does (tests/test_aibrix_wire.py); tmux
+# drives `runtime-agent top` by its keys (tests/test_operator_view.py).
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -138,8 +138,22 @@ def cel_rules(schema: Any, at: str = "$") -> list[tuple[str, str]]:
     return found
 
 
+def without_nulls(obj: Any, schema: Any) -> Any:
+    """The object as the API server validates it: a null under a field that is not
+    ``nullable`` is pruned before validation (as if the field were absent); a null under an
+    unknown field stays, for strict field validation to refuse."""
+    if isinstance(obj, dict) and isinstance(schema, dict):
+        props = schema.get("properties", {})
+        return {k: without_nulls(v, props.get(k, {})) for k, v in obj.items()
+                if v is not None or k not in props or props[k].get("nullable")}
+    if isinstance(obj, list) and isinstance(schema, dict):
+        return [without_nulls(v, schema.get("items", {})) for v in obj]
+    return obj
+
+
 def schema_accepts(obj: dict[str, Any]) -> bool:
     schema = version()["schema"]["openAPIV3Schema"]
+    obj = without_nulls(obj, schema)
     try:
         jsonschema.validate(obj, strict(schema))
     except jsonschema.ValidationError:

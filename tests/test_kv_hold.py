@@ -150,3 +150,26 @@ async def test_a_reading_taken_before_the_agents_own_write_is_not_taken_for_an_o
     assert keeper.state.set_back_total == 0 and "KVLimitSetBack" not in events
     await keeper.reading(read_segment("kvc_m", tmp_path), keeper.writes)
     assert keeper.state.applied == GIB and not keeper.state.not_held
+
+
+async def test_an_engine_dead_before_any_reading_leaves_no_segment_but_others_stay(
+        tmp_path: Path) -> None:
+    import time
+
+    before = KvKeeper(_record(), tmp_path, lambda *_: None)
+    create_segment("kvc_m", 4 * GIB, tmp_path)  # made before the spawn: not this engine's
+    before.new_process(time.time() + 1)  # (a spawn after the segment was made)
+    await before.remove_leftover()
+    assert (tmp_path / "kvc_m").exists()
+
+    keeper = KvKeeper(_record(), tmp_path, lambda *_: None)
+    keeper.new_process(time.time())
+    create_segment("kvc_m", 4 * GIB, tmp_path)  # the engine makes it and dies unread
+    assert keeper.state.inode is None
+    await keeper.remove_leftover()
+    assert not (tmp_path / "kvc_m").exists()
+
+    adopted = KvKeeper(_record(), tmp_path, lambda *_: None)  # spawn time unknown: kept
+    create_segment("kvc_m", 4 * GIB, tmp_path)
+    await adopted.remove_leftover()
+    assert (tmp_path / "kvc_m").exists()

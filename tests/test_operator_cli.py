@@ -207,3 +207,47 @@ def test_kv_limit_and_activate_from_the_command_line(agent: AgentProcess) -> Non
     assert json.loads(out.stdout)["applied_bytes"] == 2**30
     out = cli("sleep", "nope", env=env)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "404" in out.stderr
+
+
+def test_the_reconciler_speaks_of_invalid_manifests_and_leaves_the_directory_clean(
+        agent_factory, tmp_path: Path) -> None:
+    from tests.reconciler_fakes import claim_yaml
+
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    sim = {"--sim-startup-seconds": "0.1", "--sim-memory-bytes": str(2**30)}
+    (claims / "good.yaml").write_text(claim_yaml("good", footprint="3Gi", args=sim))
+    (claims / "bad.yaml").write_text(claim_yaml("bad", footprint="lots", args=sim))
+    port = free_port()
+    agent: AgentProcess = agent_factory(extra_args=(
+        "--claims", str(claims), "--claims-port", str(port), "--no-door",
+        "--simulate-gpus", "1x16GiB"))
+    url = f"http://127.0.0.1:{port}"
+    agent.wait_phase("good", "active", timeout_s=30)
+    out = cli("claims", "get", "--url", url)
+    assert out.returncode == 0 and "good" in out.stdout
+    lines = out.stdout.splitlines()
+    note = lines.index("invalid manifests (not running; fix the file, or see `claims "
+                       "describe NAME`):")
+    assert "ModelClaim default/bad" in lines[note + 1] and "bad.yaml" in lines[note + 1]
+    assert "perGPU" in lines[note + 1] or "maximumFootprint" in lines[note + 1]
+    out = cli("claims", "describe", "bad", "--url", url)
+    assert out.returncode == 1 and "its manifest is invalid" in out.stdout
+    assert agent.log_tail(100_000).count("invalid manifest: ModelClaim default/bad") == 1
+    # statuses live in the agent's state directory; the manifests' directory is as it was left
+    assert sorted(p.name for p in claims.iterdir()) == ["bad.yaml", "good.yaml"]
+    assert (agent.state_dir / "reconciler" / "default_good.json").is_file()
+
+
+def test_statuses_kept_in_the_manifests_by_an_older_reconciler_move_once(tmp_path: Path) -> None:
+    from reconciler.app import move_legacy_statuses
+
+    claims, state = tmp_path / "claims", tmp_path / "state"
+    (claims / ".status").mkdir(parents=True)
+    (claims / ".status" / "default_m.json").write_text("{}")
+    assert move_legacy_statuses(claims, state) == ["default_m.json"]
+    assert (state / "default_m.json").read_text() == "{}" and not (claims / ".status").exists()
+    (claims / ".status").mkdir()
+    (claims / ".status" / "default_m.json").write_text('{"older": true}')
+    assert move_legacy_statuses(claims, state) == []  # never over statuses already there
+    assert (state / "default_m.json").read_text() == "{}"

@@ -7,6 +7,7 @@ it did (signals, calls, records, events) and what it answered.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -316,6 +317,51 @@ async def test_a_sleep_cut_short_by_an_agent_restart_is_resolved_by_asking_the_e
     owner = probed.start(record, StartMode.ADOPT, running.pid)
     await probed.until(lambda: owner.record.operation is None, "resolved")
     assert owner.view.phase is Phase.SLEEPING and owner.record.desired == "asleep"
+
+
+async def test_a_sleep_that_ends_after_the_restart_is_published_whole(probed: OwnerRig) -> None:
+    running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
+    probed.adapter.sleeping = False  # still going to sleep when the new agent looks
+    record = make_record(pid=running.pid, pid_start_time=running.start_time, phase=Phase.ACTIVE,
+                         desired="awake", operation=InFlight(action="sleep", level=1))
+    owner = probed.start(record, StartMode.ADOPT, running.pid)
+    await probed.until(lambda: owner.view.phase is Phase.ACTIVE and owner.view.ready, "ready")
+    probed.adapter.sleeping = True  # the sleep the old agent asked for ends now
+    await probed.until(lambda: owner.view.phase is Phase.SLEEPING, "observed asleep")
+    assert owner.view.desired == "asleep"
+    # no reader ever saw the engine asleep with the desired state of before
+    assert not [v for v in probed.views if v.phase is Phase.SLEEPING and v.desired != "asleep"]
+
+
+async def test_a_wake_still_running_after_the_restart_is_settled_when_the_engine_wakes(
+        probed: OwnerRig) -> None:
+    running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
+    probed.adapter.sleeping = True  # the old agent's wake is still under way in the engine
+    record = make_record(pid=running.pid, pid_start_time=running.start_time,
+                         phase=Phase.SLEEPING, desired="asleep", sleep_level=1,
+                         operation=InFlight(action="wake", level=1, started_at=time.time()))
+    owner = probed.start(record, StartMode.ADOPT, running.pid)
+    await probed.until(lambda: owner.view.phase is Phase.SLEEPING and probed.adapter.probes > 0,
+                       "adopted asleep")
+    probes = probed.adapter.probes
+    await probed.until(lambda: probed.adapter.probes > probes + 5, "probed a while asleep")
+    assert owner.record.operation is not None and owner.view.desired == "asleep"
+    probed.adapter.sleeping = False  # the wake ends
+    await probed.until(lambda: owner.view.phase is Phase.ACTIVE, "observed awake")
+    assert owner.view.desired == "awake" and owner.record.operation is None
+
+
+async def test_a_cut_short_call_that_can_no_longer_be_running_settles_on_what_is(
+        probed: OwnerRig) -> None:
+    running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
+    probed.adapter.sleeping = True  # the wake failed in the engine: it stays asleep
+    long_ago = time.time() - probed.settings.lifecycle_timeout_s - 1
+    record = make_record(pid=running.pid, pid_start_time=running.start_time,
+                         phase=Phase.SLEEPING, desired="awake", sleep_level=1,
+                         operation=InFlight(action="wake", level=1, started_at=long_ago))
+    owner = probed.start(record, StartMode.ADOPT, running.pid)
+    await probed.until(lambda: owner.record.operation is None, "settled")
+    assert owner.view.phase is Phase.SLEEPING and owner.view.desired == "asleep"
 
 
 async def test_a_sleep_is_durable_before_the_engine_is_called(rig: OwnerRig) -> None:

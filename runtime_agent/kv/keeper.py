@@ -34,12 +34,14 @@ from runtime_agent.kv.segment import (
     read_segment,
     read_segment_nowait,
     remove_segment,
+    segment_path,
     write_limit,
 )
 from runtime_agent.loops import Throttled
 
 log = logging.getLogger(__name__)
 _throttled = Throttled(log)  # a segment that stays unreadable is reported once per interval
+_COARSE_CLOCK_S = 0.01
 _EVENT_REASONS = {"initial": "KVLimitSet", "requested": "KVLimitSet",
                   "restored": "KVLimitRestored", "set_back": "KVLimitSetBack"}
 
@@ -54,6 +56,7 @@ class KvKeeper:
         self._ipc = record.spec.ipc_name
         self._shm_dir = shm_dir
         self._emit = emit
+        self._spawned_at: float | None = None  # unknown for an adopted engine
         target = None
         if record.kv_limit_bytes is not None and record.kv_capacity_bytes is not None:
             target = clamp(record.kv_limit_bytes, record.kv_capacity_bytes)[0]
@@ -177,19 +180,33 @@ class KvKeeper:
 
     async def remove_leftover(self) -> None:
         """The engine is gone: remove its segment (kvcached leaves it behind on SIGKILL), but
-        only one this agent saw its engine create (a known inode): a segment of that name it
-        never saw may be another's, and is never touched."""
-        if self.state.inode is None:
+        only one its engine made: the inode this agent saw it create, or, when the engine died
+        before a reading, a segment of that name made after the engine was spawned. A segment
+        of that name from before may be another's, and is never touched."""
+        inode = self.state.inode
+        if inode is None and self._spawned_at is not None:
+            inode = await asyncio.to_thread(self._made_since, self._spawned_at)
+        if inode is None:
             self.state = replace(self.state, present=False, used=None, total=None, applied=None)
             return
         try:
-            await asyncio.to_thread(remove_segment, self._ipc, self._shm_dir, self.state.inode)
+            await asyncio.to_thread(remove_segment, self._ipc, self._shm_dir, inode)
         except (SegmentError, OSError) as exc:
             log.warning("could not remove kv segment of %s: %s", self._record.spec.model_name,
                         exc)
         self.state = replace(self.state, present=False, used=None, total=None, applied=None)
 
-    def new_process(self) -> None:
+    def _made_since(self, since: float) -> int | None:
+        try:
+            st = os.stat(segment_path(self._ipc, self._shm_dir), follow_symlinks=False)
+        except OSError:
+            return None
+        # file times come from the kernel's coarse clock, up to a tick behind time.time()
+        return st.st_ino if st.st_ctime >= since - _COARSE_CLOCK_S else None
+
+    def new_process(self, spawned_at: float | None = None) -> None:
+        """A new engine process, spawned at ``spawned_at`` (wall clock, read before the spawn)."""
+        self._spawned_at = spawned_at
         self.state = new_process(self.state)
 
     def persist_into(self, record: EngineRecord) -> None:

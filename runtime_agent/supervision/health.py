@@ -5,7 +5,8 @@ probed every ``health_interval_s`` (``watchers.watch_health``). Each answer:
 
 - re-derives ACTIVE or SLEEPING from the engine itself, so the snapshot never contradicts the
   engine for longer than one probe interval, also after a sleep or wake that a previous agent
-  started and never saw end (``record.operation``: resolved here, by observation);
+  started and never saw end (``record.operation``: resolved here, by observation, once the
+  engine is where the call was going or the call can no longer be running);
 - starts the restart budget again once the engine has served ``budget_reset_s`` without a crash
   (the kubelet's habit).
 
@@ -48,17 +49,26 @@ async def _answered(owner: EngineOwner, probe: Health) -> None:
     if probe.sleeping is not None and phase in (Phase.ACTIVE, Phase.SLEEPING):
         target = Phase.SLEEPING if probe.sleeping else Phase.ACTIVE
         owner._deps.memory.set_sleeping(owner.name, probe.sleeping)
-        if target is not phase:
-            await owner._transition(target, "Observed", "the engine says it is "
-                                    + ("asleep" if probe.sleeping else "awake"), persist=False)
-            changed = True
-        if owner.record.operation is not None:  # a call cut short by an agent restart
+        # The record first, then the move: the view a move publishes says all of it at once
+        # (never `sleeping` with the desired state of before).
+        # A call cut short by an agent restart: the engine may still be at it (a wake takes
+        # seconds), so it ends once the engine is where the call was going, or once the call
+        # can no longer be running (its lifecycle timeout); desired is then what was reached.
+        op = owner.record.operation
+        if op is not None and (probe.sleeping is (op.action == "sleep")
+                               or now - op.started_at > s.lifecycle_timeout_s):
             owner.record.operation = None
             owner.record.desired = "asleep" if probe.sleeping else "awake"
             changed = True
         if probe.sleeping and owner.record.sleep_level is None:
             owner.record.sleep_level = 2  # a level not known: wake the way that reloads weights
             changed = True
+        if target is not phase:
+            await owner._transition(target, "Observed", "the engine says it is "
+                                    + ("asleep" if probe.sleeping else "awake"), persist=False)
+            changed = True
+        elif changed:
+            owner._publish()
     healthy_since = owner.record.healthy_since
     if (owner.record.restart_count and healthy_since is not None
             and now - healthy_since >= s.budget_reset_s):

@@ -343,6 +343,7 @@ class EngineOwner:
         try:
             argv, env = engine_command(self._settings, self.record, self._adapter,
                                        model_path=self._model_path)
+            spawned_at = time.time()
             proc = await self._deps.launcher.spawn(argv, env, self.log_path)
         except (SpawnError, ValueError, OSError) as exc:
             self.record.last_error = f"cannot start engine: {exc}"
@@ -352,7 +353,7 @@ class EngineOwner:
             if not self.spawned.done():
                 self.spawned.set_result(self.record.last_error)
             return
-        self._kv.new_process()
+        self._kv.new_process(spawned_at)
         # Ollama loads its model after the server starts; not when it is meant to sleep.
         self._attach(proc, prepare=self.record.desired == "awake" or self.spec.engine != "ollama")
         self.record.pid, self.record.pid_start_time = proc.pid, proc.start_time
@@ -407,7 +408,7 @@ class EngineOwner:
         """The engine's process is gone without being asked to stop: restart it or fail it.
 
         The decision and its transition come first (they need no I/O); the leftover segment,
-        the log tail and the durable record follow. A restart that falls due meanwhile waits
+        the log tail and the durable record follow (before the move, for a terminal failure). A restart that falls due meanwhile waits
         in the inbox until this returns."""
         self._cancel_helpers()
         self._end_turn()
@@ -423,8 +424,9 @@ class EngineOwner:
         self.record.last_error = self.record.last_exit = cause
         self.record.pid = self.record.pid_start_time = None
         delay = restart_delay(self.record.restart_count, self._settings.restart_delays)
-        if delay is None:  # terminal: no hurry, and the log tail belongs in last_error at once
-            await self._add_log_tail(cause)
+        if delay is None:  # terminal: no hurry; the log tail belongs in last_error at once,
+            await self._add_log_tail(cause)  # and `failed` is read as "nothing of it is left"
+            await self._kv.remove_leftover()
             self.record.budget_exhausted += 1
             self._deps.memory.stopped(self.name)
             msg = f"{cause}; restart budget of {len(self._settings.restart_delays)} spent"
@@ -465,7 +467,8 @@ class EngineOwner:
         # The engine's own word: a re-adopted engine may have finished a sleep its record
         # never saw (the agent died during the call), and the ledger must charge it so.
         self._deps.memory.set_sleeping(self.name, target is Phase.SLEEPING)
-        if self._adopted and not self._converge:
+        if self._adopted and not self._converge and self.record.operation is None:
+            # (a call the old agent left in flight settles desired when it ends: health.py)
             self.record.desired = "asleep" if sleeping else "awake"
             if sleeping and self.record.sleep_level is None:
                 self.record.sleep_level = 2  # unknown: wake it the way that reloads weights
