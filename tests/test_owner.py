@@ -7,12 +7,18 @@ it did (signals, calls, records, events) and what it answered.
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from contract.phases import Phase
-from engines.process import SpawnError
+from engines.process import ExitInfo, SpawnError
+from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR
 from runtime_agent.supervision.messages import (
     Ready,
     SetKvLimit,
@@ -170,6 +176,117 @@ async def test_a_stop_during_the_backoff_cancels_the_restart(rig: OwnerRig) -> N
     assert len(rig.launcher.spawned) == 1
 
 
+async def test_a_stop_says_what_it_did_and_writes_only_the_stopping_record(rig: OwnerRig) -> None:
+    await active(rig)
+    assert rig.owner is not None
+    saved = rig.store.saves
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.details["message"] == "killed by signal SIGTERM"
+    assert [(e.src, e.dst, e.reason, e.message) for e in rig.events if e.src != e.dst][-2:] == [
+        ("active", "stopping", "Deactivate", "stop requested"),
+        ("stopping", "stopped", "Stopped", "killed by signal SIGTERM")]
+    assert rig.store.saves == saved + 1  # the STOPPING record before the stop, nothing after
+    view = rig.owner.view
+    assert view.pid is None and not view.alive and not view.ready
+
+
+async def test_a_stop_frees_the_engines_memory_and_forgets_its_storage_trouble(
+        rig: OwnerRig) -> None:
+    await active(rig)
+    stopped: list[str] = []
+    forget = rig.memory.stopped
+
+    def spying(key: str) -> None:
+        stopped.append(key)
+        forget(key)
+
+    rig.memory.stopped = spying  # type: ignore[method-assign]
+    rig.store.fail = errno.ENOSPC  # the STOPPING write fails; the unlink works
+    unlinked_before_the_stop: list[bool] = []
+    proc = rig.launcher.last
+    stop = proc.stop
+
+    async def stop_spying(grace_s: float) -> ExitInfo:
+        unlinked_before_the_stop.append(rig.store.records == {})
+        return await stop(grace_s)
+
+    proc.stop = stop_spying  # type: ignore[method-assign]
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.phase is Phase.STOPPED
+    assert unlinked_before_the_stop == [True]  # the disk forgot it before the process went
+    assert stopped == ["m1"]
+    assert "e" * 16 not in rig.deps.storage.failing  # /healthz is not degraded by a gone engine
+
+
+async def test_a_stopped_engine_whose_record_cannot_be_removed_stays_stopping_on_disk(
+        rig: OwnerRig, caplog: pytest.LogCaptureFixture) -> None:
+    await active(rig)
+    rig.store.fail_delete = errno.EIO
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.phase is Phase.STOPPED
+    [left] = rig.store.records.values()
+    assert left.phase is Phase.STOPPING  # the next agent finishes the stop, it does not restart
+    assert any(r.getMessage().startswith("record of stopped m1 not removed: [Errno 5]")
+               for r in caplog.records)
+
+
+async def test_a_stop_before_the_engine_started_says_so_to_whoever_waits_for_the_start(
+        rig: OwnerRig) -> None:
+    rig.port_free = False  # the engine waits for its port: no process yet
+    owner = rig.start()
+    await rig.until(lambda: "PortHeld" in rig.reasons(), "port held")
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.details["message"] == "no process was running"
+    assert await asyncio.wait_for(owner.spawned, 5) == "deactivated before it started"
+    assert rig.launcher.spawned == []
+
+
+async def test_intents_that_race_with_a_stop_are_answered_not_found(rig: OwnerRig) -> None:
+    await active(rig)
+    assert rig.owner is not None
+    rig.launcher.last._stop_takes_s = 0.5  # type: ignore[attr-defined]
+    stopping = asyncio.ensure_future(rig.ask(Stop()))
+    await rig.until(lambda: rig.launcher.last.calls == ["stop:10"], "stop under way")
+    late = await rig.ask(Wake())
+    assert isinstance(await stopping, Done)
+    assert isinstance(late, NotFound) and late.message == "model 'm1' was stopped"
+    assert late.model_name == "m1"
+
+
+async def test_a_stop_refused_for_the_disk_names_the_engine(rig: OwnerRig) -> None:
+    await active(rig)
+    rig.store.fail = rig.store.fail_delete = errno.EROFS
+    refused = await rig.ask(Stop())
+    assert isinstance(refused, Refused) and refused.model_name == "m1"
+
+
+async def test_a_stop_kills_the_engines_helpers_that_left_its_group(rig: OwnerRig) -> None:
+    """A helper with the engine id in its environment (a setsid worker) dies with the stop:
+    a real process, since what is tested is the owner's call of the /proc scan and kill."""
+    await active(rig)
+    env = {**os.environ, ENV_STATE_DIR: str(rig.settings.state_dir), ENV_ENGINE_ID: "e" * 16}
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env,
+                              start_new_session=True)
+    try:
+        outcome = await rig.ask(Stop())
+        assert isinstance(outcome, Done)
+        assert await asyncio.to_thread(helper.wait, 10) == -signal.SIGKILL
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait()
+
+
+async def test_a_sleep_cut_short_by_a_stop_is_told_why(rig: OwnerRig) -> None:
+    rig.adapter.hold = asyncio.Event()
+    await active(rig)
+    sleeping = asyncio.ensure_future(rig.ask(Sleep(1)))
+    await rig.until(lambda: "sleep:1" in rig.adapter.calls, "sleep sent")
+    await rig.ask(Stop())
+    slept = await sleeping
+    assert isinstance(slept, Refused) and slept.message == "model 'm1' is being stopped; try again"
+
+
 # ---- sleep and wake -----------------------------------------------------------------------
 
 
@@ -264,9 +381,6 @@ async def test_a_kv_limit_before_the_segment_exists_is_recorded_not_in_force(
 
 # ---- faults: hung engines, what the engine says, storage, ports, budgets ---------------------
 
-import errno  # noqa: E402
-
-from engines.process import ExitInfo  # noqa: E402
 from registry.record import InFlight  # noqa: E402
 
 
@@ -331,6 +445,8 @@ async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
         rig: OwnerRig) -> None:
     await active(rig)
     assert rig.owner is not None
+    await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.ACTIVE,
+                    "the active phase on disk")  # else that write is the one that fails
     rig.store.fail = errno.ENOSPC
     refused = await rig.ask(Sleep(1))  # nothing written yet, so nothing known to be wrong
     assert isinstance(refused, Done)  # the sleep's own write failed: supervised still
@@ -403,10 +519,39 @@ async def test_activating_a_failed_engine_again_starts_it_over(rig: OwnerRig) ->
     from runtime_agent.supervision.messages import Revive
 
     revived = await rig.ask(Revive())
-    assert isinstance(revived, Done) and "fresh restart budget" in revived.details["message"]
+    assert isinstance(revived, Done) and revived.phase is Phase.RESTARTING and revived.changed
+    assert revived.details["message"] == "it had failed; started again with a fresh restart budget"
+    [event] = [e for e in rig.events if e.reason == "Reactivated"]
+    assert (event.src, event.dst, event.message) == (
+        "failed", "restarting", "activated again after it failed (exited with code 9); starting "
+        "with a fresh restart budget")
     await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE,
                     "active again")
-    assert len(rig.launcher.spawned) == 2
+    assert len(rig.launcher.spawned) == 2 and rig.owner.view.restart_count == 0
+
+
+async def test_activating_an_engine_that_has_not_failed_changes_nothing(rig: OwnerRig) -> None:
+    from runtime_agent.supervision.messages import Revive
+
+    await active(rig)
+    again = await rig.ask(Revive("op-9"))
+    assert again == Done("m1", Phase.ACTIVE, changed=False, operation_id="op-9")
+    assert len(rig.launcher.spawned) == 1 and "Reactivated" not in rig.reasons()
+
+
+async def test_a_failed_engine_is_not_started_again_while_the_disk_refuses(rig: OwnerRig) -> None:
+    from runtime_agent.supervision.messages import Revive
+
+    rig.settings = fast_settings(rig.settings.state_dir.parent, restart_delays=())
+    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "settings": rig.settings})
+    await active(rig)
+    rig.store.fail = errno.ENOSPC
+    rig.launcher.last.exit(code=9)
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.FAILED
+                    and "StorageUnavailable" in rig.reasons(), "failed, disk full")
+    refused = await rig.ask(Revive())
+    assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE
+    assert refused.model_name == "m1" and len(rig.launcher.spawned) == 1
 
 
 def test_a_process_that_outlives_sigkill_is_reported_not_waited_for() -> None:
