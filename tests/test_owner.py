@@ -18,7 +18,7 @@ import pytest
 
 from contract.phases import Phase
 from engines.process import ExitInfo, SpawnError
-from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR
+from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR, LoraAdapter
 from runtime_agent.supervision.messages import (
     Ready,
     SetKvLimit,
@@ -123,6 +123,123 @@ async def test_an_unusable_engine_has_its_group_killed_and_is_restarted(rig: Own
     await rig.until(lambda: len(rig.launcher.spawned) == 2, "restart")
     assert proc.calls == ["signal_group:SIGKILL"]
     assert (rig.owner.view.last_error or "").startswith("stuck (then killed by signal SIGKILL)")
+
+
+@pytest.fixture
+async def slow(tmp_path: Path):
+    """A rig whose one restart waits 30 s, so the restarting state can be looked at."""
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(30,)))
+    yield rig
+    await rig.close()
+
+
+async def test_a_crash_is_told_with_its_log_tail_and_written_once(slow: OwnerRig) -> None:
+    await active(slow)
+    assert slow.owner is not None
+    slow.owner.log_path.write_text("".join(f"line {i}\n" for i in range(25)))
+    slow.owner._unresponsive_since = 1.0  # whatever the old process was, the new one starts clean
+    exited: list[str] = []
+    forget = slow.memory.exited
+
+    def spying(key: str) -> None:
+        exited.append(key)
+        forget(key)
+
+    slow.memory.exited = spying  # type: ignore[method-assign]
+    saved = slow.store.saves
+    slow.launcher.last.exit(code=3)
+    await slow.until(lambda: next(iter(slow.store.records.values())).phase is Phase.RESTARTING,
+                     "restarting on disk")
+    await asyncio.sleep(0.05)
+    assert slow.store.saves == saved + 1  # the transition is not written on its own
+    view = slow.owner.view
+    tail = "\n".join(f"line {i}" for i in range(5, 25))
+    assert view.last_error == "exited with code 3\n" + tail
+    assert view.pid is None and not view.alive and view.conditions == ()
+    [event] = [e for e in slow.events if e.dst == "restarting"]
+    assert (event.src, event.reason, event.message) == ("active", "Exited",
+                                                        "exited with code 3; restart in 30 s")
+    assert exited == ["m1"]
+    slow.owner._inbox.put_nowait(Ready(slow.owner._gen - 1, False))  # the dead one, late
+    await asyncio.sleep(0.05)
+    assert slow.owner.view.phase is Phase.RESTARTING
+
+
+async def test_an_engine_gone_when_the_agent_starts_is_restarted_at_once(slow: OwnerRig) -> None:
+    owner = slow.start(make_record(phase=Phase.ACTIVE), StartMode.RESTART)
+    await slow.until(lambda: len(slow.launcher.spawned) == 1
+                     and owner.view.phase is Phase.ACTIVE, "restarted")
+    [event] = [e for e in slow.events if e.dst == "restarting"]
+    assert event.message == "its process was gone when the agent started; restart in 0 s"
+
+
+async def test_a_spent_budget_fails_the_engine_once_with_its_tail(tmp_path: Path) -> None:
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=()))
+    try:
+        await active(rig)
+        assert rig.owner is not None
+        rig.owner.log_path.write_text("Traceback\nCUDA error\n")
+        stopped: list[str] = []
+        forget = rig.memory.stopped
+
+        def spying(key: str) -> None:
+            stopped.append(key)
+            forget(key)
+
+        rig.memory.stopped = spying  # type: ignore[method-assign]
+        saved = rig.store.saves
+        rig.launcher.last.exit(code=7)
+        await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.FAILED,
+                        "failed on disk")
+        await asyncio.sleep(0.05)
+        assert rig.store.saves == saved + 1
+        assert rig.owner.view.last_error == "exited with code 7\nTraceback\nCUDA error"
+        assert rig.owner.record.budget_exhausted == 1 and stopped == ["m1"]
+        [event] = [e for e in rig.events if e.dst == "failed"]
+        assert (event.reason, event.message) == ("RestartBudgetExhausted",
+                                                 "exited with code 7; restart budget of 0 spent")
+    finally:
+        await rig.close()
+
+
+async def test_a_crash_kills_the_engines_helpers_that_left_its_group(slow: OwnerRig) -> None:
+    await active(slow)
+    env = {**os.environ, ENV_STATE_DIR: str(slow.settings.state_dir), ENV_ENGINE_ID: "e" * 16}
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env,
+                              start_new_session=True)
+    try:
+        slow.launcher.last.exit(code=1)
+        assert await asyncio.to_thread(helper.wait, 10) == -signal.SIGKILL
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait()
+
+
+async def test_a_sleep_cut_short_by_a_crash_is_told_why(slow: OwnerRig) -> None:
+    slow.adapter.hold = asyncio.Event()
+    await active(slow)
+    sleeping = asyncio.ensure_future(slow.ask(Sleep(1)))
+    await slow.until(lambda: "sleep:1" in slow.adapter.calls, "sleep sent")
+    slow.launcher.last.exit(code=1)
+    slept = await sleeping
+    assert isinstance(slept, Refused)
+    assert slept.message == "the engine exited during the operation; try again"
+
+
+async def test_a_crashed_engine_with_adapters_is_restarted(tmp_path: Path) -> None:
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(30,)))
+    try:
+        rig.start(make_record(adapters=[LoraAdapter(name="sql", path="/a/sql")]))
+        await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE,
+                        "active")
+        assert rig.owner is not None
+        rig.launcher.last.exit(code=1)
+        await rig.until(lambda: rig.owner is not None
+                        and rig.owner.view.phase is Phase.RESTARTING, "restarting")
+        assert rig.owner.view.adapters == (("sql", "/a/sql", False),)
+    finally:
+        await rig.close()
 
 
 async def test_news_from_a_dead_process_is_dropped(rig: OwnerRig) -> None:
@@ -556,3 +673,15 @@ async def test_a_failed_engine_is_not_started_again_while_the_disk_refuses(rig: 
 
 def test_a_process_that_outlives_sigkill_is_reported_not_waited_for() -> None:
     assert "uninterruptible" in ExitInfo(None, None, 0.0, lingering=True).describe()
+
+
+async def test_activating_again_an_engine_that_failed_without_a_word_says_so(
+        rig: OwnerRig) -> None:
+    from runtime_agent.supervision.messages import Revive
+
+    owner = rig.start(make_record(phase=Phase.FAILED, last_error=None), StartMode.IDLE)
+    await rig.until(lambda: owner.view.phase is Phase.FAILED and owner._task is not None, "idle")
+    assert isinstance(await rig.ask(Revive()), Done)
+    [event] = [e for e in rig.events if e.reason == "Reactivated"]
+    assert event.message == ("activated again after it failed (no error); starting with a fresh "
+                             "restart budget")
