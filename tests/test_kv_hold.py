@@ -308,3 +308,45 @@ async def test_each_kind_of_write_is_counted_and_reported_by_its_own_reason(
         ("KVLimitRestored", f"{GIB} bytes (restored); segment holds {GIB}, uses 0")]
     assert keeper._record.op_counts == {"kv_limit:pending": 1, "kv_limit:set_back": 1,
                                         "kv_limit:restored": 1}
+
+
+def test_a_new_process_forgets_the_old_segment_but_keeps_the_request() -> None:
+    stale = replace(HELD, not_held=True, set_back_total=2)
+    assert new_process(stale) == KvState(requested=GiB, set_back_total=2, restarted=True)
+    assert new_process(KvState(requested=GiB)).restarted is False  # no segment seen yet
+
+
+async def test_a_gone_engines_segment_is_removed_only_if_it_is_the_one_seen(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    seen = create_segment("kvc_m", 4 * GIB, tmp_path)
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+    await keeper.reading(read_segment("kvc_m", tmp_path))
+    newer = create_segment("kvc_m", 4 * GIB, tmp_path)  # another engine's, same name (the
+    await keeper.remove_leftover()  # ... old inode was still linked: the inodes differ)
+    assert read_segment("kvc_m", tmp_path) == newer and newer.inode != seen.inode
+
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+    await keeper.reading(read_segment("kvc_m", tmp_path))
+    await keeper.request(GIB)
+    await keeper.remove_leftover()
+    assert not (tmp_path / "kvc_m").exists()
+    assert keeper.state == KvState(requested=GIB, target=GIB, capacity=4 * GIB,
+                                   inode=newer.inode)
+    newer = create_segment("kvc_m", 4 * GIB, tmp_path)
+
+    never = KvKeeper(_record(), tmp_path, lambda reason, _: None)  # saw no segment at all
+    never.state = replace(never.state, present=True, used=1, total=2, applied=3)
+    await never.remove_leftover()
+    assert read_segment("kvc_m", tmp_path) == newer
+    assert (never.state.present, never.state.used, never.state.total,
+            never.state.applied) == (False, None, None, None)
+
+    (tmp_path / "file").write_text("")  # its directory cannot be read: logged, state cleared
+    broken = KvKeeper(_record(), tmp_path / "file", lambda reason, _: None)
+    broken.state = replace(broken.state, inode=newer.inode, present=True, used=1, total=2,
+                           applied=3)
+    await broken.remove_leftover()
+    assert (broken.state.present, broken.state.used, broken.state.total,
+            broken.state.applied) == (False, None, None, None)
+    assert [r.getMessage().split(": [Errno")[0] for r in caplog.records] == [
+        "could not remove kv segment of m"]
