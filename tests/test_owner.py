@@ -53,6 +53,13 @@ async def active(rig: OwnerRig) -> None:
                     "active")
 
 
+async def active_on_disk(rig: OwnerRig) -> None:
+    """Active, and its record written so: no write is still under way (tests count writes)."""
+    await active(rig)
+    await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.ACTIVE,
+                    "the active phase on disk")
+
+
 # ---- starting -------------------------------------------------------------------------------
 
 
@@ -134,7 +141,7 @@ async def slow(tmp_path: Path):
 
 
 async def test_a_crash_is_told_with_its_log_tail_and_written_once(slow: OwnerRig) -> None:
-    await active(slow)
+    await active_on_disk(slow)
     assert slow.owner is not None
     slow.owner.log_path.write_text("".join(f"line {i}\n" for i in range(25)))
     slow.owner._unresponsive_since = 1.0  # whatever the old process was, the new one starts clean
@@ -176,7 +183,7 @@ async def test_an_engine_gone_when_the_agent_starts_is_restarted_at_once(slow: O
 async def test_a_spent_budget_fails_the_engine_once_with_its_tail(tmp_path: Path) -> None:
     rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=()))
     try:
-        await active(rig)
+        await active_on_disk(rig)
         assert rig.owner is not None
         rig.owner.log_path.write_text("Traceback\nCUDA error\n")
         stopped: list[str] = []
@@ -294,7 +301,7 @@ async def test_a_stop_during_the_backoff_cancels_the_restart(rig: OwnerRig) -> N
 
 
 async def test_a_stop_says_what_it_did_and_writes_only_the_stopping_record(rig: OwnerRig) -> None:
-    await active(rig)
+    await active_on_disk(rig)
     assert rig.owner is not None
     saved = rig.store.saves
     outcome = await rig.ask(Stop())
@@ -560,10 +567,8 @@ async def test_a_sleep_is_durable_before_the_engine_is_called(rig: OwnerRig) -> 
 
 async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
         rig: OwnerRig) -> None:
-    await active(rig)
+    await active_on_disk(rig)  # else that write is the one that fails
     assert rig.owner is not None
-    await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.ACTIVE,
-                    "the active phase on disk")  # else that write is the one that fails
     rig.store.fail = errno.ENOSPC
     refused = await rig.ask(Sleep(1))  # nothing written yet, so nothing known to be wrong
     assert isinstance(refused, Done)  # the sleep's own write failed: supervised still
