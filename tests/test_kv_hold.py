@@ -152,6 +152,206 @@ async def test_a_reading_taken_before_the_agents_own_write_is_not_taken_for_an_o
     assert keeper.state.applied == GIB and not keeper.state.not_held
 
 
+# ---- every field of each decision (mutation testing showed which ones nothing checked) --------
+
+from dataclasses import replace  # noqa: E402
+
+from runtime_agent.kv.segment import SegmentError, SegmentMissing, SegmentReplaced  # noqa: E402
+
+HELD = KvState(requested=GiB, target=GiB, applied=GiB, capacity=4 * GiB, inode=7, total=GiB,
+               used=0, present=True)
+
+
+def test_a_request_without_a_usable_segment_is_only_remembered() -> None:
+    for state in (replace(HELD, present=False), replace(HELD, capacity=None),
+                  replace(HELD, inode=None)):
+        assert with_request(state, 2 * GiB) == (
+            replace(state, requested=2 * GiB, target=None, applied=None), None, False)
+
+
+def test_a_request_the_segment_already_holds_writes_nothing() -> None:
+    assert with_request(HELD, GiB) == (HELD, None, False)
+    assert with_request(replace(HELD, total=3 * GiB), GiB)[1] == Write(GiB, 7, "requested")
+    assert with_request(HELD, 8 * GiB) == (replace(HELD, requested=8 * GiB, target=4 * GiB),
+                                           Write(4 * GiB, 7, "requested"), True)
+
+
+def test_a_vanished_segment_forgets_what_it_held_but_not_the_request() -> None:
+    assert on_reading(HELD, None) == (replace(HELD, present=False, used=None, total=None), None)
+
+
+def test_a_reading_records_total_and_mapped_bytes() -> None:
+    state, write = on_reading(HELD, SegmentInfo(GiB, 100, 20, inode=7))
+    assert write is None and state == replace(HELD, total=GiB, used=120)
+
+
+def test_a_fresh_segment_starts_with_nothing_applied_and_nothing_wrong() -> None:
+    stale = replace(HELD, not_held=True, restarted=True)
+    state, write = on_reading(stale, seg(6 * GiB, inode=9))
+    assert write == Write(GiB, 9, "restored")
+    assert state == replace(HELD, inode=9, capacity=6 * GiB, total=6 * GiB, applied=None,
+                            not_held=False, restarted=False)
+    observing = replace(stale, requested=None, target=None)
+    state, write = on_reading(observing, seg(6 * GiB, inode=9))
+    assert write is None and state == replace(observing, inode=9, capacity=6 * GiB,
+                                              total=6 * GiB, applied=None, not_held=False,
+                                              restarted=False)
+
+
+def test_a_request_known_before_its_target_is_written_once_the_segment_is_seen() -> None:
+    pending = replace(HELD, requested=8 * GiB, target=None, applied=None)
+    state, write = on_reading(pending, seg(4 * GiB))
+    assert write == Write(4 * GiB, 7, "initial")  # clamped to the capacity
+    assert state == replace(pending, target=4 * GiB, total=4 * GiB)
+    unknown = replace(pending, capacity=None)  # no capacity known yet: nothing to write
+    assert on_reading(unknown, seg(4 * GiB)) == (replace(unknown, total=4 * GiB), None)
+
+
+def test_a_segment_that_holds_the_target_is_applied_and_held() -> None:
+    unsure = replace(HELD, applied=None, not_held=True, total=3 * GiB)
+    assert on_reading(unsure, seg(GiB)) == (replace(HELD, not_held=False), None)
+
+
+def test_a_target_never_confirmed_is_written_again_as_initial() -> None:
+    unsure = replace(HELD, applied=None)
+    assert on_reading(unsure, seg(3 * GiB)) == (replace(unsure, total=3 * GiB),
+                                                Write(GiB, 7, "initial"))
+
+
+def test_a_read_back_records_what_the_segment_holds() -> None:
+    write = Write(GiB, 7, "requested")
+    assert after_write(HELD, write, SegmentInfo(GiB, 5, 6, inode=7)) == replace(
+        HELD, total=GiB, used=11, applied=GiB, not_held=False)
+    assert after_write(HELD, write, SegmentInfo(GiB, 5, 6, inode=8)) == replace(
+        HELD, total=GiB, used=11, applied=None, not_held=True)  # another segment took it
+
+
+class _Writer:
+    """The segment write as a test wants it to end; ``calls`` in order."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.calls: list[tuple[str, int, int | None]] = []
+
+    def __call__(self, name: str, value: int, shm: Path, inode: int | None) -> SegmentInfo:
+        self.calls.append((name, value, inode))
+        if self.error is not None:
+            raise self.error
+        return SegmentInfo(value, 0, 0, inode or 0)
+
+
+async def _keeper_at(tmp_path: Path, writer: _Writer) -> tuple[KvKeeper, list[str]]:
+    events: list[str] = []
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: events.append(reason), writer=writer)
+    await keeper.reading(seg(4 * GIB, inode=7))
+    return keeper, events
+
+
+async def test_the_keeper_writes_to_the_inode_it_saw_and_counts_every_write(
+        tmp_path: Path) -> None:
+    writer = _Writer()
+    keeper, events = await _keeper_at(tmp_path, writer)
+    assert keeper.writes == 0
+    await keeper.request(GIB)
+    assert writer.calls == [("kvc_m", GIB, 7)] and keeper.writes == 1
+    writer.error = SegmentError("boom", "/dev/shm/kvc_m")
+    await keeper.request(2 * GIB)
+    assert keeper.writes == 2  # a failed write still makes older readings stale
+
+
+async def test_a_failed_write_is_counted_and_logged(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    keeper, events = await _keeper_at(tmp_path, _Writer(OSError(5, "EIO")))
+    detail = await keeper.request(GIB)
+    assert detail["in_force"] is False
+    assert keeper._record.op_counts == {"kv_limit:failed": 2}  # the write, then the answer
+    assert [r.getMessage() for r in caplog.records] == [
+        "kv limit write for m failed: [Errno 5] EIO"]
+
+
+async def test_a_segment_gone_or_replaced_under_a_write_is_not_a_failure(tmp_path: Path) -> None:
+    keeper, _ = await _keeper_at(tmp_path, _Writer(SegmentMissing("/dev/shm/kvc_m")))
+    await keeper.request(GIB)
+    assert keeper.state.present is False and keeper._record.op_counts == {"kv_limit:pending": 1}
+    keeper, _ = await _keeper_at(tmp_path, _Writer(SegmentReplaced("/dev/shm/kvc_m", 7, 8)))
+    await keeper.request(GIB)
+    assert keeper.state.present is True  # the next reading sees the new segment
+    assert keeper._record.op_counts == {"kv_limit:failed": 1}
+
+
+async def test_a_reading_says_whether_the_record_must_be_written(tmp_path: Path) -> None:
+    writer = _Writer()
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None, writer=writer)
+    assert await keeper.reading(seg(4 * GIB, inode=7)) is True  # capacity and inode learned
+    assert await keeper.reading(seg(4 * GIB, inode=7)) is False  # nothing new
+    await keeper.request(GIB)
+    assert await keeper.reading(seg(3 * GIB, inode=7), keeper.writes - 1) is False  # stale
+    assert writer.calls == [("kvc_m", GIB, 7)]
+    # Set back: a write, but what is durable (capacity, inode, applied) did not change.
+    assert await keeper.reading(seg(3 * GIB, inode=7), keeper.writes) is False
+    assert writer.calls[-1] == ("kvc_m", GIB, 7) and keeper.state.set_back_total == 1
+
+
+async def test_each_kind_of_write_is_counted_and_reported_by_its_own_reason(
+        tmp_path: Path) -> None:
+    events: list[tuple[str, str]] = []
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, message: events.append((reason, message)),
+                      writer=_Writer())
+    await keeper.request(GIB)
+    await keeper.reading(seg(4 * GIB, inode=7))  # the initial write
+    await keeper.reading(seg(3 * GIB, inode=7))  # someone else's: set back
+    keeper.new_process()
+    await keeper.reading(seg(4 * GIB, inode=9))  # the restarted engine's: restored
+    assert events == [
+        ("KVLimitSet", f"{GIB} bytes (initial); segment holds {GIB}, uses 0"),
+        ("KVLimitSetBack", f"{GIB} bytes (set_back); segment holds {GIB}, uses 0"),
+        ("KVLimitRestored", f"{GIB} bytes (restored); segment holds {GIB}, uses 0")]
+    assert keeper._record.op_counts == {"kv_limit:pending": 1, "kv_limit:set_back": 1,
+                                        "kv_limit:restored": 1}
+
+
+def test_a_new_process_forgets_the_old_segment_but_keeps_the_request() -> None:
+    stale = replace(HELD, not_held=True, set_back_total=2)
+    assert new_process(stale) == KvState(requested=GiB, set_back_total=2, restarted=True)
+    assert new_process(KvState(requested=GiB)).restarted is False  # no segment seen yet
+
+
+async def test_a_gone_engines_segment_is_removed_only_if_it_is_the_one_seen(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    seen = create_segment("kvc_m", 4 * GIB, tmp_path)
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+    await keeper.reading(read_segment("kvc_m", tmp_path))
+    newer = create_segment("kvc_m", 4 * GIB, tmp_path)  # another engine's, same name (the
+    await keeper.remove_leftover()  # ... old inode was still linked: the inodes differ)
+    assert read_segment("kvc_m", tmp_path) == newer and newer.inode != seen.inode
+
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+    await keeper.reading(read_segment("kvc_m", tmp_path))
+    await keeper.request(GIB)
+    await keeper.remove_leftover()
+    assert not (tmp_path / "kvc_m").exists()
+    assert keeper.state == KvState(requested=GIB, target=GIB, capacity=4 * GIB,
+                                   inode=newer.inode)
+    newer = create_segment("kvc_m", 4 * GIB, tmp_path)
+
+    never = KvKeeper(_record(), tmp_path, lambda reason, _: None)  # saw no segment at all
+    never.state = replace(never.state, present=True, used=1, total=2, applied=3)
+    await never.remove_leftover()
+    assert read_segment("kvc_m", tmp_path) == newer
+    assert (never.state.present, never.state.used, never.state.total,
+            never.state.applied) == (False, None, None, None)
+
+    (tmp_path / "file").write_text("")  # its directory cannot be read: logged, state cleared
+    broken = KvKeeper(_record(), tmp_path / "file", lambda reason, _: None)
+    broken.state = replace(broken.state, inode=newer.inode, present=True, used=1, total=2,
+                           applied=3)
+    await broken.remove_leftover()
+    assert (broken.state.present, broken.state.used, broken.state.total,
+            broken.state.applied) == (False, None, None, None)
+    assert [r.getMessage().split(": [Errno")[0] for r in caplog.records] == [
+        "could not remove kv segment of m"]
+
+
 async def test_an_engine_dead_before_any_reading_leaves_no_segment_but_others_stay(
         tmp_path: Path) -> None:
     import time

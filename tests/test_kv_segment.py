@@ -495,3 +495,39 @@ def test_the_non_blocking_read_matches_the_locked_read_and_never_waits(tmp_path)
             read_segment_nowait("nb", tmp_path)
     finally:
         os.close(fd)
+
+
+def test_a_segment_renamed_away_and_recreated_is_not_the_one_held_open(tmp_path: Path) -> None:
+    """The old inode is still linked (under another name), so only the inode tells."""
+    create_segment("kvc_a", GIB, tmp_path)
+    path = str(tmp_path / "kvc_a")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        inode = os.fstat(fd).st_ino
+        os.rename(path, path + ".old")
+        create_segment("kvc_a", 2 * GIB, tmp_path)
+        with pytest.raises(SegmentReplaced) as raised:
+            kv_segment._check_still_linked(fd, path, inode)
+        assert raised.value.path == path and raised.value.expected_inode == inode
+        assert raised.value.actual_inode == os.stat(path).st_ino
+        os.unlink(path)
+        with pytest.raises(SegmentMissing) as missing:
+            kv_segment._check_still_linked(fd, path, inode)
+        assert missing.value.path == path
+    finally:
+        os.close(fd)
+
+
+def test_write_errors_name_the_segment_and_the_bad_value(tmp_path: Path) -> None:
+    info = create_segment("kvc_a", GIB, tmp_path)
+    path = str(tmp_path / "kvc_a")
+    with pytest.raises(SegmentReplaced) as replaced:
+        write_limit("kvc_a", GIB, tmp_path, expected_inode=info.inode + 1)
+    assert replaced.value.path == path
+    with pytest.raises(TypeError, match="^limit_bytes must be an int, not float$"):
+        write_limit("kvc_a", 1.5, tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^a KV limit must be positive, got -1$"):
+        write_limit("kvc_a", -1, tmp_path)
+    with pytest.raises(ValueError, match=f"^a KV limit must fit in int64, got {2**63}$"):
+        write_limit("kvc_a", 2**63, tmp_path)
+    assert write_limit("kvc_a", 2**63 - 1, tmp_path).total_size == 2**63 - 1  # the largest

@@ -7,13 +7,15 @@ it did (signals, calls, records, events) and what it answered.
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from pathlib import Path
 
 import pytest
 
 from contract.phases import Phase
-from engines.process import SpawnError
+from engines.process import ExitInfo, SpawnError
+from registry.record import LoraAdapter
 from runtime_agent.supervision.messages import (
     Ready,
     SetKvLimit,
@@ -49,6 +51,13 @@ async def active(rig: OwnerRig) -> None:
     await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE
                     and any(r.phase is Phase.ACTIVE for r in rig.store.records.values()),
                     "active and written")
+
+
+async def active_on_disk(rig: OwnerRig) -> None:
+    """Active, and its record written so: no write is still under way (tests count writes)."""
+    await active(rig)
+    await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.ACTIVE,
+                    "the active phase on disk")
 
 
 # ---- starting -------------------------------------------------------------------------------
@@ -124,6 +133,118 @@ async def test_an_unusable_engine_has_its_group_killed_and_is_restarted(rig: Own
     assert (rig.owner.view.last_exit or "").startswith("stuck (then killed by signal SIGKILL)")
 
 
+@pytest.fixture
+async def slow(tmp_path: Path):
+    """A rig whose one restart waits 30 s, so the restarting state can be looked at."""
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(30,)))
+    yield rig
+    await rig.close()
+
+
+async def test_a_crash_is_told_with_its_log_tail_and_written_once(slow: OwnerRig) -> None:
+    await active_on_disk(slow)
+    assert slow.owner is not None
+    slow.owner.log_path.write_text("".join(f"line {i}\n" for i in range(25)))
+    slow.owner._unresponsive_since = 1.0  # whatever the old process was, the new one starts clean
+    exited: list[str] = []
+    forget = slow.memory.exited
+
+    def spying(key: str) -> None:
+        exited.append(key)
+        forget(key)
+
+    slow.memory.exited = spying  # type: ignore[method-assign]
+    saved = slow.store.saves
+    slow.launcher.last.exit(code=3)
+    await slow.until(lambda: next(iter(slow.store.records.values())).phase is Phase.RESTARTING,
+                     "restarting on disk")
+    await asyncio.sleep(0.05)
+    assert slow.store.saves == saved + 1  # the transition is not written on its own
+    view = slow.owner.view
+    tail = "\n".join(f"line {i}" for i in range(5, 25))
+    assert view.last_error == "exited with code 3\n" + tail
+    assert view.pid is None and not view.alive and view.conditions == ()
+    [event] = [e for e in slow.events if e.dst == "restarting"]
+    assert (event.src, event.reason, event.message) == ("active", "Exited",
+                                                        "exited with code 3; restart in 30 s")
+    assert exited == ["m1"]
+    slow.owner._inbox.put_nowait(Ready(slow.owner._gen - 1, False))  # the dead one, late
+    await asyncio.sleep(0.05)
+    assert slow.owner.view.phase is Phase.RESTARTING
+
+
+async def test_an_engine_gone_when_the_agent_starts_is_restarted_at_once(slow: OwnerRig) -> None:
+    owner = slow.start(make_record(phase=Phase.ACTIVE), StartMode.RESTART)
+    await slow.until(lambda: len(slow.launcher.spawned) == 1
+                     and owner.view.phase is Phase.ACTIVE, "restarted")
+    [event] = [e for e in slow.events if e.dst == "restarting"]
+    assert event.message == "its process was gone when the agent started; restart in 0 s"
+
+
+async def test_a_spent_budget_fails_the_engine_once_with_its_tail(tmp_path: Path) -> None:
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=()))
+    try:
+        await active_on_disk(rig)
+        assert rig.owner is not None
+        rig.owner.log_path.write_text("Traceback\nCUDA error\n")
+        stopped: list[str] = []
+        forget = rig.memory.stopped
+
+        def spying(key: str) -> None:
+            stopped.append(key)
+            forget(key)
+
+        rig.memory.stopped = spying  # type: ignore[method-assign]
+        saved = rig.store.saves
+        rig.launcher.last.exit(code=7)
+        await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.FAILED,
+                        "failed on disk")
+        await asyncio.sleep(0.05)
+        assert rig.store.saves == saved + 1
+        assert rig.owner.view.last_error == "exited with code 7\nTraceback\nCUDA error"
+        assert rig.owner.record.budget_exhausted == 1 and stopped == ["m1"]
+        [event] = [e for e in rig.events if e.dst == "failed"]
+        assert (event.reason, event.message) == ("RestartBudgetExhausted",
+                                                 "exited with code 7; restart budget of 0 spent")
+    finally:
+        await rig.close()
+
+
+async def test_a_crash_kills_the_engines_helpers_that_left_its_group(slow: OwnerRig) -> None:
+    """The owner has its launcher kill what the engine left (its cgroup, then every process
+    with its id: tests/test_process.py and tests/faults/test_cgroups.py kill real ones)."""
+    await active(slow)
+    assert slow.launcher.leftovers_killed == []
+    slow.launcher.last.exit(code=1)
+    await slow.until(lambda: slow.launcher.leftovers_killed == ["e" * 16], "leftovers killed")
+
+
+async def test_a_sleep_cut_short_by_a_crash_is_told_why(slow: OwnerRig) -> None:
+    slow.adapter.hold = asyncio.Event()
+    await active(slow)
+    sleeping = asyncio.ensure_future(slow.ask(Sleep(1)))
+    await slow.until(lambda: "sleep:1" in slow.adapter.calls, "sleep sent")
+    slow.launcher.last.exit(code=1)
+    slept = await sleeping
+    assert isinstance(slept, Refused)
+    assert slept.message == "the engine exited during the operation; try again"
+
+
+async def test_a_crashed_engine_with_adapters_is_restarted(tmp_path: Path) -> None:
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(30,)))
+    try:
+        rig.start(make_record(adapters=[LoraAdapter(name="sql", path="/a/sql")]))
+        await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE,
+                        "active")
+        assert rig.owner is not None
+        rig.launcher.last.exit(code=1)
+        await rig.until(lambda: rig.owner is not None
+                        and rig.owner.view.phase is Phase.RESTARTING, "restarting")
+        assert rig.owner.view.adapters == (("sql", "/a/sql", False),)
+    finally:
+        await rig.close()
+
+
 async def test_news_from_a_dead_process_is_dropped(rig: OwnerRig) -> None:
     await active(rig)
     assert rig.owner is not None
@@ -173,6 +294,109 @@ async def test_a_stop_during_the_backoff_cancels_the_restart(rig: OwnerRig) -> N
     assert isinstance(outcome, Done) and outcome.details["message"] == "no process was running"
     await asyncio.sleep(0.05)
     assert len(rig.launcher.spawned) == 1
+
+
+async def test_a_stop_says_what_it_did_and_writes_only_the_stopping_record(rig: OwnerRig) -> None:
+    await active_on_disk(rig)
+    assert rig.owner is not None
+    saved = rig.store.saves
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.details["message"] == "killed by signal SIGTERM"
+    assert [(e.src, e.dst, e.reason, e.message) for e in rig.events if e.src != e.dst][-2:] == [
+        ("active", "stopping", "Deactivate", "stop requested"),
+        ("stopping", "stopped", "Stopped", "killed by signal SIGTERM")]
+    assert rig.store.saves == saved + 1  # the STOPPING record before the stop, nothing after
+    view = rig.owner.view
+    assert view.pid is None and not view.alive and not view.ready
+
+
+async def test_a_stop_frees_the_engines_memory_and_forgets_its_storage_trouble(
+        rig: OwnerRig) -> None:
+    await active(rig)
+    stopped: list[str] = []
+    forget = rig.memory.stopped
+
+    def spying(key: str) -> None:
+        stopped.append(key)
+        forget(key)
+
+    rig.memory.stopped = spying  # type: ignore[method-assign]
+    rig.store.fail = errno.ENOSPC  # the STOPPING write fails; the unlink works
+    unlinked_before_the_stop: list[bool] = []
+    proc = rig.launcher.last
+    stop = proc.stop
+
+    async def stop_spying(grace_s: float) -> ExitInfo:
+        unlinked_before_the_stop.append(rig.store.records == {})
+        return await stop(grace_s)
+
+    proc.stop = stop_spying  # type: ignore[method-assign]
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.phase is Phase.STOPPED
+    assert unlinked_before_the_stop == [True]  # the disk forgot it before the process went
+    assert stopped == ["m1"]
+    assert "e" * 16 not in rig.deps.storage.failing  # /healthz is not degraded by a gone engine
+
+
+async def test_a_stopped_engine_whose_record_cannot_be_removed_stays_stopping_on_disk(
+        rig: OwnerRig, caplog: pytest.LogCaptureFixture) -> None:
+    await active(rig)
+    rig.store.fail_delete = errno.EIO
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.phase is Phase.STOPPED
+    [left] = rig.store.records.values()
+    assert left.phase is Phase.STOPPING  # the next agent finishes the stop, it does not restart
+    assert any(r.getMessage().startswith("record of stopped m1 not removed: [Errno 5]")
+               for r in caplog.records)
+
+
+async def test_a_stop_before_the_engine_started_says_so_to_whoever_waits_for_the_start(
+        rig: OwnerRig) -> None:
+    rig.port_free = False  # the engine waits for its port: no process yet
+    owner = rig.start()
+    await rig.until(lambda: "PortHeld" in rig.reasons(), "port held")
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done) and outcome.details["message"] == "no process was running"
+    assert await asyncio.wait_for(owner.spawned, 5) == "deactivated before it started"
+    assert rig.launcher.spawned == []
+
+
+async def test_intents_that_race_with_a_stop_are_answered_not_found(rig: OwnerRig) -> None:
+    await active(rig)
+    assert rig.owner is not None
+    rig.launcher.last._stop_takes_s = 0.5  # type: ignore[attr-defined]
+    stopping = asyncio.ensure_future(rig.ask(Stop()))
+    await rig.until(lambda: rig.launcher.last.calls == ["stop:10"], "stop under way")
+    late = await rig.ask(Wake())
+    assert isinstance(await stopping, Done)
+    assert isinstance(late, NotFound) and late.message == "model 'm1' was stopped"
+    assert late.model_name == "m1"
+
+
+async def test_a_stop_refused_for_the_disk_names_the_engine(rig: OwnerRig) -> None:
+    await active(rig)
+    rig.store.fail = rig.store.fail_delete = errno.EROFS
+    refused = await rig.ask(Stop())
+    assert isinstance(refused, Refused) and refused.model_name == "m1"
+
+
+async def test_a_stop_kills_the_engines_helpers_that_left_its_group(rig: OwnerRig) -> None:
+    """A helper that left the engine's group (a setsid worker) dies with the stop: the owner
+    has its launcher kill the engine's leftovers before it answers."""
+    await active(rig)
+    outcome = await rig.ask(Stop())
+    assert isinstance(outcome, Done)
+    assert rig.launcher.leftovers_killed == ["e" * 16]
+
+
+async def test_a_sleep_cut_short_by_a_stop_is_told_why(rig: OwnerRig) -> None:
+    rig.adapter.hold = asyncio.Event()
+    await active(rig)
+    sleeping = asyncio.ensure_future(rig.ask(Sleep(1)))
+    await rig.until(lambda: "sleep:1" in rig.adapter.calls, "sleep sent")
+    await rig.ask(Stop())
+    slept = await sleeping
+    assert isinstance(slept, Refused) and slept.message == "model 'm1' is being stopped; try again"
 
 
 # ---- sleep and wake -----------------------------------------------------------------------
@@ -269,9 +493,6 @@ async def test_a_kv_limit_before_the_segment_exists_is_recorded_not_in_force(
 
 # ---- faults: hung engines, what the engine says, storage, ports, budgets ---------------------
 
-import errno  # noqa: E402
-
-from engines.process import ExitInfo  # noqa: E402
 from registry.record import InFlight  # noqa: E402
 
 
@@ -379,7 +600,7 @@ async def test_a_sleep_is_durable_before_the_engine_is_called(rig: OwnerRig) -> 
 
 async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
         rig: OwnerRig) -> None:
-    await active(rig)
+    await active_on_disk(rig)  # else that write is the one that fails
     assert rig.owner is not None
     rig.store.fail = errno.ENOSPC
     done = await rig.ask(Sleep(1))  # nothing written yet, so nothing known to be wrong
@@ -453,11 +674,52 @@ async def test_activating_a_failed_engine_again_starts_it_over(rig: OwnerRig) ->
     from runtime_agent.supervision.messages import Revive
 
     revived = await rig.ask(Revive())
-    assert isinstance(revived, Done) and "fresh restart budget" in revived.details["message"]
+    assert isinstance(revived, Done) and revived.phase is Phase.RESTARTING and revived.changed
+    assert revived.details["message"] == "it had failed; started again with a fresh restart budget"
+    [event] = [e for e in rig.events if e.reason == "Reactivated"]
+    assert (event.src, event.dst, event.message) == (
+        "failed", "restarting", "activated again after it failed (exited with code 9); starting "
+        "with a fresh restart budget")
     await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.ACTIVE,
                     "active again")
-    assert len(rig.launcher.spawned) == 2
+    assert len(rig.launcher.spawned) == 2 and rig.owner.view.restart_count == 0
+
+
+async def test_activating_an_engine_that_has_not_failed_changes_nothing(rig: OwnerRig) -> None:
+    from runtime_agent.supervision.messages import Revive
+
+    await active(rig)
+    again = await rig.ask(Revive("op-9"))
+    assert again == Done("m1", Phase.ACTIVE, changed=False, operation_id="op-9")
+    assert len(rig.launcher.spawned) == 1 and "Reactivated" not in rig.reasons()
+
+
+async def test_a_failed_engine_is_not_started_again_while_the_disk_refuses(rig: OwnerRig) -> None:
+    from runtime_agent.supervision.messages import Revive
+
+    rig.settings = fast_settings(rig.settings.state_dir.parent, restart_delays=())
+    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "settings": rig.settings})
+    await active(rig)
+    rig.store.fail = errno.ENOSPC
+    rig.launcher.last.exit(code=9)
+    await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.FAILED
+                    and "StorageUnavailable" in rig.reasons(), "failed, disk full")
+    refused = await rig.ask(Revive())
+    assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE
+    assert refused.model_name == "m1" and len(rig.launcher.spawned) == 1
 
 
 def test_a_process_that_outlives_sigkill_is_reported_not_waited_for() -> None:
     assert "uninterruptible" in ExitInfo(None, None, 0.0, lingering=True).describe()
+
+
+async def test_activating_again_an_engine_that_failed_without_a_word_says_so(
+        rig: OwnerRig) -> None:
+    from runtime_agent.supervision.messages import Revive
+
+    owner = rig.start(make_record(phase=Phase.FAILED, last_error=None), StartMode.IDLE)
+    await rig.until(lambda: owner.view.phase is Phase.FAILED and owner._task is not None, "idle")
+    assert isinstance(await rig.ask(Revive()), Done)
+    [event] = [e for e in rig.events if e.reason == "Reactivated"]
+    assert event.message == ("activated again after it failed (no error); starting with a fresh "
+                             "restart budget")

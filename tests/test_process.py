@@ -32,14 +32,17 @@ def test_the_tail_skips_blank_lines_and_survives_a_missing_file(tmp_path: Path) 
 import asyncio  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 
 import psutil  # noqa: E402
 
-from engines.process import ProcessLauncher  # noqa: E402
+from engines.process import ProcessLauncher, group_workers  # noqa: E402
+from registry.identity import process_start_time  # noqa: E402
 
-# A leader that traps SIGTERM (writing a marker), with one child in its group and one that left
-# it (its own session), each printing its pid.
+# A leader that traps SIGTERM (writing a marker), with one child in its group and one descendant
+# that left it (its own session), printing their pids.
 _TREE = r"""
 import os, signal, subprocess, sys, time
 marker = sys.argv[1]
@@ -47,10 +50,14 @@ def on_term(*_):
     open(marker, "w").write("term")
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
-same = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-away = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                        start_new_session=True)
-print("PIDS", same.pid, away.pid, flush=True)
+# The one that left is a grandchild (started by the child), so only a recursive walk finds it.
+same = subprocess.Popen([sys.executable, "-c", (
+    "import subprocess, sys, time; "
+    "away = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+    "start_new_session=True); print(away.pid, flush=True); time.sleep(600)")],
+    stdout=subprocess.PIPE)
+away = int(same.stdout.readline())
+print("PIDS", same.pid, away, flush=True)
 time.sleep(600)
 """
 
@@ -119,3 +126,139 @@ async def test_when_the_leader_dies_its_group_dies_with_it(tmp_path: Path) -> No
     assert info.signal == signal.SIGKILL
     assert await _gone(same)  # an EngineCore left behind would hold the GPU
     os.kill(away, signal.SIGKILL)  # left its group: the owner's crash path handles it
+
+
+async def test_a_stop_touches_nothing_outside_the_engines_tree(tmp_path: Path) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        proc, same, away, _ = await _tree(tmp_path)
+        await proc.stop(grace_s=10)  # type: ignore[attr-defined]
+        assert await _gone(same) and await _gone(away)
+        assert bystander.poll() is None  # another child of the agent: not the engine's
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+async def test_a_stop_that_cannot_end_the_process_reports_it_lingering_in_bounded_time(
+        tmp_path: Path) -> None:
+    """A process stuck in the kernel outlives SIGKILL; simulated by a leader that ignores
+    SIGTERM and a SIGKILL that is never delivered (the fault is in the signal call)."""
+    log = tmp_path / "engine.log"
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('UP', 1, flush=True); time.sleep(600)"
+    proc = await ProcessLauncher(tmp_path).spawn([sys.executable, "-c", code], dict(os.environ),
+                                                 log)
+    try:
+        while not _said(log, "UP"):
+            await asyncio.sleep(0.02)
+        sent: list[int] = []
+        proc.signal_group = sent.append  # type: ignore[method-assign]
+        before = time.monotonic()
+        info = await asyncio.wait_for(proc.stop(grace_s=0.1, kill_wait_s=0.2), 30)
+        assert sent == [signal.SIGTERM, signal.SIGKILL]
+        assert info.lingering and info.code is None and info.signal is None
+        assert isinstance(info.detected_at, float) and info.detected_at >= before
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        await asyncio.wait_for(proc.exited, 10)
+
+
+async def test_an_exit_says_how_and_when_and_closing_afterwards_touches_nothing(
+        tmp_path: Path) -> None:
+    proc = await ProcessLauncher(tmp_path).spawn([sys.executable, "-c", "raise SystemExit(3)"],
+                                                 dict(os.environ), tmp_path / "engine.log")
+    before = time.monotonic()
+    info = await asyncio.wait_for(proc.exited, 10)
+    assert (info.code, info.signal, info.lingering) == (3, None, False)
+    assert isinstance(info.detected_at, float) and info.detected_at >= before - 5
+    proc.close()  # the agent shuts down after the exit: nothing left to close
+    proc.close()
+    os.fstat(1)  # ... and no descriptor of the agent's was closed in its place
+
+
+async def test_the_launcher_records_the_start_time_the_kernel_reports(tmp_path: Path) -> None:
+    proc = await ProcessLauncher(tmp_path).spawn(
+        [sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ),
+        tmp_path / "engine.log")
+    try:
+        assert proc.start_time == process_start_time(proc.pid) and proc.start_time > 0
+    finally:
+        await proc.stop(grace_s=10)
+
+
+async def test_an_adopted_process_is_watched_and_its_status_is_unknown(tmp_path: Path) -> None:
+    """Re-adoption: the engine is not the agent's child, so its exit status cannot be read."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                             start_new_session=True)
+    try:
+        proc = ProcessLauncher(tmp_path).attach(other.pid)
+        assert proc is not None and not proc.is_child and proc.pid == other.pid
+        assert proc.start_time == process_start_time(other.pid)
+        other.kill()
+        info = await asyncio.wait_for(proc.exited, 10)
+        assert (info.code, info.signal) == (None, None) and "status unknown" in info.describe()
+        proc.close()
+    finally:
+        other.kill()
+        other.wait()
+    assert ProcessLauncher(tmp_path).attach(other.pid) is None  # gone: nothing to adopt
+
+
+async def test_closing_a_watch_leaves_the_process_alone(tmp_path: Path) -> None:
+    proc, same, away, _ = await _tree(tmp_path)
+    proc.close()  # type: ignore[attr-defined]
+    assert proc.exited.cancelled()  # type: ignore[attr-defined]
+    proc.close()  # type: ignore[attr-defined]
+    os.fstat(1)
+    assert psutil.pid_exists(proc.pid)  # type: ignore[attr-defined]
+    os.killpg(proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    os.kill(away, signal.SIGKILL)
+    # Nothing watches it any more, so the test reaps its own child (no zombie outlives it).
+    await asyncio.to_thread(os.waitpid, proc.pid, 0)  # type: ignore[attr-defined]
+    assert await _gone(same)
+
+
+async def test_a_worker_that_dies_under_a_live_leader_is_reported(tmp_path: Path) -> None:
+    proc, same, away, _ = await _tree(tmp_path)
+    try:
+        workers = await asyncio.to_thread(group_workers, proc.pid)  # type: ignore[attr-defined]
+        assert [pid for pid, _ in workers] == [same]  # the one that left the group is no worker
+        ended: list[tuple[int, str]] = []
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # a worker that ended before the watch began is reported at once
+        proc.watch_workers([(gone.pid, "early"), *workers],  # type: ignore[attr-defined]
+                           lambda pid, name: ended.append((pid, name)))
+        assert ended == [(gone.pid, "early")]
+        os.kill(same, signal.SIGKILL)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while len(ended) < 2:
+            assert loop.time() < deadline, "the worker's exit was not reported"
+            await asyncio.sleep(0.02)
+        assert ended[1] == workers[0]
+    finally:
+        await proc.stop(grace_s=10)  # type: ignore[attr-defined]
+        os.kill(away, signal.SIGKILL)
+
+
+async def test_workers_that_die_with_their_leader_are_not_reported(tmp_path: Path) -> None:
+    proc, same, away, _ = await _tree(tmp_path)
+    workers = await asyncio.to_thread(group_workers, proc.pid)  # type: ignore[attr-defined]
+    ended: list[tuple[int, str]] = []
+    proc.watch_workers(workers, lambda pid, name: ended.append((pid, name)))  # type: ignore[attr-defined]
+    os.kill(proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    await asyncio.wait_for(proc.exited, 10)  # type: ignore[attr-defined]
+    assert await _gone(same)
+    await asyncio.sleep(0.05)  # a late worker report would have been posted by now
+    assert ended == []
+    os.kill(away, signal.SIGKILL)
+
+
+def test_the_tail_reads_at_most_its_byte_bound_from_the_end(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text("first\n" + "".join(f"{i:04d}" + "x" * 1019 + "\n" for i in range(40)))
+    tail = tail_lines(log, 30, max_bytes=4096)  # 4 whole lines of 1 KiB and a cut one
+    assert len(tail) == 4 and tail[-1].startswith("0039") and tail[0].startswith("0036")
+    assert tail_lines(log, 100, max_bytes=1 << 20)[0] == "first"  # from the very first byte
+    log.write_bytes(b"ok\n\xff\xfe broken\n")
+    assert tail_lines(log) == ["ok", "\ufffd\ufffd broken"]  # bad bytes never fail the tail

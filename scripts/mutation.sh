@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Mutation score of the engine owner, the process plumbing and the KV-limit modules
+# (docs/mutation.md): mutmut 3 over the direct unit tests named in pyproject's [tool.mutmut].
+# Slow (about an hour for every mutant on 2 cores), so not part of CI (.ci/run).
+#
+#   scripts/mutation.sh           the stop, restart and wake paths (docs/mutation.md lists them)
+#   scripts/mutation.sh --all     every mutant of the configured modules
+#   scripts/mutation.sh NAME...   these mutants (mutmut names; * is a wildcard)
+#
+# Results stay in mutants/ (git-ignored): `.venv/bin/mutmut results`, `mutmut show NAME`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+jobs=${MUTATION_JOBS:-2}
+owner='runtime_agent.supervision.owner.xǁEngineOwnerǁ'
+paths=(
+  "${owner}_stop*" "${owner}_after_exit*" "${owner}_add_log_tail*" "${owner}_revive*"
+  "${owner}_handle*" "${owner}_begin*" "${owner}_adopt*" "${owner}_spawn*" "${owner}_on_ready*"
+  "engines.process.*"
+  "runtime_agent.kv.*"
+)
+if [ "${1:-}" = "--all" ]; then
+  paths=()
+  shift
+fi
+[ $# -gt 0 ] && paths=("$@")
+nice .venv/bin/mutmut run --max-children "$jobs" "${paths[@]}"
+# Counts by status over every mutant mutmut has a result for (killed, survived, timeout, ...).
+.venv/bin/mutmut results --all true | awk -F': ' '{print $NF}' | sort | uniq -c
