@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
+[ -x .venv/bin/mutmut ] || .venv/bin/python -m pip install --quiet -e '.[mutation]'
 jobs=${MUTATION_JOBS:-2}
 owner='runtime_agent.supervision.owner.xǁEngineOwnerǁ'
 paths=(
