@@ -164,8 +164,8 @@ def main() -> int:
             print(result.report() + "\n", flush=True)
     command = "python -m bench.run_all" + (f" --repeat {args.repeat}" if args.repeat > 1 else "") \
         + (f" --only {args.only}" if args.only != ",".join(BENCHES) else "")
-    header = (f"## Figures 1-6 (run of {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(started))}"
-              f"; `{command}`; agent at {tree}; {machine()})")
+    header = (f"### Run of {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(started))}"
+              f": `{command}`; agent at {tree}; {machine()}")
     text = table(results, header, loads, time.monotonic() - t0, foreign)
     print(text)
     if args.write:

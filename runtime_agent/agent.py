@@ -142,6 +142,9 @@ class Agent:
         self._tasks.append(asyncio.create_task(
             keep_running("engine-log trimming", self._trim_logs, Throttled(log)),
             name="trim-logs"))
+        if self.artifacts is not None:
+            self._tasks.append(asyncio.create_task(self._preload_when_settled(self.artifacts),
+                                                   name="preload-clients"))
         self._runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
@@ -200,6 +203,15 @@ class Agent:
         return {"status": "degraded", "boot_id": self.events.boot_id, "conditions": [
             {"type": "StorageUnavailable", "message": f"the state directory cannot be written: "
              f"{problem}; engines are still supervised, changes are refused until it can"}]}
+
+    async def _preload_when_settled(self, artifacts: ArtifactCache) -> None:
+        """The weight cache's client imports, once every taken-over engine has shown its first
+        state (or the settle timeout passed): re-adoption first."""
+        settling = [asyncio.shield(o.settled) for name in self._taken_over
+                    if (o := self.pool.owners.get(name)) is not None]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*settling), self.settings.settle_timeout_s)
+        artifacts.preload_clients()
 
     def not_ready_reason(self) -> str | None:
         """Why ``/ready`` is not 200 yet: the registry unread, or engines still being taken

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation score of the engine owner, the process plumbing and the KV-limit modules
+# Mutation score of the engine owner, the process plumbing, vLLM's adapter and the KV-limit modules
 # (docs/mutation.md): mutmut 3 over the direct unit tests named in pyproject's [tool.mutmut].
 # Slow (about an hour for every mutant on 2 cores), so not part of CI (.ci/run).
 #
@@ -17,7 +17,7 @@ owner='runtime_agent.supervision.owner.xǁEngineOwnerǁ'
 paths=(
   "${owner}_stop*" "${owner}_after_exit*" "${owner}_add_log_tail*" "${owner}_revive*"
   "${owner}_handle*" "${owner}_begin*" "${owner}_adopt*" "${owner}_spawn*" "${owner}_on_ready*"
-  "engines.process.*"
+  "engines.process.*" "engines.vllm.*"
   "runtime_agent.kv.*"
 )
 if [ "${1:-}" = "--all" ]; then

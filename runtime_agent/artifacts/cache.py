@@ -146,7 +146,13 @@ class ArtifactCache:
                 self._begin(entry.ref, entry, {}, "Resumed")
         log.info("weight cache %s: %d ready, %d downloads found", self.config.root,
                  len(scan.ready), len(scan.staged))
-        self._behind(asyncio.to_thread(_load_clients))  # the first download starts at once
+
+    def preload_clients(self) -> None:
+        """Import the source libraries in a worker thread, so the first download starts at
+        once. The agent calls it after its engines are taken back: the imports hold the GIL
+        for about a second, which re-adoption would otherwise wait behind (32 engines: 0.6 s
+        to all ready without, 1.4-1.85 s with them running beside it)."""
+        self._behind(asyncio.to_thread(_load_clients))
 
     async def close(self) -> None:
         """Stop downloads (their bytes stay on disk, to be resumed by the next agent)."""
