@@ -223,8 +223,14 @@ class Core:
             self._session = None
 
     async def start_door(self) -> None:
+        """Start the door; one that cannot (its port in use, a broken keys file) is stopped
+        again, its connections closed, and the error raised."""
         if self.door is not None:
-            await self.door.start()
+            try:
+                await self.door.start()
+            except BaseException:
+                await self.door.stop()
+                raise
 
     async def stop_door(self) -> None:
         """The door first when stopping: no new requests while the controllers stop."""

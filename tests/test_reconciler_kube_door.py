@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -168,3 +169,20 @@ async def test_a_standby_replicas_door_answers_503_until_it_leads(
         assert len(engines) == 1 and engines[0][1]["restart_count"] == 0
     finally:
         await stop_replicas(procs.values())
+
+
+async def test_a_door_port_in_use_stops_the_replica_with_a_clear_message(
+        cluster: Cluster, tmp_path: Path) -> None:
+    api = free_port_block(2)
+    busy = api + 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", busy))
+        taken.listen()
+        proc = replica(cluster.config, "r1", tmp_path / "r1.log", api, "--door-port", str(busy))
+        try:
+            code = await asyncio.to_thread(proc.wait, 30)
+        finally:
+            await stop_replicas([proc])
+    log = (tmp_path / "r1.log").read_text()
+    assert code == 1 and f"its front door (port {busy}) cannot listen" in log, log
+    assert "Traceback" not in log and "Unclosed" not in log
