@@ -107,7 +107,7 @@ class AgentProcess:
     def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
                  ports: int = 100, extra_args: Sequence[str] = (),
                  env: dict[str, str] | None = None, root: Path = ROOT,
-                 engine_host: str | None = "127.0.0.1") -> None:
+                 engine_host: str | None = "127.0.0.1", shm_dir: Path | None = None) -> None:
         self.state_dir = state_dir
         self.root = root  # the source tree the agent runs from (a bench compares two)
         self.port = free_port()
@@ -121,7 +121,8 @@ class AgentProcess:
         self.client = AgentClient(self.url, timeout_s=60)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = state_dir.parent / f"agent-{self.port}.log"
-        self.shm_dir = state_dir.parent / "shm"  # kvcached segments, shared by restarted agents
+        # kvcached segments, shared by restarted agents (on a node: /dev/shm, its own tmpfs)
+        self.shm_dir = shm_dir or state_dir.parent / "shm"
         self.shm_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, timeout_s: float = 15.0) -> None:

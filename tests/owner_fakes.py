@@ -74,6 +74,7 @@ class FakeLauncher:
         self.fail_with: Exception | None = None
         self.alive: dict[int, FakeProcess] = {}
         self.leftovers_killed: list[str] = []  # engine ids, in order
+        self.leftovers_in: list[str] = []  # the state directory each sweep was told
         self._next_pid = 4000
 
     async def spawn(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> FakeProcess:
@@ -92,6 +93,7 @@ class FakeLauncher:
 
     def kill_leftovers(self, state_dir: str, engine_id: str) -> list[int]:
         self.leftovers_killed.append(engine_id)
+        self.leftovers_in.append(state_dir)
         return []
 
     @property

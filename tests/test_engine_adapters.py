@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
+import pytest
 
 from engines import ollama, vllm
 from engines.adapter import LaunchContext
+from engines.client import EngineCallError
 from registry.record import EngineRecord, EngineSpec
 
 
@@ -101,6 +105,33 @@ async def test_a_wake_from_level_two_reloads_the_weights_before_the_kv_cache() -
                     'POST /collective_rpc {"method": "reload_weights"}',
                     "POST /wake_up?tags=kv_cache",
                     "POST /wake_up"]
+
+
+@pytest.mark.parametrize("stuck", ["/wake_up", "/wake_up?tags=weights", "/collective_rpc",
+                                   "/wake_up?tags=kv_cache"])
+async def test_every_step_of_a_wake_is_bounded_by_its_timeout(stuck: str) -> None:
+    """An engine that never answers one step of a wake: the call fails within its timeout
+    instead of waiting for ever (the owner's lifecycle bound depends on it)."""
+    release = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.path_qs == stuck:
+            await release.wait()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            adapter = vllm.VllmAdapter(session, "127.0.0.1", server.port)
+            level = 1 if stuck == "/wake_up" else 2
+            with pytest.raises(EngineCallError):
+                await asyncio.wait_for(adapter.wake(level, 0.2), 10)
+    finally:
+        release.set()
+        await server.close()
 
 
 async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:

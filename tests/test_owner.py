@@ -217,6 +217,7 @@ async def test_a_crash_kills_the_engines_helpers_that_left_its_group(slow: Owner
     assert slow.launcher.leftovers_killed == []
     slow.launcher.last.exit(code=1)
     await slow.until(lambda: slow.launcher.leftovers_killed == ["e" * 16], "leftovers killed")
+    assert slow.launcher.leftovers_in == [str(slow.settings.state_dir)]  # where engines are found
 
 
 async def test_a_sleep_cut_short_by_a_crash_is_told_why(slow: OwnerRig) -> None:
@@ -387,6 +388,7 @@ async def test_a_stop_kills_the_engines_helpers_that_left_its_group(rig: OwnerRi
     outcome = await rig.ask(Stop())
     assert isinstance(outcome, Done)
     assert rig.launcher.leftovers_killed == ["e" * 16]
+    assert rig.launcher.leftovers_in == [str(rig.settings.state_dir)]  # where engines are found
 
 
 async def test_a_sleep_cut_short_by_a_stop_is_told_why(rig: OwnerRig) -> None:

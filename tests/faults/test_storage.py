@@ -33,7 +33,9 @@ def fill(disk: Path) -> Path:
 
 def test_a_full_state_directory_costs_no_control(agent_factory, tmp_path: Path) -> None:
     with tmpfs(tmp_path / "disk", "4m") as disk:
-        agent: AgentProcess = agent_factory(state_dir=disk / "state")
+        # KV segments live apart, as on a node (/dev/shm): a dead engine's segment freed on
+        # the full disk would let a record write through, and the test would race for it
+        agent: AgentProcess = agent_factory(state_dir=disk / "state", shm_dir=tmp_path / "shm")
         first = agent.activate_sim("m1")
         agent.wait_phase("m1", "active")
         filler = fill(disk)
