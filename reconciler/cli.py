@@ -4,8 +4,7 @@
 
 * ``reconcile --claims DIR --pool FILE [--host H] [--port P] [--door-port P]``: run the
   reconciler standalone against the agents the pool file names (with a front door when
-  ``--door-port`` is given); ``reconcile --kubernetes [--door-port P]`` against the Kubernetes
-  API (the door answers on the leading replica);
+  ``--door-port`` is given);
 * ``claims get [NAME] [--url URL] [-o table|json]``: the guide's table (NAME, PHASE, DESIRED,
   READY, ENGINE, ARTIFACT, AGE) from a reconciler's ``/v1/claims``;
 * ``claims describe NAME [-n NAMESPACE] [--url URL]``: a claim's conditions, instance, route and
@@ -119,8 +118,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
-    on = "on by default with --claims" if port is not None else \
-        "off unless a port is given; with --kubernetes every replica listens, the leader answers"
+    on = "on by default with --claims" if port is not None else "off unless a port is given"
     parser.add_argument("--door-port", type=int, default=port,
                         help=f"port of the OpenAI-compatible front door ({on}; 0: any free "
                         "port; default %(default)s)")
@@ -209,8 +207,7 @@ def _reconcile(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
             lease_namespace=args.lease_namespace, leader_election=not args.no_leader_election,
             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period, identity=identity,
-            door=door_settings(args, args.host))
+            retry_period=args.retry_period, identity=identity)
         return run_kubernetes(settings)
     if not args.claims:
         raise SystemExit("reconcile needs --claims DIR (local mode) or --kubernetes")
