@@ -25,7 +25,8 @@ ENGINE_ARGS = {"--runner": "pooling", "--dtype": "float32", "--max-model-len": "
 
 async def test_embeddings_come_through_the_door_from_a_real_vllm(
         tmp_path: Path, model_dir: Path, engine_env: None) -> None:
-    agent = AgentProcess(tmp_path / "state", extra_args=AGENT_ARGS)
+    agent = AgentProcess(tmp_path / "state",
+                         extra_args=[*AGENT_ARGS, "--artifact-local-root", str(model_dir)])
     app: ReconcilerApp | None = None
     try:
         agent.start(timeout_s=60)
