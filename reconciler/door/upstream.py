@@ -371,8 +371,15 @@ class Upstream:
         self._idle.clear()
 
 
+def authority(host: str, port: int) -> str:
+    """``host:port`` as a URL and a Host header write it: an IPv6 address in brackets (a Pod's
+    IP on an IPv6 cluster is the engine's host)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _request(host: str, port: int, path: str, headers: Mapping[str, str], body: bytes) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+    lines = [f"POST {path} HTTP/1.1", f"Host: {authority(host, port)}",
+             f"Content-Length: {len(body)}"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             continue  # never let a header value split the request
