@@ -57,6 +57,26 @@ def pod_obj(name: str, agent: AgentProcess, ip: str = "127.0.0.1") -> dict[str, 
             "status": {"phase": "Running", "podIP": ip}}
 
 
+def task_dump() -> str:
+    """Every task of the running loop and the chain of awaits it is suspended in (innermost
+    last): which await never returned."""
+    lines = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task():
+            continue
+        lines.append(f"{task.get_name()}:")
+        coro: Any = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) \
+                or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                lines.append(f"  {code.co_filename}:{frame.f_lineno} {code.co_name}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) \
+                or getattr(coro, "ag_await", None)
+    return "\n".join(lines)
+
+
 def kubeconfig(path: Path, url: str) -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
@@ -126,10 +146,16 @@ class Cluster:
         return self.app
 
     async def stop(self) -> None:
+        """Stop the replica; one that has not stopped within 60 s fails the test with every
+        task's stack (which await never returned)."""
         if self.app is not None:
             self.app.stop()
-            await self._run
+            done, _ = await asyncio.wait({self._run}, timeout=60)
+            if not done:
+                raise AssertionError("the replica did not stop within 60 s; its tasks:\n"
+                                     + task_dump())
             self.app = None
+            self._run.result()
 
 
 @contextlib.asynccontextmanager
@@ -184,6 +210,42 @@ async def test_the_seeds_sample_claims_become_active_with_finalizers_and_conditi
     events = cluster.server.all_of("events")
     assert any(e["reason"] == "Activated" and e["involvedObject"]["name"] == "qwen3-0-6b"
                for e in events)
+
+
+async def test_a_claim_is_written_active_only_once_its_route_is_active(
+        cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
+    """The gateway routes by the Pod annotation: whoever waits for Active and then sends a
+    request must find the engine on the route. The API server refuses the first two patches
+    that put the route on (the publisher retries a second later); Active must wait for them."""
+    await cluster.add_pod("pool-0", agent_for(agent_factory))
+    refused: list[str] = []
+
+    def state(obj: dict[str, Any] | None) -> str | None:
+        value = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(
+            "route.claim.model.aibrix.ai/late")
+        return json.loads(value)["state"] if value else None
+
+    def refuse(res: tuple[str, str, str], old: dict[str, Any] | None,
+               new: dict[str, Any]) -> str | None:
+        if res[2] == "pods" and state(new) == "active" != state(old) and len(refused) < 2:
+            refused.append("route")
+            return "refused by the test"
+        return None
+
+    cluster.server.validate = refuse
+    await cluster.start()
+    await cluster.apply(claim_obj("late"))
+    await cluster.until("late Active", lambda: cluster.phase("late") == "Active")
+    # the API server's history, in order: the route's state when the claim first read Active
+    history = sorted((version, res[2], obj) for res, entries in cluster.server.log.items()
+                     for version, _, obj, _ in entries if res[2] in ("pods", "modelclaims"))
+    route = None
+    for _, plural, obj in history:
+        if plural == "pods":
+            route = state(obj)
+        elif (obj.get("status") or {}).get("phase") == "Active":
+            break
+    assert route == "active" and refused == ["route", "route"]
 
 
 async def test_the_route_is_active_only_once_the_engine_is_ready(

@@ -94,6 +94,7 @@ class KubeApp(Core):
         self.publisher = RoutePublisher(api, desired, self.deps, self.clock, wall)
         self.deps.routes_out = self.publisher.sync_model
         store.on_mark = self.publisher.mark
+        store.publish_route = self.publisher.publish
         ns, w = settings.namespace, settings.watch_timeout
         self.informers = [
             Informer(api, CLAIMS, desired.on_claim, namespace=ns, watch_timeout=w, clock=clock),

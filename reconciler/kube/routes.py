@@ -136,6 +136,11 @@ class RoutePublisher:
             self.mark(key)
             return False
 
+    async def publish(self, key: ClaimKey) -> None:
+        """The claim's route on its Pod now (before its Active status is written); raises
+        when the API server refuses it."""
+        await self._publish(key)
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="routes")
 
