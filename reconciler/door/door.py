@@ -213,8 +213,9 @@ class Door:
                         f"model {model!r} did not become ready within {s.max_wait_s:g} s "
                         f"(waiting for: {d.cause}); try again later", "wait_timeout",
                         d.retry_after), "wait_timeout")
-                try:
-                    await asyncio.wait_for(changed.wait(), min(left, s.recheck_s))
+                try:  # not wait_for: on 3.11 it swallows a cancel that comes with a change
+                    async with asyncio.timeout(min(left, s.recheck_s)):
+                        await changed.wait()
                 except TimeoutError:
                     pass
         finally:

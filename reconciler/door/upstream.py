@@ -356,9 +356,11 @@ class Upstream:
 
     async def _connect(self, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
-        try:
-            _, conn = await asyncio.wait_for(loop.create_connection(
-                lambda: _Connection(loop, self._limit), host, port), self._connect_timeout)
+        try:  # not wait_for: on 3.11 a cancel (the client left) that comes with the
+            # connection is swallowed, and the connection with it
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop, self._limit), host, port)
         except (OSError, asyncio.TimeoutError) as err:
             raise UpstreamError(f"cannot connect to {host}:{port}: "
                                 f"{err or type(err).__name__}") from err
