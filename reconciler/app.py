@@ -100,9 +100,15 @@ class ReconcilerApp(Core):
             self.claim_controller.watch(DirectorySource(
                 s.pool_file.parent, self.manifests.on_pool_file, s.directory_interval,
                 clock=self.clock))
-        await self.start_core()
-        await self.serve_http()
-        await self.start_door()
+        try:
+            await self.start_core()
+            await self.serve_http()
+            await self.start_door()  # a door that cannot start has stopped itself
+        except BaseException:  # a port in use: stop what started, close the agents' session
+            await self.stop_core()
+            await self.stop_http()
+            await self.store.stop()
+            raise
         log.info("reconciler: %d claims, %d agents, listening on %s:%d",
                  len(self.desired.claims), len(self.desired.agents()), s.host, self.port)
 

@@ -10,6 +10,7 @@ annotation, not at some local address."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import time
@@ -20,9 +21,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from reconciler.core import CoreSettings
 from reconciler.door.settings import DoorSettings
-from reconciler.kube.api import DEPLOYMENTS
-from reconciler.kube.app import KubeApp
+from reconciler.kube.api import DEPLOYMENTS, connect
+from reconciler.kube.app import KubeApp, KubeSettings
 from tests.harness import AgentProcess, free_port_block
 from tests.test_reconciler_kube import (
     CARD,
@@ -186,3 +188,24 @@ async def test_a_door_port_in_use_stops_the_replica_with_a_clear_message(
     log = (tmp_path / "r1.log").read_text()
     assert code == 1 and f"its front door (port {busy}) cannot listen" in log, log
     assert "Traceback" not in log and "Unclosed" not in log
+
+
+async def test_a_replica_whose_port_is_in_use_leaves_no_session_open(cluster: Cluster) -> None:
+    """``run`` raises OSError (the CLI says which port) with its API client's session closed:
+    no "Unclosed client session" when the process exits."""
+    def open_sessions() -> set[int]:
+        gc.collect()
+        return {id(o) for o in gc.get_objects()
+                if isinstance(o, aiohttp.ClientSession) and not o.closed}
+
+    before = open_sessions()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        api = await connect(str(cluster.config))
+        app = KubeApp(KubeSettings(CoreSettings(host="127.0.0.1", port=taken.getsockname()[1]),
+                                   leader_election=False,
+                                   door=DoorSettings(port=0, access_log="off")), api)
+        with pytest.raises(OSError):
+            await app.run()
+    assert open_sessions() - before == set()

@@ -205,10 +205,10 @@ class KubeApp(Core):
     async def run(self) -> int:
         """Serve health, metrics (and the door), campaign, lead; the exit code. ``OSError``
         when a port cannot be listened on."""
-        await self.serve_http()
         try:
+            await self.serve_http()
             await self.start_door()
-        except BaseException:
+        except BaseException:  # a port in use: nothing left open (the API client's session)
             await self.stop_http()
             await self.api.close()
             raise
