@@ -127,6 +127,26 @@ async def test_a_cancelled_held_request_leaves_the_queue(tmp_path: Path) -> None
     again.cancel()
 
 
+async def test_a_held_request_cancelled_as_a_change_comes_leaves_the_queue(
+        tmp_path: Path) -> None:
+    """A client that leaves (or a door that stops) as a status changes: the cancel must end
+    the handler, whichever loop turn the change came in (``asyncio.wait_for`` on 3.11 dropped
+    a cancel that came with the change, and the request stayed held)."""
+    rig, _ = await sleeping_m(tmp_path)
+    door = door_for(rig, max_wait_s=30)
+    for turns in range(3):
+        held = asyncio.ensure_future(door.admit("m", (M,), Ticket(door.ledger), record()))
+        await settle()
+        assert door.ledger.held("m") == 1
+        door.changes.bump()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        held.cancel()
+        done, _ = await asyncio.wait({held}, timeout=2)
+        assert done and held.cancelled(), f"the cancel was lost ({turns} turns after a change)"
+        assert door.ledger.held("m") == 0
+
+
 async def test_a_request_for_an_unplaced_claim_kicks_it_and_waits_for_room(
         tmp_path: Path) -> None:
     a = FakeAgent("agent-a", card=8 * GiB)
