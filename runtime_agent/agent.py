@@ -100,7 +100,7 @@ class Agent:
             path.chmod(0o700)
         self._lock.acquire()  # before the registry is read: one agent per state directory
         if self.probes is not None:  # "reading the registry" from here on, not a refused port
-            self.probes.start()
+            await self.probes.start()
         if s.api_token is None and s.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning("the control API on %s:%d needs no token: anyone who reaches this "
                         "address can start and stop engines; set --token-file (or "

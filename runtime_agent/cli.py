@@ -280,7 +280,7 @@ def serve_parser(sub: Any) -> None:
                      "set a token then)")
     api.add_argument("--port", type=_port, default=8080, help="its port (default %(default)s)")
     api.add_argument("--health-probe-port", type=_port, default=None,
-                     help="also answer /healthz and /ready on this port, from a thread of "
+                     help="also answer /healthz and /ready on this port, from a process of "
                      "their own: fast while the API is busy, and 503 when the agent's event "
                      "loop has stalled (point the kubelet's probes here; default: off)")
     api.add_argument("--token-file", default=env.get("RUNTIME_AGENT_TOKEN_FILE"),

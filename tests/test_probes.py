@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import time
 import urllib.error
@@ -17,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from runtime_agent.api.probes import ProbeReport, ProbeServer, answer
+from runtime_agent.api.probe_server import ProbeReport, answer
+from runtime_agent.api.probes import ProbeServer
 from tests.harness import AgentProcess, free_port
 from tests.test_operator_startup import one_line, serve, untouched
 
@@ -63,7 +66,7 @@ def test_no_report_yet_is_503_starting_and_another_path_is_404() -> None:
     assert status == 404 and "/healthz and /ready" in body["error"]["message"]
 
 
-# ---- the listener, on a real socket ------------------------------------------------------------
+# ---- the probe server process, on a real socket -------------------------------------------------
 
 
 def bound_socket() -> socket.socket:
@@ -72,7 +75,21 @@ def bound_socket() -> socket.socket:
     return sock
 
 
-async def test_the_listener_answers_while_the_loop_is_blocked_and_says_it_stalled() -> None:
+async def until_status(port: int, path: str, status: int, timeout_s: float = 10.0
+                       ) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got, body = await asyncio.to_thread(get, port, path)
+        except OSError:
+            got, body = 0, {}
+        if got == status:
+            return body
+        assert time.monotonic() < deadline, (got, body)
+        await asyncio.sleep(0.05)
+
+
+async def test_the_probes_answer_while_the_loop_is_blocked_and_say_it_stalled() -> None:
     reports: list[int] = []
 
     def report() -> tuple[dict[str, Any], str | None]:
@@ -80,12 +97,12 @@ async def test_the_listener_answers_while_the_loop_is_blocked_and_says_it_stalle
         return HEALTH, None
 
     probes = ProbeServer([bound_socket()], report, interval_s=0.05, stall_after_s=0.5)
-    probes.start()
+    await probes.start()
     try:
-        assert await asyncio.to_thread(get, probes.port, "/healthz") == (200, HEALTH)
+        assert await until_status(probes.port, "/healthz", 200) == HEALTH
         published = len(reports)
-        # Block the event loop itself (as a synchronous call on it would): the probe thread
-        # still answers, and once the report is older than the limit it says so.
+        # Block the event loop itself (as a synchronous call on it would): the probe server
+        # still answers, and once the last report is older than the limit it says so.
         started = time.monotonic()
         answers = []
         while time.monotonic() - started < 1.5:
@@ -95,12 +112,25 @@ async def test_the_listener_answers_while_the_loop_is_blocked_and_says_it_stalle
         assert answers[-1][0] == 503 and answers[-1][1]["status"] == "stalled"
         assert len(reports) == published  # nothing was published while the loop was blocked
         # The loop runs again: the next report makes the probes healthy again.
-        await asyncio.sleep(0.2)
-        assert await asyncio.to_thread(get, probes.port, "/ready") == (200, {"status": "ready"})
+        assert await until_status(probes.port, "/ready", 200) == {"status": "ready"}
     finally:
         await probes.close()
     with pytest.raises(OSError):
         get(probes.port, "/healthz")
+
+
+async def test_a_probe_server_that_dies_is_started_again_on_the_same_port() -> None:
+    probes = ProbeServer([bound_socket()], lambda: (HEALTH, None), interval_s=0.05)
+    await probes.start()
+    try:
+        await until_status(probes.port, "/healthz", 200)
+        first = probes.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await until_status(probes.port, "/healthz", 200)
+        assert probes.pid != first and probes.starts == 2
+    finally:
+        await probes.close()
 
 
 async def test_a_report_that_raises_leaves_the_last_one_to_age() -> None:
@@ -109,21 +139,16 @@ async def test_a_report_that_raises_leaves_the_last_one_to_age() -> None:
     def report() -> tuple[dict[str, Any], str | None]:
         nonlocal calls
         calls += 1
-        if calls > 1:
+        if calls > 3:
             raise RuntimeError("broken")
         return HEALTH, None
 
     probes = ProbeServer([bound_socket()], report, interval_s=0.02, stall_after_s=0.3)
-    probes.start()
+    await probes.start()
     try:
-        while calls < 3:
-            await asyncio.sleep(0.02)
-        deadline = time.monotonic() + 5
-        while (await asyncio.to_thread(get, probes.port, "/healthz"))[0] == 200:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        status, body = await asyncio.to_thread(get, probes.port, "/healthz")
-        assert status == 503 and body["status"] == "stalled"
+        await until_status(probes.port, "/healthz", 200)
+        body = await until_status(probes.port, "/healthz", 503)
+        assert body["status"] == "stalled" and calls > 3
     finally:
         await probes.close()
 
@@ -147,6 +172,27 @@ def test_the_agent_answers_its_probes_on_the_probe_port(tmp_path: Path) -> None:
         assert agent.terminate() == 0  # a clean stop closes the probe port too
         with pytest.raises(OSError):
             get(port, "/healthz")
+    finally:
+        agent.cleanup()
+
+
+def test_the_probe_server_ends_with_an_agent_that_is_killed(tmp_path: Path) -> None:
+    port = free_port()
+    agent = AgentProcess(tmp_path / "state", extra_args=["--health-probe-port", str(port)])
+    try:
+        agent.start()
+        assert get(port, "/healthz")[0] == 200
+        agent.kill()  # SIGKILL: no stop path runs; the probe server's pipe closes
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                get(port, "/healthz")
+            except OSError:
+                break  # the port is closed: nobody answers for a dead agent
+            assert time.monotonic() < deadline, "the probe server outlived its agent"
+            time.sleep(0.05)
+        agent.start()  # and a new agent gets the port at once
+        assert get(port, "/healthz")[0] == 200
     finally:
         agent.cleanup()
 
