@@ -33,6 +33,7 @@ from runtime_agent.api.app import make_app
 from runtime_agent.api.events import EventLog
 from runtime_agent.api.limits import Slots
 from runtime_agent.api.metrics import AgentMetrics, memory_families
+from runtime_agent.api.probes import ProbeServer
 from runtime_agent.api.snapshot import build_snapshot, memory_entry, short_entry
 from runtime_agent.artifacts.cache import ArtifactCache, CacheConfig
 from runtime_agent.artifacts.staging import EngineStager, engine_users
@@ -60,11 +61,15 @@ STOP_STAGE_S = {"api": 4.0, "loops": 2.0, "engines": 5.0, "artifacts": 3.0, "gpu
 
 
 class Agent:
-    def __init__(self, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    def __init__(self, settings: Settings, sockets: list[socket.socket] | None = None,
+                 probe_sockets: list[socket.socket] | None = None) -> None:
         self.settings = settings
         # The API's sockets, bound by the start-up checks (``runtime_agent.preflight``): the
         # port found free there is the one served here. None: bind host:port at the end.
         self._sockets = sockets or []
+        # The probes' own port (--health-probe-port), answered from their own threads.
+        self.probes = ProbeServer(probe_sockets, self._probe_report,
+                                  stall_after_s=settings.probe_stall_s) if probe_sockets else None
         self.events = EventLog()
         self.storage = StorageHealth()  # what owners last found writing the state directory
         self.streams = Slots(64, "event streams")
@@ -94,6 +99,8 @@ class Agent:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.chmod(0o700)
         self._lock.acquire()  # before the registry is read: one agent per state directory
+        if self.probes is not None:  # "reading the registry" from here on, not a refused port
+            await self.probes.start()
         if s.api_token is None and s.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning("the control API on %s:%d needs no token: anyone who reaches this "
                         "address can start and stop engines; set --token-file (or "
@@ -168,9 +175,11 @@ class Agent:
         async def nothing() -> None:
             return None
 
-        runner, artifacts, session = self._runner, self.artifacts, self._session
+        runner, artifacts, session, probes = self._runner, self.artifacts, self._session, \
+            self.probes
         unfinished = await run_stages([
             ("closing the API", STOP_STAGE_S["api"], runner.cleanup if runner else nothing),
+            ("closing the probes", STOP_STAGE_S["api"], probes.close if probes else nothing),
             ("stopping background loops", STOP_STAGE_S["loops"], cancel_tasks),
             ("letting go of engines", STOP_STAGE_S["engines"], self.pool.close),
             ("closing the weight cache", STOP_STAGE_S["artifacts"],
@@ -203,6 +212,9 @@ class Agent:
         return {"status": "degraded", "boot_id": self.events.boot_id, "conditions": [
             {"type": "StorageUnavailable", "message": f"the state directory cannot be written: "
              f"{problem}; engines are still supervised, changes are refused until it can"}]}
+
+    def _probe_report(self) -> tuple[dict[str, Any], str | None]:
+        return self.health(), self.not_ready_reason()
 
     async def _preload_when_settled(self, artifacts: ArtifactCache) -> None:
         """The weight cache's client imports, once every taken-over engine has shown its first
@@ -328,8 +340,9 @@ def engine_cgroups(settings: Settings) -> EngineCgroups | None:
     return cgroups
 
 
-async def serve(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
-    agent = Agent(settings, sockets)
+async def serve(settings: Settings, sockets: list[socket.socket] | None = None,
+                probe_sockets: list[socket.socket] | None = None) -> None:
+    agent = Agent(settings, sockets, probe_sockets)
     await agent.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -157,7 +157,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
         port_high=high, engine_bind_host=args.engine_host or _default_engine_host(args),
-        restart_delays=args.restart_delays, engine_cgroups=args.engine_cgroups == "auto",
+        health_probe_port=args.health_probe_port, restart_delays=args.restart_delays,
+        engine_cgroups=args.engine_cgroups == "auto",
         stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
         scrape_interval_s=args.scrape_interval, kv_shm_dir=Path(args.kv_shm_dir),
         kv_hold_s=args.kv_hold_interval, start_stall_s=args.start_stall_timeout,
@@ -221,13 +222,14 @@ def _serve(args: argparse.Namespace) -> int:
         if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
             from reconciler.cli import door_settings, serve_with_claims
 
-            run_loop(serve_with_claims(serve(settings, checked.sockets), args.host,
+            run_loop(serve_with_claims(serve(settings, checked.sockets, checked.probe_sockets),
+                                       args.host,
                                        settings.port, args.claims, args.host,
                                        args.claims_port, settings.api_token,
                                        door_settings(args, args.host),
                                        settings.state_dir / "reconciler"))
         else:
-            run_loop(serve(settings, checked.sockets))
+            run_loop(serve(settings, checked.sockets, checked.probe_sockets))
     except StateDirBusy as exc:
         print(f"runtime-agent serve: {exc}", file=sys.stderr)
         return EXIT_STATE_DIR_BUSY
@@ -277,6 +279,10 @@ def serve_parser(sub: Any) -> None:
                      help="address of the control API (default %(default)s: every interface; "
                      "set a token then)")
     api.add_argument("--port", type=_port, default=8080, help="its port (default %(default)s)")
+    api.add_argument("--health-probe-port", type=_port, default=None,
+                     help="also answer /healthz and /ready on this port, from a process of "
+                     "their own: fast while the API is busy, and 503 when the agent's event "
+                     "loop has stalled (point the kubelet's probes here; default: off)")
     api.add_argument("--token-file", default=env.get("RUNTIME_AGENT_TOKEN_FILE"),
                      help="a file holding the API's bearer token; every call that changes "
                      "something must carry it (env RUNTIME_AGENT_TOKEN_FILE, or the token "

@@ -54,11 +54,12 @@ class Checked:
     """What the checks found: the bound listening sockets and the warnings to log."""
 
     sockets: list[socket.socket] = field(default_factory=list)
+    probe_sockets: list[socket.socket] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     engine_problems: dict[str, str] = field(default_factory=dict)  # kind -> why it cannot run
 
     def close(self) -> None:
-        for sock in self.sockets:
+        for sock in (*self.sockets, *self.probe_sockets):
             sock.close()
 
 
@@ -87,6 +88,16 @@ def check(settings: Settings, *, claims_dir: str | None = None, claims_port: int
         for sock in bind(settings.host, claims_port, "--claims-port"):
             sock.close()
     checked.sockets = bind(settings.host, settings.port, "--port")
+    if (probe_port := settings.health_probe_port) is not None:
+        if probe_port in (settings.port, claims_port):
+            checked.close()
+            raise StartupError(EXIT_PORT, f"--health-probe-port {probe_port} is a port of the "
+                               "agent's own API; give the probes a port of their own")
+        try:
+            checked.probe_sockets = bind(settings.host, probe_port, "--health-probe-port")
+        except StartupError:
+            checked.close()
+            raise
     try:  # last: the lock file is the first thing of the registry's that gets written
         lock = StateLock(settings.state_dir)
         lock.acquire()

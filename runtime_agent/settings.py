@@ -21,6 +21,10 @@ SGLANG_ENGINE_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server
 class Settings:
     host: str = "0.0.0.0"
     port: int = 8080
+    # The kubelet's probes on a port and process of their own (runtime_agent.api.probes); None:
+    # only the API's own /healthz and /ready. A loop silent this long answers 503 there.
+    health_probe_port: int | None = None
+    probe_stall_s: float = 10.0
     state_dir: Path = DEFAULT_STATE_DIR
     # Engines listen on a port in this range for their whole life.
     port_low: int = 20000

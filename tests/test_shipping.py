@@ -225,6 +225,7 @@ def test_the_images_run_the_entrypoint_under_tini_with_subreaping(dockerfile: Pa
     assert re.search(r"apt-get install\b.*\btini\b", runs), "tini is installed"
     cmd = exec_form(only(dockerfile, "CMD").args)
     assert cmd[cmd.index("--port") + 1] == "8080"
+    assert cmd[cmd.index("--health-probe-port") + 1] == "8081"
     assert cmd[cmd.index("--state-dir") + 1] == "/var/run/aibrix"
 
 
@@ -233,7 +234,7 @@ def test_the_cuda_image_keeps_kvcached_out_of_the_agent_and_declares_its_volumes
     assert env["ENABLE_KVCACHED"] == "false"
     assert env["KVCACHED_AUTOPATCH"] == "0"
     assert env["AIBRIX_WEIGHT_CACHE_DIR"] == "/root/.cache/huggingface"
-    assert only(CUDA_DOCKERFILE, "EXPOSE").args.split() == ["8080"]
+    assert only(CUDA_DOCKERFILE, "EXPOSE").args.split() == ["8080", "8081"]
     volumes = exec_form(only(CUDA_DOCKERFILE, "VOLUME").args)
     assert set(volumes) == {"/var/run/aibrix", "/root/.cache/huggingface"}
     health = only(CUDA_DOCKERFILE, "HEALTHCHECK").args
@@ -244,7 +245,7 @@ def test_the_ollama_image_installs_the_agent_beside_ollama_with_the_same_entrypo
     env = env_of(OLLAMA_DOCKERFILE)
     assert env["PATH"].startswith("/opt/venv/bin:")
     assert env["ENABLE_KVCACHED"] == "false"
-    assert only(OLLAMA_DOCKERFILE, "EXPOSE").args.split() == ["8080"]
+    assert only(OLLAMA_DOCKERFILE, "EXPOSE").args.split() == ["8080", "8081"]
     assert "/var/run/aibrix" in exec_form(only(OLLAMA_DOCKERFILE, "VOLUME").args)
     assert exec_form(only(OLLAMA_DOCKERFILE, "ENTRYPOINT").args) == exec_form(only(CUDA_DOCKERFILE, "ENTRYPOINT").args)
 
@@ -608,8 +609,9 @@ def test_the_pool_deployment_is_the_seeds_warm_pool_on_our_image() -> None:
     (container,) = template["spec"]["containers"]
     assert container["image"] == IMAGE_PLACEHOLDER
     assert {"name": "runtime", "containerPort": 8080} in container["ports"]
+    assert {"name": "probes", "containerPort": 8081} in container["ports"]
     probe = container["readinessProbe"]["httpGet"]
-    assert (probe["path"], probe["port"]) == ("/ready", 8080)
+    assert (probe["path"], probe["port"]) == ("/ready", "probes")
     assert "livenessProbe" not in container, "a liveness restart would kill every engine"
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env == {"ENABLE_KVCACHED": "false", "KVCACHED_AUTOPATCH": "0",
@@ -627,6 +629,7 @@ def test_the_pool_deployment_is_the_seeds_warm_pool_on_our_image() -> None:
     assert volumes["engine-registry"]["emptyDir"] == {}
     args = container.get("args", [])
     assert "--state-dir=/var/run/aibrix" in args and "--port=8080" in args
+    assert "--health-probe-port=8081" in args  # the probe's port, served apart from the API
 
 
 def test_the_metrics_service_selects_the_pool_and_names_its_port_runtime() -> None:
