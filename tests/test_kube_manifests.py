@@ -235,6 +235,19 @@ def test_the_crd_schema_and_the_parser_accept_and_refuse_the_same_claims(
     assert schema_accepts(obj) == parser_accepts(obj), obj
 
 
+@pytest.mark.parametrize("per_gpu", [
+    {"maximumFootprint": None, "kvFloor": "six"},   # found by the test above: one figure
+    {"kvFloor": "6 Gi"},                             # missing did hide the other's bad shape
+    {"maximumFootprint": "-1Gi", "kvFloor": True},
+])
+def test_each_per_gpu_figures_shape_is_judged_whatever_the_other_holds(
+        per_gpu: dict[str, Any]) -> None:
+    obj = copy.deepcopy(SAMPLES[0])
+    obj["spec"]["perGPU"] = per_gpu
+    assert not schema_accepts(obj)
+    assert not parser_accepts(obj)
+
+
 def test_the_guides_samples_pass_the_crd_schema_and_the_parser() -> None:
     for obj in SAMPLES:
         assert schema_accepts(obj) and parser_accepts(obj)
