@@ -321,14 +321,24 @@ class Reservations:
     def __init__(self, ttl: float = RESERVATION_TTL_S) -> None:
         self._ttl = ttl
         self._by_agent: dict[str, dict[str, Reservation]] = {}
+        self._versions: dict[str, int] = {}
+
+    def version(self, agent: str) -> int:
+        """Changes whenever the agent's reservations do (the room index rebuilds it then)."""
+        return self._versions.get(agent, 0)
+
+    def _changed(self, agent: str) -> None:
+        self._versions[agent] = self._versions.get(agent, 0) + 1
 
     def add(self, reservation: Reservation) -> None:
         self._by_agent.setdefault(reservation.agent, {})[reservation.model] = reservation
+        self._changed(reservation.agent)
 
     def drop(self, agent: str, model: str) -> None:
         held = self._by_agent.get(agent)
         if held is not None:
-            held.pop(model, None)
+            if held.pop(model, None) is not None:
+                self._changed(agent)
             if not held:
                 del self._by_agent[agent]
 
@@ -343,6 +353,7 @@ class Reservations:
             seen = engine is not None and (res.kind == "activate" or engine.phase != "sleeping")
             if (obs.ok and obs.fetched_at > res.at and seen) or obs.fetched_at - res.at > self._ttl:
                 del held[model]
+                self._changed(obs.name)
             else:
                 out.append(res)
         if not held:
