@@ -180,7 +180,8 @@ def test_the_index_chooses_what_the_exhaustive_scan_chooses(
                 want.devices)
             current[moved.name] = moved
             index.put(moved)
-        if current and data.draw(st.booleans()):
+        leave: bool = data.draw(st.booleans())
+        if current and leave:
             gone = data.draw(st.sampled_from(sorted(current)))
             del current[gone]
             index.drop(gone)

@@ -38,6 +38,7 @@ from reconciler.kube.routes import RoutePublisher
 from reconciler.kube.status import KubeStatusStore
 from reconciler.model.manifests import POOL_LABEL
 from reconciler.runtime.clock import Clock, RealClock
+from reconciler.runtime.heap import frozen_heap
 from reconciler.status import ClaimEvent, ClaimStatus
 
 log = logging.getLogger("reconciler.kube.app")
@@ -217,7 +218,8 @@ async def serve_until_signalled(settings: KubeSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stop)
-    return await app.run()
+    async with frozen_heap():
+        return await app.run()
 
 
 def run_kubernetes(settings: KubeSettings) -> int:
