@@ -3,6 +3,8 @@ rebuilds only the agents whose inputs changed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +23,9 @@ from reconciler.observe import (
 )
 from reconciler.planning.placement import ClaimNeed, Placed, place
 from reconciler.planning.state import Candidate, EngineState, Resident
+from reconciler.core import scaled_timings
 from reconciler.room_book import AgentDef, RoomBook
+from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 
 LABELS = {"claim.model.aibrix.ai/pool": "pool-a", "claim.model.aibrix.ai/enabled": "true"}
 NEED = ClaimNeed("default/new", LabelSelector({"claim.model.aibrix.ai/pool": "pool-a"}),
@@ -169,3 +173,31 @@ def test_after_any_changes_the_index_chooses_what_a_scan_of_fresh_candidates_cho
         else:
             w.observed.pop(name, None)
         assert w.indexed() == w.exhaustive()
+
+
+# ---- through the claim reconciler, with the run modes' timings --------------------------------
+
+
+async def test_a_placement_reads_again_only_the_agent_it_chooses(tmp_path: Path) -> None:
+    agents = [FakeAgent(f"agent-{c}") for c in "abcd"]
+    rig = Rig(tmp_path, agents, "".join(claim_yaml(f"c{i}") for i in range(3)))
+    rig.deps.timings = scaled_timings()  # others serve at any age unless made stale
+    await rig.reconcile("c0")
+    assert [a.snapshots for a in agents] == [1, 1, 1, 1]
+    rig.clock.advance(60)  # every snapshot older than others_max_age
+    await rig.claims.reconcile(("default", "c1"))
+    assert [len(a.calls_of("activate")) for a in agents] == [1, 1, 0, 0]
+    assert [a.snapshots for a in agents] == [2, 2, 1, 1]  # a: its own engine; b: the choice
+
+
+async def test_a_chosen_agent_whose_new_snapshot_is_full_gives_way_to_the_next(
+        tmp_path: Path) -> None:
+    agents = [FakeAgent(f"agent-{c}") for c in "ab"]
+    rig = Rig(tmp_path, agents, claim_yaml("c0"))
+    rig.deps.timings = scaled_timings()
+    await rig.deps.world()  # every agent seen, empty
+    rig.clock.advance(60)
+    agents[0].add("stray", "active", claim=("default", "gone"), port=1)  # seen by no event
+    await rig.claims.reconcile(("default", "c0"))
+    assert [len(a.calls_of("activate")) for a in agents] == [0, 1]
+    assert [a.snapshots for a in agents] == [2, 2]
