@@ -38,6 +38,7 @@ from reconciler.desired import DesiredState
 from reconciler.door.settings import DoorSettings
 from reconciler.model.manifests import AgentRef
 from reconciler.runtime.clock import Clock
+from reconciler.runtime.heap import frozen_heap
 from reconciler.runtime.sources import DirectorySource
 from reconciler.store import StatusStore
 
@@ -175,7 +176,8 @@ async def serve_until_signalled(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        async with frozen_heap():
+            await stop.wait()
     finally:
         log.info("reconciler: stopping; engines keep running")
         await app.stop()

@@ -64,6 +64,7 @@ class ClaimReconciler:
             return await self.drain.reconcile(key)
         self.drain.forget(key)  # created again while its engine drained: it takes it over
         st = self.d.store.ensure(claim)
+        self.d.rooms.claim_changed(key)
         problem = self.d.desired.spec_problem(key)
         st.set_spec_problem(self.d.wall(), problem.reason if problem else None,
                             problem.message if problem else "")
@@ -79,8 +80,7 @@ class ClaimReconciler:
             lost = self._lost(st, world)
             if lost is not None:
                 return lost
-            placing = await self.d.world(placing=True)
-            return await self.placer.place(claim, st, placing)
+            return await self.placer.place(claim, st, world)
         agent, engine = home
         return await self._follow(claim, st, world, agent, engine)
 

@@ -29,6 +29,7 @@ from reconciler.observe import (
     candidate,
 )
 from reconciler.planning.state import Candidate
+from reconciler.room_book import RoomBook
 from reconciler.routes import RouteHolds, WakeBook, WakeRequest
 from reconciler.runtime.clock import Clock
 from reconciler.status import (
@@ -89,6 +90,11 @@ class Deps:
     # on Kubernetes the Pod's route annotation is patched first.
     routes_out: Callable[[str], Awaitable[bool]] = _routes_read_live
     _candidates: dict[str, tuple[AgentObs, Any, Candidate]] = field(default_factory=dict)
+    rooms: RoomBook = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rooms = RoomBook(self.desired.agent, self.reservations.version, self._candidate,
+                              self.per_gpu)
 
     # ---- reading the world ----------------------------------------------------------------
 

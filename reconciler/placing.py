@@ -59,6 +59,8 @@ from reconciler.status import (
 
 log = logging.getLogger("reconciler.placing")
 PRE_STAGING = "PreStaging"
+REFRESH_TRIES = 8  # agents read again for one placement before every agent is read
+INF = float("inf")
 
 
 def gpus_text(devices: tuple[int, ...]) -> str:
@@ -71,8 +73,16 @@ class Placer:
         self._sleep_for_room = sleep_for_room
 
     async def place(self, claim: ModelClaim, st: ClaimStatus, world: World) -> Result:
-        """Place an unplaced claim, make room for it, or record why it waits."""
+        """Place an unplaced claim, make room for it, or record why it waits. The room index
+        answers when an agent can take the claim; otherwise every agent is read again (none
+        older than ``others_max_age``) to say why it waits or to make room."""
         need = ClaimNeed.from_claim(claim)
+        quick = await self._indexed(need, world)
+        if quick is not None:
+            self._reserve(claim, quick, self.d.clock.now())
+            return await self.activate(claim, st, quick)
+        if self.d.timings.others_max_age is not None:
+            world = await self.d.world(placing=True)
         candidates = world.candidate_list()
         got = place(need, candidates, world.now,
                     max_snapshot_age=self.d.timings.max_snapshot_age)
@@ -87,6 +97,27 @@ class Placer:
                 return await self._make_room(claim, st, room, world)
         await self._pre_stage(claim, st, need, candidates, world)
         return self.pending(st, got)
+
+    async def _indexed(self, need: ClaimNeed, world: World) -> Placed | None:
+        """The room index's choice over ``world``'s snapshots, or None when no agent there can
+        take the claim. With ``others_max_age`` set, the snapshots serve at any age unless
+        something made them stale (an event, a call of ours); the chosen agent's is read
+        again when older, and the choice made again on it, so no more than a few agents are
+        read, not the fleet. Nothing is awaited between the last choice and the return."""
+        observed = dict(world.agents)
+        limit = self.d.timings.others_max_age
+        max_age = self.d.timings.max_snapshot_age
+        for _ in range(REFRESH_TRIES):
+            index = self.d.rooms.sync(observed)
+            now = self.d.clock.now()
+            got = index.best(need, now, max_snapshot_age=max_age if limit is None else INF)
+            if got is None:
+                return None
+            age = min(limit, max_age) if limit is not None else INF
+            if now - observed[got.agent].fetched_at <= age:
+                return got
+            observed[got.agent] = await self.d.cache.get(got.agent, age)
+        return None
 
     async def _pre_stage(self, claim: ModelClaim, st: ClaimStatus, need: ClaimNeed,
                          candidates: list[Candidate], world: World) -> None:

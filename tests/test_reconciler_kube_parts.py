@@ -69,6 +69,27 @@ async def test_a_repeated_event_is_counted_on_the_first_instead_of_sent_again() 
     await recorder.stop()
 
 
+async def test_events_older_than_the_window_are_forgotten_and_repeats_keep_theirs() -> None:
+    api, clock = Recording(), FakeClock()
+    recorder = EventRecorder(api, clock=clock, wall=lambda: 1.8e9)  # type: ignore[arg-type]
+    recorder.start()
+    recorder.record(REF, "Normal", "A", "m")
+    clock.advance(1)
+    recorder.record(REF, "Normal", "B", "m")
+    clock.advance(499)
+    recorder.record(REF, "Normal", "A", "m")  # counted on the first: kept 10 minutes more
+    clock.advance(150)
+    recorder.record(REF, "Normal", "C", "m")  # B is older than the window now
+    assert [k[2] for k in recorder._sent] == ["A", "C"]
+    recorder.record(REF, "Normal", "A", "m")
+    recorder.record(REF, "Normal", "B", "m")
+    await drained(recorder)
+    assert [(k, b.get("reason", b.get("count"))) for k, b in api.sent] == [
+        ("create", "A"), ("create", "B"), ("patch", 2), ("create", "C"), ("patch", 3),
+        ("create", "B")]
+    await recorder.stop()
+
+
 async def test_many_similar_events_are_combined_into_one() -> None:
     api = Recording()
     recorder = EventRecorder(api, clock=FakeClock(), wall=lambda: 1.8e9)  # type: ignore[arg-type]

@@ -47,6 +47,7 @@ from reconciler.kube.routes import RoutePublisher
 from reconciler.kube.status import KubeStatusStore
 from reconciler.model.manifests import POOL_LABEL
 from reconciler.runtime.clock import Clock, RealClock
+from reconciler.runtime.heap import frozen_heap
 from reconciler.status import ClaimEvent, ClaimStatus
 
 log = logging.getLogger("reconciler.kube.app")
@@ -267,7 +268,8 @@ async def serve_until_signalled(settings: KubeSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stop)
     try:
-        return await app.run()
+        async with frozen_heap():
+            return await app.run()
     except OSError as err:  # a port in use: say which, without a stack trace
         door = f" or its front door (port {settings.door.port})" if settings.door else ""
         raise SystemExit(f"runtime-agent reconcile: the reconciler (port {settings.core.port})"

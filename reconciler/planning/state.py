@@ -166,10 +166,11 @@ class Candidate:
 
 def same_artifact(a: str, b: str) -> bool:
     """``hf://x`` and ``huggingface://x`` name the same artifact; a trailing '/' is no change."""
-    return _normal(a) == _normal(b)
+    return artifact_id(a) == artifact_id(b)
 
 
-def _normal(url: str) -> str:
+def artifact_id(url: str) -> str:
+    """The one spelling of an artifact URL (what ``same_artifact`` compares)."""
     url = url.rstrip("/")
     return "huggingface://" + url[len("hf://"):] if url.startswith("hf://") else url
 
