@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.guards import event_loop_guard
+from tests.guards import blocked_s, event_loop_guard, runqueue_wait_reader
 
 
 @pytest.mark.allow_blocking
@@ -23,3 +23,22 @@ async def test_a_blocking_sleep_on_the_loop_fails_the_guard() -> None:
 async def test_work_moved_to_a_thread_passes_the_guard() -> None:
     async with event_loop_guard(0.05):
         await asyncio.to_thread(time.sleep, 0.2)
+
+
+def test_time_spent_waiting_for_a_cpu_is_not_counted_as_blocked() -> None:
+    samples = [(10.0, 1.0), (10.5, 1.0), (11.0, 1.2)]
+    # Took 0.5 s, ended at 11.5 (began 11.0): 0.4 s of it waited on the run queue.
+    assert blocked_s(0.5, 11.5, 1.6, samples) == pytest.approx(0.1)
+    # A sleep: no run-queue wait while it lasted, so all of it counts.
+    assert blocked_s(0.5, 11.5, 1.2, samples) == pytest.approx(0.5)
+    # No sample from before it began: all of it counts.
+    assert blocked_s(5.0, 11.5, 9.0, samples) == pytest.approx(5.0)
+
+
+def test_the_run_queue_wait_of_this_thread_can_be_read() -> None:
+    import threading
+
+    read = runqueue_wait_reader(threading.get_native_id())
+    assert read is not None  # Linux with schedstat: the guard's correction is in force
+    first = read()
+    assert first >= 0.0 and read() >= first
