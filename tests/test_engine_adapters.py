@@ -134,6 +134,35 @@ async def test_every_step_of_a_wake_is_bounded_by_its_timeout(stuck: str) -> Non
         await server.close()
 
 
+@pytest.mark.parametrize("stuck", ["/sleep?level=1", "/is_sleeping"])
+async def test_a_sleep_and_the_sleep_question_are_bounded_by_their_timeout(stuck: str) -> None:
+    """An engine that never answers a sleep, or whether it sleeps: the sleep fails and the
+    question goes unanswered within the timeout (the owner's sleep and health probes rely on
+    it), instead of waiting for ever."""
+    release = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.path_qs == stuck:
+            await release.wait()
+        return web.json_response({"is_sleeping": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            adapter = vllm.VllmAdapter(session, "127.0.0.1", server.port, sleep_mode=True)
+            if stuck == "/is_sleeping":
+                assert await asyncio.wait_for(adapter.is_sleeping(0.2), 10) is None  # unknown
+            else:
+                with pytest.raises(EngineCallError):
+                    await asyncio.wait_for(adapter.sleep(1, 0.2), 10)
+    finally:
+        release.set()
+        await server.close()
+
+
 async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:
     from engines.flags import known_flags
     from engines.flags import unrecognized
