@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import signal
 from pathlib import Path
 
 import pytest
 
 from contract.phases import Phase
 from engines.adapter import Observation
+from runtime_agent.kv.segment import create_segment
 from runtime_agent.supervision.messages import (
     Exited,
     Figures,
@@ -56,12 +58,15 @@ async def test_late_news_from_a_crashed_process_is_dropped_during_the_backoff(
         dead = owner._gen  # what the process's helpers stamp their news with
         rig.launcher.last.exit(code=3)
         await rig.until(lambda: owner.view.phase is Phase.RESTARTING, "restarting")
-        # its figure scrape and its exit watch, late: neither may count for what comes next
+        # its figure scrape, late: the figures of a dead process are not the engine's
         owner._inbox.put_nowait(Figures(dead, Observation(running=5, waiting=2, success_total=9)))
+        await rig.ask(Sleep(1))  # answered after it was handled
+        assert owner.view.requests_running is None
+        # its exit, told twice: one crash is one restart, not a spent budget
         owner._inbox.put_nowait(Exited(dead, rig.launcher.last.exited.result()))
-        await rig.ask(Sleep(1))  # answered after both were handled
-        assert owner.view.requests_running is None and owner.view.restart_count == 1
-        assert [e.reason for e in rig.events if e.dst == "restarting"] == ["Exited"]
+        await rig.ask(Sleep(1))
+        assert owner.view.phase is Phase.RESTARTING and owner.view.restart_count == 1
+        assert [e.reason for e in rig.events if e.dst in ("restarting", "failed")] == ["Exited"]
     finally:
         await rig.close()
 
@@ -116,6 +121,39 @@ async def test_a_stop_that_fails_midway_never_becomes_a_restart_and_can_be_asked
     stopped = await rig.ask(Stop())
     assert isinstance(stopped, Done) and stopped.phase is Phase.STOPPED
     assert rig.store.records == {}
+
+
+async def test_a_stop_during_the_backoff_that_fails_midway_can_be_asked_again(
+        tmp_path: Path) -> None:
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(30,)))
+    try:
+        owner = await active(rig)
+        rig.launcher.last.exit(code=1)
+        await rig.until(lambda: owner.view.phase is Phase.RESTARTING, "restarting")
+        rig.launcher.leftovers_fail = OSError(errno.EMFILE, "Too many open files")
+        assert isinstance(await rig.ask(Stop()), EngineFailed)
+        rig.launcher.leftovers_fail = None
+        stopped = await rig.ask(Stop())
+        assert isinstance(stopped, Done) and stopped.details["message"] == "no process was running"
+        assert len(rig.launcher.spawned) == 1 and rig.store.records == {}
+    finally:
+        await rig.close()
+
+
+async def test_a_segment_the_crashed_engine_made_before_it_was_read_is_removed(
+        tmp_path: Path) -> None:
+    """kvcached leaves its segment behind on SIGKILL; one made after the engine was spawned
+    is the engine's, even if the agent never read it (it looks once a minute here)."""
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(30,), kv_watch_s=60))
+    try:
+        owner = await active(rig)
+        create_segment("kvc_m1", 1 << 30, rig.settings.kv_shm_dir)
+        rig.launcher.last.exit(sig=signal.SIGKILL)
+        await rig.until(lambda: owner.view.phase is Phase.RESTARTING
+                        and rig.launcher.leftovers_killed != [], "the crash handled")
+        assert not (rig.settings.kv_shm_dir / "kvc_m1").exists()
+    finally:
+        await rig.close()
 
 
 async def test_each_engine_whose_record_cannot_be_removed_is_logged(
