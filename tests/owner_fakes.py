@@ -276,7 +276,20 @@ class OwnerRig:
                 delay = 0
             return call_later(delay, callback, *args, **kwargs)
 
-        loop.call_later = recording  # type: ignore[method-assign]
+        loop.call_later = recording  # type: ignore[method-assign,assignment]
+
+    def told_memory(self, what: str) -> list[str]:
+        """The engines the owner tells the memory broker ``what`` (``stopped``: its memory is
+        free; ``exited``: its process is gone), in order, from now on."""
+        told: list[str] = []
+        real = getattr(self.memory, what)
+
+        def spying(key: str) -> None:
+            told.append(key)
+            real(key)
+
+        setattr(self.memory, what, spying)
+        return told
 
     def scheduled(self, kind: type) -> list[tuple[float, Any]]:
         return [(delay, message) for delay, message in self.timers if isinstance(message, kind)]

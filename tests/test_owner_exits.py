@@ -199,14 +199,7 @@ async def test_a_stop_a_dead_agent_left_half_done_is_finished(rig: OwnerRig, ali
 
 async def test_a_new_engine_whose_record_cannot_be_written_says_so_and_frees_its_memory(
         rig: OwnerRig) -> None:
-    stopped: list[str] = []
-    forget = rig.memory.stopped
-
-    def spying(key: str) -> None:
-        stopped.append(key)
-        forget(key)
-
-    rig.memory.stopped = spying  # type: ignore[method-assign]
+    stopped = rig.told_memory("stopped")
     rig.store.fail = errno.EROFS
     owner = rig.start()
     said = "cannot start: its record cannot be written (EROFS (OSError, errno 30))"

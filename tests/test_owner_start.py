@@ -75,14 +75,7 @@ async def test_the_port_asked_about_is_the_engines_own_on_the_host_it_binds(
 
 async def test_a_start_that_cannot_spawn_fails_says_why_and_frees_its_memory(
         rig: OwnerRig) -> None:
-    stopped: list[str] = []
-    forget = rig.memory.stopped
-
-    def spying(key: str) -> None:
-        stopped.append(key)
-        forget(key)
-
-    rig.memory.stopped = spying  # type: ignore[method-assign]
+    stopped = rig.told_memory("stopped")
     rig.launcher.fail_with = SpawnError("no such executable: vllm")
     owner = rig.start()
     await rig.until(lambda: owner.view.phase is Phase.FAILED, "failed")
