@@ -35,8 +35,6 @@ from pathlib import Path
 from reconciler.context import Timings
 from reconciler.core import DEFAULT_PORT, Core, CoreSettings, scaled_timings
 from reconciler.desired import DesiredState
-from reconciler.door.ledger import Ledger
-from reconciler.door.service import FrontDoor
 from reconciler.door.settings import DoorSettings
 from reconciler.model.manifests import AgentRef
 from reconciler.runtime.clock import Clock
@@ -83,12 +81,9 @@ class ReconcilerApp(Core):
         status_dir = settings.status_dir or settings.claims_dir / LEGACY_STATUS
         desired = DesiredState(settings.claims_dir, settings.pool_file,
                                local_agent=settings.local_agent)
-        ledger = Ledger()  # the door's requests in flight: the idle check reads them
         super().__init__(settings.core(), desired, StatusStore(status_dir, wall), clock=clock,
-                         wall=wall, in_flight=ledger.in_flight)
+                         wall=wall, door=settings.door)
         self.manifests = desired
-        self.door = FrontDoor(settings.door, self.deps, self.registry, ledger) \
-            if settings.door is not None else None
 
     async def start(self) -> None:
         if self.settings.status_dir is not None:
@@ -105,18 +100,22 @@ class ReconcilerApp(Core):
             self.claim_controller.watch(DirectorySource(
                 s.pool_file.parent, self.manifests.on_pool_file, s.directory_interval,
                 clock=self.clock))
-        await self.start_core()
-        await self.serve_http()
-        if self.door is not None:
-            await self.door.start()
+        try:
+            await self.start_core()
+            await self.serve_http()
+            await self.start_door()  # a door that cannot start has stopped itself
+        except BaseException:  # a port in use: stop what started, close the agents' session
+            await self.stop_core()
+            await self.stop_http()
+            await self.store.stop()
+            raise
         log.info("reconciler: %d claims, %d agents, listening on %s:%d",
                  len(self.desired.claims), len(self.desired.agents()), s.host, self.port)
 
     async def stop(self) -> None:
         """Stop sources, feeds and controllers (in-flight reconciles get 10 s), then the
         server; statuses are flushed to disk. The door stops first: no new requests."""
-        if self.door is not None:
-            await self.door.stop()
+        await self.stop_door()
         await self.stop_core()
         await self.stop_http()
         await self.store.stop()

@@ -4,7 +4,8 @@
 
 * ``reconcile --claims DIR --pool FILE [--host H] [--port P] [--door-port P]``: run the
   reconciler standalone against the agents the pool file names (with a front door when
-  ``--door-port`` is given);
+  ``--door-port`` is given); ``reconcile --kubernetes [--door-port P]`` against the Kubernetes
+  API (the door answers on the leading replica);
 * ``claims get [NAME] [--url URL] [-o table|json]``: the guide's table (NAME, PHASE, DESIRED,
   READY, ENGINE, ARTIFACT, AGE) from a reconciler's ``/v1/claims``;
 * ``claims describe NAME [-n NAMESPACE] [--url URL]``: a claim's conditions, instance, route and
@@ -118,7 +119,8 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
-    on = "on by default with --claims" if port is not None else "off unless a port is given"
+    on = "on by default with --claims" if port is not None else \
+        "off unless a port is given; with --kubernetes every replica listens, the leader answers"
     parser.add_argument("--door-port", type=int, default=port,
                         help=f"port of the OpenAI-compatible front door ({on}; 0: any free "
                         "port; default %(default)s)")
@@ -207,7 +209,8 @@ def _reconcile(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
             lease_namespace=args.lease_namespace, leader_election=not args.no_leader_election,
             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period, identity=identity)
+            retry_period=args.retry_period, identity=identity,
+            door=door_settings(args, args.host))
         return run_kubernetes(settings)
     if not args.claims:
         raise SystemExit("reconcile needs --claims DIR (local mode) or --kubernetes")

@@ -11,6 +11,11 @@
 or the Kubernetes status subresource) and wires the one implementation of placement, KV
 division, sleep, wake and drain around them. The run modes (``reconciler.app`` for a directory,
 ``reconciler.kube.app`` for Kubernetes) add their own sources of keys.
+
+With ``door`` settings the core also builds the front door (``reconciler.door``) on its own
+``Deps``, and its ``Ledger``'s requests in flight are what the idle check reads before a sleep
+(``Deps.in_flight``), in both modes alike; a mode starts and stops it (``start_door``,
+``stop_door``) and says, with ``standby``, when the replica cannot serve.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from reconciler.claims import ClaimReconciler
 from reconciler.client import AgentApi, HttpAgentClient
 from reconciler.context import Deps, Timings
 from reconciler.desired import ClaimKey, Desired
+from reconciler.door.ledger import Ledger
+from reconciler.door.service import FrontDoor
+from reconciler.door.settings import DoorSettings
 from reconciler.kv import KvReconciler
 from reconciler.metrics import ClaimMetrics
 from reconciler.observe import IdleTracker, SnapshotCache
@@ -72,7 +80,8 @@ class Core:
 
     def __init__(self, settings: CoreSettings, desired: Desired, store: StatusStore, *,
                  clock: Clock | None = None, wall: Callable[[], float] = time.time,
-                 in_flight: Callable[[str], int] = lambda model: 0) -> None:
+                 door: DoorSettings | None = None,
+                 standby: Callable[[], str | None] = lambda: None) -> None:
         self.core_settings = settings
         self.clock: Clock = clock or RealClock()
         self.wall = wall
@@ -84,13 +93,14 @@ class Core:
         self._clients: dict[tuple[str, str], HttpAgentClient] = {}
         self.claim_queue: WorkQueue[ClaimKey] = WorkQueue(self.clock)
         self.kv_queue: WorkQueue[str] = WorkQueue(self.clock)
+        self.ledger = Ledger()  # requests in flight through the door: the idle check reads them
         tracker = IdleTracker()
         self.cache = SnapshotCache(self._client, self.clock, ttl=settings.snapshot_ttl,
                                    on_snapshot=tracker.observe)
         self.deps = Deps(self.clock, wall, self.desired, self.store, self._client, self.cache,
                          tracker=tracker, metrics=self.metrics, timings=settings.timings,
                          kick_kv=self.kv_queue.add, kick_claim=self.claim_queue.add,
-                         in_flight=in_flight)
+                         in_flight=self.ledger.in_flight)
         shared = ControllerMetrics.shared(self.registry)
         self.claims = ClaimReconciler(self.deps)
         self.claim_controller: Controller[ClaimKey] = Controller(
@@ -103,6 +113,8 @@ class Core:
         self._connected: set[str] = set()
         self._runner: web.AppRunner | None = None
         self.port = settings.port
+        self.door = FrontDoor(door, self.deps, self.registry, self.ledger, standby) \
+            if door is not None else None
 
     # ---- agents -----------------------------------------------------------------------------
 
@@ -209,6 +221,21 @@ class Core:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def start_door(self) -> None:
+        """Start the door; one that cannot (its port in use, a broken keys file) is stopped
+        again, its connections closed, and the error raised."""
+        if self.door is not None:
+            try:
+                await self.door.start()
+            except BaseException:
+                await self.door.stop()
+                raise
+
+    async def stop_door(self) -> None:
+        """The door first when stopping: no new requests while the controllers stop."""
+        if self.door is not None:
+            await self.door.stop()
 
     async def stop_http(self) -> None:
         if self._runner is not None:

@@ -59,6 +59,20 @@ async def keep_running(name: str, loop: Callable[[], Awaitable[None]], throttled
         pause = min(max_pause_s, pause * 2)
 
 
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait for ``event`` at most ``timeout_s``; True when it is set.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it returns normally when a cancel arrives in the
+    loop turn the event is set in, dropping the cancel, and a ``while True`` loop around it then
+    never ends (a stop that hangs). ``asyncio.timeout`` never drops a cancel."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return event.is_set()
+    return True
+
+
 async def run_stages(stages: list[tuple[str, float, Callable[[], Awaitable[object]]]],
                      logger: logging.Logger) -> list[str]:
     """Run shutdown stages in order, each under its own timeout (seconds); a stage that hangs or
@@ -68,14 +82,23 @@ async def run_stages(stages: list[tuple[str, float, Callable[[], Awaitable[objec
     unfinished: list[str] = []
     for name, timeout_s, stage in stages:
         began = time.monotonic()
-        try:
-            await asyncio.wait_for(stage(), timeout_s)
-        except TimeoutError:
+        # A task of its own, waited for with asyncio.wait: bounded even when the stage ignores
+        # its cancel (asyncio.wait_for would wait for the cancelled stage to end).
+        task = asyncio.ensure_future(stage())
+        await asyncio.wait({task}, timeout=timeout_s)
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_ignore_result)  # it may end later; nobody will read it
             unfinished.append(name)
             logger.warning("shutdown: %s did not finish within %.1f s; going on", name, timeout_s)
-        except Exception as exc:  # noqa: BLE001 - one broken stage must not keep the rest
+        elif not task.cancelled() and (exc := task.exception()) is not None:
             unfinished.append(name)
             logger.warning("shutdown: %s failed (%s: %s); going on", name, type(exc).__name__, exc)
         else:
             logger.debug("shutdown: %s took %.3f s", name, time.monotonic() - began)
     return unfinished
+
+
+def _ignore_result(task: asyncio.Future[object]) -> None:
+    if not task.cancelled():
+        task.exception()

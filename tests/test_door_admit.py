@@ -1,5 +1,6 @@
 """Holding requests against fake agents: one wake for many requests, bounded queues and waits,
-cancelled requests leave, and a model with a request in flight is never put to sleep."""
+cancelled requests leave, a model with a request in flight is never put to sleep, and a replica
+that cannot serve refuses everything."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import time
 from pathlib import Path
 
 import pytest
+from aiohttp import test_utils
 from prometheus_client import CollectorRegistry
 
-from reconciler.door.access import AccessRecord
+from reconciler.door.access import AccessLog, AccessRecord
 from reconciler.door.door import Door, Refused, Ticket
+from reconciler.door.keys import KeyFile
 from reconciler.door.ledger import Changes, Ledger
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.plan import Forward
+from reconciler.door.server import make_app
 from reconciler.door.settings import DoorSettings
 from contract.quantity import GiB
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
@@ -121,6 +125,26 @@ async def test_a_cancelled_held_request_leaves_the_queue(tmp_path: Path) -> None
     await settle()
     assert door.ledger.held("m") == 1 and not again.done()
     again.cancel()
+
+
+async def test_a_held_request_cancelled_as_a_change_comes_leaves_the_queue(
+        tmp_path: Path) -> None:
+    """A client that leaves (or a door that stops) as a status changes: the cancel must end
+    the handler, whichever loop turn the change came in (``asyncio.wait_for`` on 3.11 dropped
+    a cancel that came with the change, and the request stayed held)."""
+    rig, _ = await sleeping_m(tmp_path)
+    door = door_for(rig, max_wait_s=30)
+    for turns in range(3):
+        held = asyncio.ensure_future(door.admit("m", (M,), Ticket(door.ledger), record()))
+        await settle()
+        assert door.ledger.held("m") == 1
+        door.changes.bump()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        held.cancel()
+        done, _ = await asyncio.wait({held}, timeout=2)
+        assert done and held.cancelled(), f"the cancel was lost ({turns} turns after a change)"
+        assert door.ledger.held("m") == 0
 
 
 async def test_a_request_for_an_unplaced_claim_kicks_it_and_waits_for_room(
@@ -241,3 +265,50 @@ async def test_served_names_and_lora_adapters_an_engine_lists_route_to_its_claim
         assert listed["sql-lora"]["parent"] == "m" and listed["m"]["parent"] is None
     finally:
         await runner.cleanup()
+
+
+# ---- a replica that cannot serve (a Kubernetes standby) ---------------------------------------
+
+
+async def test_a_replica_that_cannot_serve_answers_every_route_503_and_asks_nothing(
+        tmp_path: Path) -> None:
+    rig, a = await sleeping_m(tmp_path)  # a request that got through would ask for a wake
+    door = door_for(rig)
+    why: list[str | None] = ["this replica stands by"]
+    door.standby = lambda: why[0]
+    server = test_utils.TestServer(make_app(door, KeyFile(None), AccessLog("off")))
+    async with test_utils.TestClient(server) as client:
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+            resp = await client.request(method, path, json={"model": "m", "messages": []})
+            assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+            assert resp.headers["Connection"].lower() == "close"
+            assert await resp.json() == {"error": {
+                "message": "this replica stands by", "type": "service_unavailable",
+                "param": None, "code": "not_leading"}}
+        resp = await client.get("/healthz")
+        assert resp.status == 503 and (await resp.json())["status"] == "standby"
+        assert rig.deps.wakes.get("m") is None and rig.claim_kicks == []
+        assert door.ledger.in_flight("m") == 0 and a.calls_of("wake") == []
+        why[0] = None  # it leads now
+        resp = await client.get("/healthz")
+        assert resp.status == 200 and await resp.json() == {"status": "ok"}
+
+
+async def test_held_requests_are_answered_503_when_the_replica_stops_serving(
+        tmp_path: Path) -> None:
+    rig, _ = await sleeping_m(tmp_path)
+    door = door_for(rig)
+    why: list[str | None] = [None]
+    door.standby = lambda: why[0]
+    ticket = Ticket(door.ledger)
+    held = asyncio.ensure_future(door.admit("m", (M,), ticket, record()))
+    await settle()
+    assert door.ledger.held("m") == 1 and not held.done()
+    why[0] = "this replica no longer leads"
+    door.changes.bump()  # what the Kubernetes app does when it stops leading
+    with pytest.raises(Refused) as refused:
+        await asyncio.wait_for(held, 5)
+    assert refused.value.reason == "not_leading" and refused.value.response.status == 503
+    assert door.ledger.held("m") == 0
+    ticket.leave()
+    assert door.ledger.in_flight("m") == 0

@@ -454,6 +454,30 @@ async def test_a_door_port_in_use_stops_the_agent_with_a_clear_message(
     assert "Traceback" not in log
 
 
+async def test_a_reconciler_whose_door_cannot_listen_leaves_nothing_running(
+        tmp_path: Path) -> None:
+    """A start that fails at the door (its port in use) stops what it had started: the agents'
+    session (no "Unclosed client session" at exit), the feeds, the controllers, the server."""
+    import gc
+    import socket
+
+    from reconciler.app import start_embedded
+
+    (tmp_path / "claims").mkdir()
+    before = set(asyncio.all_tasks())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            await start_embedded(f"http://127.0.0.1:{free_port()}", tmp_path / "claims",
+                                 listen_port=0, door=DoorSettings(port=taken.getsockname()[1]))
+    await asyncio.sleep(0)  # tasks cancelled by the stop finish
+    assert set(asyncio.all_tasks()) - before == set()
+    gc.collect()
+    assert [o for o in gc.get_objects() if isinstance(o, aiohttp.ClientSession)
+            and not o.closed] == []
+
+
 async def test_a_lora_adapter_loaded_on_an_engine_is_served_through_the_door(
         tmp_path: Path, agent_factory: Callable[..., AgentProcess]) -> None:
     adapter = tmp_path / "sql-lora"

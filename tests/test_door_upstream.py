@@ -4,6 +4,7 @@ a stale pooled connection retried, an unfinished answer never reused, backpressu
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,7 +12,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.door.upstream import ResponseParser, Upstream, UpstreamError
+from reconciler.door.upstream import ResponseParser, Upstream, UpstreamError, authority
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -169,10 +170,39 @@ async def test_a_slow_reader_pauses_reading_from_the_engine(
 
 
 async def test_an_engine_that_is_not_there_is_an_upstream_error() -> None:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with pytest.raises(UpstreamError, match="cannot connect"):
         await Upstream().post("127.0.0.1", port, "/echo", {}, b"x")
+
+
+def test_an_ipv6_engine_address_is_written_in_brackets() -> None:
+    assert authority("10.244.1.7", 20001) == "10.244.1.7:20001"
+    assert authority("fd00::7", 20001) == "[fd00::7]:20001"
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6")
+async def test_an_engine_on_an_ipv6_pod_address_is_reached_with_a_valid_host_header() -> None:
+    async def host(request: web.Request) -> web.Response:
+        return web.Response(text=request.headers["Host"])
+
+    app = web.Application()
+    app.router.add_post("/echo", host)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "::1", 0)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        pytest.skip("no IPv6 loopback here")
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    pool = Upstream()
+    try:
+        resp = await pool.post("::1", port, "/echo", {}, b"x")
+        assert resp.status == 200 and await resp.read() == f"[::1]:{port}".encode()
+        resp.release()
+    finally:
+        pool.close()
+        await runner.cleanup()

@@ -16,7 +16,9 @@ import yaml  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reconciler.cli import door_settings
 from reconciler.model.manifests import ManifestError, claim_from_object
+from runtime_agent.cli import parser as cli_parser
 from reconciler.model.changes import changed_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,6 +235,19 @@ def test_the_crd_schema_and_the_parser_accept_and_refuse_the_same_claims(
     assert schema_accepts(obj) == parser_accepts(obj), obj
 
 
+@pytest.mark.parametrize("per_gpu", [
+    {"maximumFootprint": None, "kvFloor": "six"},   # found by the test above: one figure
+    {"kvFloor": "6 Gi"},                             # missing did hide the other's bad shape
+    {"maximumFootprint": "-1Gi", "kvFloor": True},
+])
+def test_each_per_gpu_figures_shape_is_judged_whatever_the_other_holds(
+        per_gpu: dict[str, Any]) -> None:
+    obj = copy.deepcopy(SAMPLES[0])
+    obj["spec"]["perGPU"] = per_gpu
+    assert not schema_accepts(obj)
+    assert not parser_accepts(obj)
+
+
 def test_the_guides_samples_pass_the_crd_schema_and_the_parser() -> None:
     for obj in SAMPLES:
         assert schema_accepts(obj) and parser_accepts(obj)
@@ -255,3 +270,31 @@ def test_an_edit_refused_by_the_crd_is_one_the_reconciler_keeps_from_running() -
             assert changed_fields(old, new) == []
             continue
         assert changed_fields(old, new) == [f"spec.{field}"]
+
+
+def test_the_controller_serves_the_front_door_on_the_services_openai_port() -> None:
+    (dep,) = [d for _, d in docs() if d["kind"] == "Deployment"]
+    (svc,) = [d for _, d in docs() if d["kind"] == "Service"]
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    args = cli_parser().parse_args(container["args"])
+    door = door_settings(args, args.host)
+    assert args.kubernetes and door is not None and door.host == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["openai"] == door.port == 8000
+    served = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert (served["openai"]["port"], served["openai"]["targetPort"]) == (8000, "openai")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+
+
+def test_the_pool_network_policy_admits_the_controller_to_the_agents_and_engines() -> None:
+    (dep,) = [d for _, d in docs() if d["kind"] == "Deployment"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    namespace = dep["metadata"]["namespace"]
+    policy = yaml.safe_load((ROOT / "deploy" / "networkpolicy.yaml").read_text())
+    (rule,) = policy["spec"]["ingress"]
+    admitted = [p for p in rule["from"]
+                if p["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name":
+                                                             namespace}
+                and p["podSelector"]["matchLabels"].items() <= labels.items()]
+    assert admitted, "the reconciler (and its front door) could not reach the pool's Pods"

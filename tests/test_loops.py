@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
-from runtime_agent.loops import Throttled, keep_running, run_stages
+from runtime_agent.loops import Throttled, keep_running, run_stages, wait_event
 
 pytestmark = pytest.mark.loop_guard
 
@@ -61,3 +62,56 @@ async def test_keep_running_restarts_a_failing_loop_and_logs_the_repeats_once() 
     await keep_running("flaky", flaky, Throttled(logger, interval_s=60), first_pause_s=0.001)
     assert runs == 4  # returned after the first clean run
     assert records == ["flaky failed (ConnectionResetError: peer reset); restarting it"]
+
+
+async def test_a_stage_that_ignores_its_cancel_is_left_behind_in_its_time() -> None:
+    released = asyncio.Event()
+    let_go = asyncio.Event()
+    cancels = 0
+
+    async def stubborn() -> None:
+        nonlocal cancels
+        while not let_go.is_set():
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                cancels += 1  # swallowed, as a loop around a 3.11 wait_for can
+
+    async def release() -> None:
+        released.set()
+
+    began = time.monotonic()
+    unfinished = await run_stages([("stubborn", 0.1, stubborn), ("release", 1.0, release)],
+                                  logging.getLogger("test-loops"))
+    assert unfinished == ["stubborn"] and released.is_set() and cancels == 1
+    assert time.monotonic() - began < 1.0
+    let_go.set()  # let the stage end, so that the test's loop can close
+    for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+
+
+async def test_wait_event_keeps_a_cancel_that_comes_with_the_event() -> None:
+    event = asyncio.Event()
+    rounds = 0
+
+    async def loop() -> None:
+        nonlocal rounds
+        while True:
+            await wait_event(event, 10)
+            event.clear()
+            rounds += 1
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0)  # the loop waits for the event
+    event.set()
+    task.cancel()  # in the same turn: asyncio.wait_for on 3.11 drops this cancel
+    await asyncio.wait({task}, timeout=2.0)
+    assert task.cancelled() and rounds == 0
+
+
+async def test_wait_event_says_whether_the_event_came() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    asyncio.get_running_loop().call_soon(event.set)
+    assert await wait_event(event, 5.0) is True

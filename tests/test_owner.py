@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ from runtime_agent.supervision.outcomes import (
     Refusal,
     Refused,
 )
+from runtime_agent.supervision.owner import EngineOwner
+from runtime_agent.supervision.pool import EnginePool
 from tests.owner_fakes import OwnerRig, fast_settings, make_record
 
 pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
@@ -255,6 +258,25 @@ async def test_a_stop_terminates_with_grace_and_forgets_the_engine(rig: OwnerRig
     assert proc.calls == ["stop:10"]  # SIGTERM, the grace, then SIGKILL: EngineProcess.stop
     assert rig.store.records == {}
     assert rig.owner is not None and rig.owner.view.phase is Phase.STOPPED
+
+
+async def test_a_stopped_engine_leaving_the_pool_is_a_change_readers_see(
+        rig: OwnerRig) -> None:
+    """The agent renders its snapshot once per view change: the engine's removal from the pool
+    after its STOPPED view must be one more change, or a snapshot rendered in between (the
+    engine listed as stopped) is served until something else changes."""
+    listed: list[bool] = []  # at each view change: is the engine still in the pool?
+    deps = replace(rig.deps, on_view=lambda view: listed.append(view.spec.model_name
+                                                                 in pool.owners))
+    pool = EnginePool(deps)
+    owner = pool.owners["m1"] = EngineOwner(make_record("m1"), deps)
+    owner.start(StartMode.SPAWN, None)
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
+    outcome = await pool.deactivate("m1")
+    await owner.detach()
+    assert isinstance(outcome, Done) and outcome.phase is Phase.STOPPED
+    assert pool.owners == {}
+    assert listed and listed[-1] is False, "the last change seen still listed the engine"
 
 
 async def test_a_stop_answers_a_sleep_in_flight_and_later_callers(rig: OwnerRig) -> None:

@@ -6,6 +6,7 @@ through the API server and the agents."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,32 @@ def claim_obj(name: str, args: dict[str, str] | None = None, footprint: str = "6
                 "engineConfig": {"args": {**SIM, **(args or {})}}}}
 
 
-def pod_obj(name: str, agent: AgentProcess) -> dict[str, Any]:
+def pod_obj(name: str, agent: AgentProcess, ip: str = "127.0.0.1") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "labels": dict(POOL)},
             "spec": {"containers": [{"name": "aibrix-runtime", "ports": [
                 {"name": "runtime", "containerPort": agent.port}]}]},
-            "status": {"phase": "Running", "podIP": "127.0.0.1"}}
+            "status": {"phase": "Running", "podIP": ip}}
+
+
+def task_dump() -> str:
+    """Every task of the running loop and the chain of awaits it is suspended in (innermost
+    last): which await never returned."""
+    lines = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task():
+            continue
+        lines.append(f"{task.get_name()}:")
+        coro: Any = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) \
+                or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                lines.append(f"  {code.co_filename}:{frame.f_lineno} {code.co_name}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) \
+                or getattr(coro, "ag_await", None)
+    return "\n".join(lines)
 
 
 def kubeconfig(path: Path, url: str) -> Path:
@@ -73,9 +94,9 @@ class Cluster:
         self.agents: dict[str, AgentProcess] = {}
         self.app: KubeApp | None = None
 
-    async def add_pod(self, name: str, agent: AgentProcess) -> None:
+    async def add_pod(self, name: str, agent: AgentProcess, ip: str = "127.0.0.1") -> None:
         self.agents[name] = agent
-        await self.api.create(PODS, "default", pod_obj(name, agent))
+        await self.api.create(PODS, "default", pod_obj(name, agent, ip))
 
     async def apply(self, obj: dict[str, Any]) -> None:
         await self.api.create(CLAIMS, "default", obj)
@@ -125,14 +146,21 @@ class Cluster:
         return self.app
 
     async def stop(self) -> None:
+        """Stop the replica; one that has not stopped within 60 s fails the test with every
+        task's stack (which await never returned)."""
         if self.app is not None:
             self.app.stop()
-            await self._run
+            done, _ = await asyncio.wait({self._run}, timeout=60)
+            if not done:
+                raise AssertionError("the replica did not stop within 60 s; its tasks:\n"
+                                     + task_dump())
             self.app = None
+            self._run.result()
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+@contextlib.asynccontextmanager
+async def running_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """The API server stand-in with the pool's Deployment; every replica stopped at the end."""
     async with ApiServer(bookmark_interval=0.5) as server, kmock.Server(server) as http:
         url = str(http.url).rstrip("/")
         config = kubeconfig(tmp_path / "kubeconfig", url)
@@ -148,6 +176,12 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         finally:
             await made.stop()
             await api.close()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with running_cluster(tmp_path) as made:
+        yield made
 
 
 def agent_for(factory: Callable[..., AgentProcess]) -> AgentProcess:
@@ -176,6 +210,42 @@ async def test_the_seeds_sample_claims_become_active_with_finalizers_and_conditi
     events = cluster.server.all_of("events")
     assert any(e["reason"] == "Activated" and e["involvedObject"]["name"] == "qwen3-0-6b"
                for e in events)
+
+
+async def test_a_claim_is_written_active_only_once_its_route_is_active(
+        cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
+    """The gateway routes by the Pod annotation: whoever waits for Active and then sends a
+    request must find the engine on the route. The API server refuses the first two patches
+    that put the route on (the publisher retries a second later); Active must wait for them."""
+    await cluster.add_pod("pool-0", agent_for(agent_factory))
+    refused: list[str] = []
+
+    def state(obj: dict[str, Any] | None) -> str | None:
+        value = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(
+            "route.claim.model.aibrix.ai/late")
+        return json.loads(value)["state"] if value else None
+
+    def refuse(res: tuple[str, str, str], old: dict[str, Any] | None,
+               new: dict[str, Any]) -> str | None:
+        if res[2] == "pods" and state(new) == "active" != state(old) and len(refused) < 2:
+            refused.append("route")
+            return "refused by the test"
+        return None
+
+    cluster.server.validate = refuse
+    await cluster.start()
+    await cluster.apply(claim_obj("late"))
+    await cluster.until("late Active", lambda: cluster.phase("late") == "Active")
+    # the API server's history, in order: the route's state when the claim first read Active
+    history = sorted((version, res[2], obj) for res, entries in cluster.server.log.items()
+                     for version, _, obj, _ in entries if res[2] in ("pods", "modelclaims"))
+    route = None
+    for _, plural, obj in history:
+        if plural == "pods":
+            route = state(obj)
+        elif (obj.get("status") or {}).get("phase") == "Active":
+            break
+    assert route == "active" and refused == ["route", "route"]
 
 
 async def test_the_route_is_active_only_once_the_engine_is_ready(
@@ -296,15 +366,31 @@ def leading(port: int) -> float | None:
     return float(line.split()[1]) if line else None
 
 
-def _reconciler(config: Path, name: str, log: Path, port: int) -> subprocess.Popen[bytes]:
+def replica(config: Path, name: str, log: Path, port: int,
+                *extra: str) -> subprocess.Popen[bytes]:
+    """A replica as ``runtime-agent reconcile --kubernetes`` runs it (``extra``: more flags)."""
     argv = [sys.executable, "-m", "runtime_agent.cli", "reconcile", "--kubernetes",
             "--kubeconfig", str(config), "--identity", name, "--port", str(port),
             "--host", "127.0.0.1", "--lease-duration", "3", "--renew-deadline", "2",
-            "--retry-period", "0.5"]
+            "--retry-period", "0.5", *extra]
     with log.open("ab") as out:
         return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=out,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 start_new_session=True)
+
+
+async def stop_replicas(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each replica still running; SIGKILL its group after 15 s. The wait leaves this
+    loop free: the API server stand-in runs on it, and a stopping leader writes its last
+    statuses and releases the Lease there."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, 15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 async def test_a_killed_leader_is_replaced_without_placing_anything_twice(
@@ -312,7 +398,7 @@ async def test_a_killed_leader_is_replaced_without_placing_anything_twice(
     for i in range(2):
         await cluster.add_pod(f"pool-{i}", agent_for(agent_factory))
     ports = {n: free_port() for n in ("r1", "r2")}
-    procs = {n: _reconciler(cluster.config, n, tmp_path / f"{n}.log", ports[n]) for n in ports}
+    procs = {n: replica(cluster.config, n, tmp_path / f"{n}.log", ports[n]) for n in ports}
     try:
         for i in range(3):
             await cluster.apply(claim_obj(f"m{i}", footprint="3Gi"))
@@ -339,12 +425,5 @@ async def test_a_killed_leader_is_replaced_without_placing_anything_twice(
                   for e in agent.client.events(0)["events"] if e["from"] == "activating"]
         assert sorted(starts) == [f"m{i}-model" for i in range(4)], "a model started twice"
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+        await stop_replicas(procs.values())
 

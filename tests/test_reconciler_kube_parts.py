@@ -1,17 +1,21 @@
 """The Kubernetes mode's parts that decide alone: the Event recorder's spam filter, aggregation
-and deduplication (client-go's rules), the change rule shared by both modes, and pool Pods read
-as agents."""
+and deduplication (client-go's rules), the change rule shared by both modes, pool Pods read
+as agents, and the route publisher stopping whenever a change comes with the stop."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
-from reconciler.kube.desired import pod_agent
+from reconciler.kube.desired import KubeDesired, pod_agent
 from reconciler.kube.events import COMBINED, EventRecorder, ObjectRef
+from reconciler.kube.routes import RoutePublisher
 from reconciler.model.changes import IMMUTABLE_FIELD_CHANGED, take_change
 from reconciler.model.manifests import claim_from_object
-from reconciler.runtime.clock import FakeClock
+from reconciler.runtime.clock import FakeClock, RealClock
+from tests.reconciler_fakes import Rig
 
 REF = ObjectRef("model.aibrix.ai/v1alpha1", "ModelClaim", "default", "c", "uid-1")
 
@@ -115,3 +119,22 @@ def test_a_pool_pod_is_an_agent_only_while_it_runs_with_an_ip() -> None:
     for stopped in (pod(phase="Pending"), pod(ip=None), pod(deleting=True),
                     pod(phase="Succeeded")):
         assert pod_agent(stopped, "pool-a").url is None
+
+
+async def test_the_route_publisher_stops_when_a_change_comes_with_the_stop(
+        tmp_path: Path) -> None:
+    """A replica stopping marks claims up to its last moment (its last reconciles, the watch);
+    a mark in the same loop turn as the stop once made the publisher's wait swallow the cancel
+    (``asyncio.wait_for`` on 3.11), so the replica never stopped. Every turn up to a few later."""
+    rig = Rig(tmp_path, [])
+    for turns in range(4):
+        publisher = RoutePublisher(None, KubeDesired(), rig.deps,  # type: ignore[arg-type]
+                                   RealClock(), time.time)
+        publisher.start()
+        await asyncio.sleep(0.01)  # waiting for a mark
+        publisher.mark(("default", "gone"))  # nothing to publish: no API call
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        stopping = asyncio.ensure_future(publisher.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=2)
+        assert done, f"the publisher did not stop ({turns} turns after a mark)"

@@ -28,6 +28,7 @@ import aiohttp
 
 from contract.engines import ollama_tag
 from reconciler.desired import ClaimKey, Desired
+from reconciler.door.upstream import authority
 from reconciler.door.window import context_from_args
 from reconciler.model.manifests import ModelClaim
 
@@ -144,7 +145,7 @@ class Catalog:
         claim = self._desired.claim(key)
         if claim is None:
             return
-        base = f"http://{host}:{port}"
+        base = f"http://{authority(host, port)}"
         try:
             if claim.engine == "ollama":
                 learned = Learned(host, port, contexts=await self._ollama_context(

@@ -10,7 +10,8 @@ One request, start to end (``serve``):
    for room or a start, and waits for the next status or route change. A held request counts
    against its model's bound (``max_held``; past it: 503 at once) and gives up after
    ``max_wait_s`` (503); both carry the guide's Retry-After for the state it waited in. A client
-   that disconnects cancels its handler, which leaves the queue;
+   that disconnects cancels its handler, which leaves the queue. A replica that stops serving
+   (``standby``: a Kubernetes leader stepping down) answers its held requests 503;
 3. the prompt is checked against the engine's context window (``window``);
 4. ``proxy.forward`` sends it to the engine the route names and the answer back.
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -95,8 +96,12 @@ class Door:
     """The front door's logic; ``reconciler.door.server`` serves it over HTTP."""
 
     def __init__(self, settings: DoorSettings, deps: Deps, metrics: DoorMetrics,
-                 ledger: Ledger, changes: Changes) -> None:
+                 ledger: Ledger, changes: Changes,
+                 standby: Callable[[], str | None] = lambda: None) -> None:
         self.settings = settings
+        # why this replica cannot serve now (a Kubernetes standby has no claims, statuses or
+        # routes: it must not answer from them); None while it can
+        self.standby = standby
         self.d = deps
         self.metrics = metrics
         self.ledger = ledger
@@ -167,6 +172,9 @@ class Door:
         try:
             while True:
                 changed = self.changes.next()  # before looking: a change after it wakes us
+                why = self.standby()
+                if why is not None:  # the replica stopped serving (it no longer leads)
+                    raise Refused(errors.not_serving(why), "not_leading")
                 keys = tuple(k for k in keys if self.d.desired.claim(k) is not None)
                 if not keys:
                     raise Refused(errors.unknown_model(name, self.visible_names(key)),
@@ -205,8 +213,9 @@ class Door:
                         f"model {model!r} did not become ready within {s.max_wait_s:g} s "
                         f"(waiting for: {d.cause}); try again later", "wait_timeout",
                         d.retry_after), "wait_timeout")
-                try:
-                    await asyncio.wait_for(changed.wait(), min(left, s.recheck_s))
+                try:  # not wait_for: on 3.11 it swallows a cancel that comes with a change
+                    async with asyncio.timeout(min(left, s.recheck_s)):
+                        await changed.wait()
                 except TimeoutError:
                     pass
         finally:

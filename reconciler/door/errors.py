@@ -3,6 +3,10 @@
 Clients of an OpenAI-compatible endpoint read ``error.code`` (``model_not_found``,
 ``context_length_exceeded``, ``invalid_api_key``) and ``error.type``; each answer says what to do
 about it. A 503 carries ``Retry-After`` when waiting helps.
+
+A replica that cannot serve at all (on Kubernetes: a standby, or a leader still reading the
+cluster) answers every request ``not_serving``: 503, ``Retry-After: 1`` and ``Connection:
+close``, so a client's retry opens a new connection, which the Service may send to the leader.
 """
 
 from __future__ import annotations
@@ -54,6 +58,16 @@ def context_exceeded(message: str, param: str) -> web.Response:
 
 def unavailable(message: str, code: str, retry_after: int | None) -> web.Response:
     return error_response(503, message, "service_unavailable", code, None, retry_after)
+
+
+NOT_SERVING_RETRY_AFTER = 1  # the leader answers meanwhile; a takeover needs a Lease's time
+
+
+def not_serving(message: str) -> web.Response:
+    response = error_response(503, message, "service_unavailable", "not_leading", None,
+                              NOT_SERVING_RETRY_AFTER)
+    response.force_close()  # the retry comes on a new connection, perhaps to the leader
+    return response
 
 
 def upstream_failed(message: str) -> web.Response:

@@ -4,11 +4,13 @@
 |---|---|
 | ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` | routed by ``model`` |
 | ``GET /v1/models``, ``GET /v1/models/{model}`` | every model the key may use, with ``max_model_len`` and ``state`` |
-| ``GET /healthz`` | ``{"status": "ok"}`` (no key needed) |
+| ``GET /healthz`` | ``{"status": "ok"}`` (no key needed); on a standby 503 ``standby`` |
 
 Everything else is a 404 in OpenAI's error format: no engine's sleep, wake, tokenize or debug
 route is reachable through the door. With API keys configured, every route but ``/healthz``
-needs ``Authorization: Bearer KEY`` (401 without a valid one).
+needs ``Authorization: Bearer KEY`` (401 without a valid one). A replica that cannot serve (a
+Kubernetes standby: ``Door.standby``) answers every route 503 ``not_leading`` before anything
+else: it has no claims to answer from, and must never route.
 
 The server runs with handler cancellation: a client that disconnects cancels its handler, so a
 held request leaves its queue at once and a forwarded one closes its engine connection. Every
@@ -58,6 +60,13 @@ def _render(request: web.Request, status: int, message: str) -> web.Response:
                                  else "server_error", None)
 
 
+def _serving(door: Door) -> None:
+    """``Refused`` while this replica cannot serve (a standby)."""
+    why = door.standby()
+    if why is not None:
+        raise Refused(errors.not_serving(why), "not_leading")
+
+
 def _authorize(request: web.Request) -> Key | None:
     """The request's API key (None when the door asks for none); ``Refused`` without one."""
     keys = request.app[KEYS_KEY]
@@ -81,6 +90,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
     reason: str | None = None
     response: web.StreamResponse | None = None
     try:
+        _serving(door)
         key = _authorize(request)
         rec.key = key.id if key else None
         body = await request.read()
@@ -145,6 +155,7 @@ async def models(request: web.Request) -> web.Response:
     """``GET /v1/models`` and ``GET /v1/models/{model}``."""
     door = request.app[DOOR_KEY]
     try:
+        _serving(door)
         key = _authorize(request)
     except Refused as refused:
         return refused.response
@@ -160,6 +171,12 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    why = request.app[DOOR_KEY].standby()
+    if why is not None:
+        response = web.json_response({"status": "standby", "message": why}, status=503,
+                                     headers={"Retry-After": str(errors.NOT_SERVING_RETRY_AFTER)})
+        response.force_close()
+        return response
     return web.json_response({"status": "ok"})
 
 

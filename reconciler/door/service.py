@@ -1,10 +1,12 @@
 """The door running beside the reconciler: its HTTP server, its connections to the engines and
 the API keys file it re-reads.
 
-``FrontDoor`` is built by the reconciler's app (``reconciler.app``) with the reconciler's own
-``Deps``: the same status store, route holds, wake book, snapshot cache and idle tracker the
+``FrontDoor`` is built by the reconciler's core (``reconciler.core``, in both run modes) with its
+own ``Deps``: the same status store, route holds, wake book, snapshot cache and idle tracker the
 controllers use, so the door and the reconciler can never disagree about where a model serves.
 Every status change and every route hold bumps the door's ``Changes``, which wakes held requests.
+``standby`` says why the replica cannot serve (a Kubernetes standby): every request is then
+answered 503 ``not_leading`` (``reconciler.door.server``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -36,12 +39,12 @@ class FrontDoor:
     """``await start()``, then ``await stop()``; ``port``: where it listens."""
 
     def __init__(self, settings: DoorSettings, deps: Deps, registry: CollectorRegistry,
-                 ledger: Ledger) -> None:
+                 ledger: Ledger, standby: Callable[[], str | None] = lambda: None) -> None:
         self.settings = settings
         self.changes = Changes()
         self.ledger = ledger
         self.metrics = DoorMetrics(registry, ledger)
-        self.door = Door(settings, deps, self.metrics, ledger, self.changes)
+        self.door = Door(settings, deps, self.metrics, ledger, self.changes, standby)
         self.keys = KeyFile(settings.api_keys)
         self.access = AccessLog(settings.access_log)
         deps.store.listen(self.changes.bump)

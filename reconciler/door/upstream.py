@@ -356,9 +356,11 @@ class Upstream:
 
     async def _connect(self, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
-        try:
-            _, conn = await asyncio.wait_for(loop.create_connection(
-                lambda: _Connection(loop, self._limit), host, port), self._connect_timeout)
+        try:  # not wait_for: on 3.11 a cancel (the client left) that comes with the
+            # connection is swallowed, and the connection with it
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop, self._limit), host, port)
         except (OSError, asyncio.TimeoutError) as err:
             raise UpstreamError(f"cannot connect to {host}:{port}: "
                                 f"{err or type(err).__name__}") from err
@@ -371,8 +373,15 @@ class Upstream:
         self._idle.clear()
 
 
+def authority(host: str, port: int) -> str:
+    """``host:port`` as a URL and a Host header write it: an IPv6 address in brackets (a Pod's
+    IP on an IPv6 cluster is the engine's host)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _request(host: str, port: int, path: str, headers: Mapping[str, str], body: bytes) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+    lines = [f"POST {path} HTTP/1.1", f"Host: {authority(host, port)}",
+             f"Content-Length: {len(body)}"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             continue  # never let a header value split the request

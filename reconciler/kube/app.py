@@ -12,6 +12,14 @@ Every replica serves ``/healthz`` and ``/metrics`` at once and campaigns for the
 leader lists and watches, reconciles and writes. A replica that loses the Lease exits (its
 Deployment restarts it as a standby); one that is stopped releases the Lease after its last
 writes, so a standby takes over within a retry period.
+
+With ``door`` settings (``reconcile --kubernetes --door-port P``) every replica listens with the
+front door (``reconciler.door``), beside the AIBrix gateway: both read the same routes (the
+gateway from the Pod annotations ``RoutePublisher`` writes, the door from ``route_of`` itself)
+and reach the engine at the Pod's IP and the route's port. Only the leader answers, and only
+once its informers have synced: a standby knows no claims, statuses or routes, so its door
+answers every request 503 ``not_leading`` with ``Retry-After`` rather than route from an empty
+world. The door's requests in flight feed the idle check as in the local mode (``Core``).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from prometheus_client import Counter, Gauge
 
 from reconciler.core import Core, CoreSettings
 from reconciler.desired import ClaimKey
+from reconciler.door.settings import DoorSettings
 from reconciler.kube.api import CLAIMS, DEPLOYMENTS, PODS, KubeApi, connect
 from reconciler.kube.desired import DEFAULT_RUNTIME_PORT, KubeDesired
 from reconciler.kube.events import EventRecorder, ObjectRef
@@ -60,6 +69,7 @@ class KubeSettings:
     retry_period: float = 2.0
     watch_timeout: int = 300
     runtime_port: int = DEFAULT_RUNTIME_PORT
+    door: DoorSettings | None = None  # the front door (None: off); it answers on the leader
 
 
 class KubeApp(Core):
@@ -73,12 +83,18 @@ class KubeApp(Core):
         desired = KubeDesired(default_port=settings.runtime_port)
         self.recorder = EventRecorder(api, clock=clock, wall=wall)
         store = KubeStatusStore(api, desired, wall, on_event=self._claim_event)
-        super().__init__(settings.core, desired, store, clock=clock, wall=wall)
+        self._leading = False
+        self._serving = False  # leading, synced and not stopping: the door answers
+        self._stop = asyncio.Event()
+        self._exit = 0
+        super().__init__(settings.core, desired, store, clock=clock, wall=wall,
+                         door=settings.door, standby=self._standby)
         self.kube_desired = desired
         self.kube_store = store
         self.publisher = RoutePublisher(api, desired, self.deps, self.clock, wall)
         self.deps.routes_out = self.publisher.sync_model
         store.on_mark = self.publisher.mark
+        store.publish_route = self.publisher.publish
         ns, w = settings.namespace, settings.watch_timeout
         self.informers = [
             Informer(api, CLAIMS, desired.on_claim, namespace=ns, watch_timeout=w, clock=clock),
@@ -95,9 +111,6 @@ class KubeApp(Core):
             lease_duration=settings.lease_duration, renew_deadline=settings.renew_deadline,
             retry_period=settings.retry_period), on_started=self._lead,
             on_stopped=self._lost, clock=self.clock, wall=wall)
-        self._stop = asyncio.Event()
-        self._leading = False
-        self._exit = 0
 
     # ---- keys -------------------------------------------------------------------------------
 
@@ -150,8 +163,30 @@ class KubeApp(Core):
         self.publisher.start()
         await self.start_core()
         self.publisher.mark_all()
+        self._serve(not self._stop.is_set())
         log.info("leading: %d claims, %d agents", len(self.desired.claims),
                  len(self.desired.agents()))
+
+    def _serve(self, serving: bool) -> None:
+        """The door answers, or not; requests it holds look again at once (and, when it stops
+        answering, are answered 503)."""
+        self._serving = serving
+        if self.door is not None:
+            self.door.changes.bump()
+
+    def _standby(self) -> str | None:
+        """Why the door cannot answer now; None on the leader once it has synced."""
+        if self._serving:
+            return None
+        me = self.settings.identity
+        if self._stop.is_set():
+            return f"This replica of the ModelClaim reconciler ({me}) is shutting down; " \
+                "retry: another replica takes over."
+        if self._leading:
+            return f"This replica of the ModelClaim reconciler ({me}) has just become the " \
+                "leader and is still reading the cluster's claims and Pods; retry in a moment."
+        return f"This replica of the ModelClaim reconciler ({me}) is not leading: it stands " \
+            "by and knows no routes. Retry: the leading replica serves requests."
 
     async def _lead_alone(self) -> None:
         """Without an election: lead until stopped."""
@@ -159,16 +194,27 @@ class KubeApp(Core):
         await asyncio.Event().wait()
 
     async def _lost(self) -> None:
+        self._serve(False)  # another replica may lead soon: route nothing more
         self._exit = 1
         self._stop.set()
 
     def stop(self) -> None:
+        self._serve(False)
         self._stop.set()
 
     async def run(self) -> int:
-        await self.serve_http()
-        log.info("replica %s: serving health and metrics on %s:%d", self.settings.identity,
-                 self.settings.core.host, self.port)
+        """Serve health, metrics (and the door), campaign, lead; the exit code. ``OSError``
+        when a port cannot be listened on."""
+        try:
+            await self.serve_http()
+            await self.start_door()
+        except BaseException:  # a port in use: nothing left open (the API client's session)
+            await self.stop_http()
+            await self.api.close()
+            raise
+        log.info("replica %s: serving health and metrics on %s:%d%s", self.settings.identity,
+                 self.settings.core.host, self.port,
+                 f", the front door on port {self.door.port}" if self.door else "")
         if self.settings.leader_election:
             campaign = asyncio.ensure_future(self.elector.run())
         else:
@@ -185,7 +231,10 @@ class KubeApp(Core):
 
     async def _shutdown(self) -> None:
         """Controllers first (in-flight reconciles finish), then the last writes, then the
-        Lease: a standby starts only after this replica wrote everything it decided."""
+        Lease: a standby starts only after this replica wrote everything it decided. The door
+        stops first: no new requests, and those in flight get its shutdown grace."""
+        self._serve(False)
+        await self.stop_door()
         if self._leading:
             await self.stop_core()
             await self.publisher.stop()
@@ -217,7 +266,13 @@ async def serve_until_signalled(settings: KubeSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stop)
-    return await app.run()
+    try:
+        return await app.run()
+    except OSError as err:  # a port in use: say which, without a stack trace
+        door = f" or its front door (port {settings.door.port})" if settings.door else ""
+        raise SystemExit(f"runtime-agent reconcile: the reconciler (port {settings.core.port})"
+                         f"{door} cannot listen: {err}; choose other ports with --port / "
+                         "--door-port") from err
 
 
 def run_kubernetes(settings: KubeSettings) -> int:

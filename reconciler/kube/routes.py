@@ -136,6 +136,11 @@ class RoutePublisher:
             self.mark(key)
             return False
 
+    async def publish(self, key: ClaimKey) -> None:
+        """The claim's route on its Pod now (before its Active status is written); raises
+        when the API server refuses it."""
+        await self._publish(key)
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="routes")
 
@@ -147,8 +152,9 @@ class RoutePublisher:
 
     async def _run(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), WAKE_CHECK_S)
+            try:  # not wait_for: on 3.11 it swallows a cancel that comes with a mark
+                async with asyncio.timeout(WAKE_CHECK_S):
+                    await self._wake.wait()
             except TimeoutError:
                 self._marked |= set(self._wakes)  # expired requests
             self._wake.clear()

@@ -11,6 +11,11 @@ claim's ``observedGeneration``.
 Finalizer ``model.aibrix.ai/modelclaim-finalizer``: added when a claim is first reconciled, so a
 deletion waits for us; removed when the claim's engine is drained (``drop``), which lets the API
 server delete the object. Both are JSON patches that test the list they change.
+
+A status that says Active is written only once the claim's route is published
+(``publish_route``): the AIBrix gateway routes by the Pod annotation, so a client that waits for
+Active and then sends a request must find the engine on the route. A route that cannot be
+published keeps the status unwritten (dirty) for the next round.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from reconciler.desired import ClaimKey, key_text
@@ -34,7 +39,7 @@ from reconciler.kube.api import (
 from reconciler.kube.desired import KubeDesired
 from reconciler.kube.informer import meta
 from reconciler.model.manifests import ModelClaim
-from reconciler.status import ClaimEvent, ClaimStatus
+from reconciler.status import ACTIVE, ClaimEvent, ClaimStatus
 from reconciler.status import _ts as parse_time
 from reconciler.store import StatusStore
 
@@ -67,6 +72,9 @@ class KubeStatusStore(StatusStore):
         self.conflicts = 0
         self.writes = 0
         self.on_mark: Callable[[ClaimKey], None] | None = None  # the route publisher
+        # publishes a claim's route now (the route publisher): an Active status is written
+        # only after it, so whoever waits for Active finds the engine on the gateway's route
+        self.publish_route: Callable[[ClaimKey], Awaitable[None]] | None = None
         # The newest resourceVersion known per claim: from the watch, or from our own last
         # write (which the watch reports later), so our next write does not conflict with us.
         self._versions: dict[ClaimKey, str] = {}
@@ -178,6 +186,9 @@ class KubeStatusStore(StatusStore):
             await self._finalizer(key, add=kind == "finalize")
 
     async def _write_status(self, key: ClaimKey) -> None:
+        st = self._statuses.get(key)
+        if st is not None and st.phase == ACTIVE and self.publish_route is not None:
+            await self.publish_route(key)  # raises: the status stays dirty, Active unwritten
         version = self._version(key)
         for attempt in range(CONFLICT_RETRIES + 1):
             st = self._statuses.get(key)

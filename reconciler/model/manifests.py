@@ -508,22 +508,24 @@ def per_gpu_from(raw: object) -> tuple[PerGPU | None, str | None]:
     unknown = sorted(str(k) for k in raw if k not in ("maximumFootprint", "kvFloor"))
     if unknown:
         raise ManifestError(INVALID_SPEC, f"spec.perGPU has unknown fields: {', '.join(unknown)}")
-    figures: list[int] = []
-    for key in ("maximumFootprint", "kvFloor"):
-        if key not in raw or raw[key] is None:
-            return None, f"spec.perGPU.{key} is missing"
-        value = raw[key]
+    figures: dict[str, int] = {}
+    for key in ("maximumFootprint", "kvFloor"):  # every figure's shape first, as the schema
+        value = raw.get(key)                     # judges each field whatever the others hold
+        if value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ManifestError(INVALID_SPEC, f"spec.perGPU.{key} must be bytes or a quantity "
                                 f"such as 6Gi, got {value!r}")
         try:
-            number = parse_quantity(value)
+            figures[key] = parse_quantity(value)
         except QuantityError as exc:
             raise ManifestError(INVALID_SPEC, f"spec.perGPU.{key}: {exc}") from None
-        if number <= 0:
+    for key in ("maximumFootprint", "kvFloor"):
+        if key not in figures:
+            return None, f"spec.perGPU.{key} is missing"
+        if figures[key] <= 0:
             return None, f"spec.perGPU.{key} must be positive, got {raw[key]!r}"
-        figures.append(number)
-    return PerGPU(figures[0], figures[1]), None
+    return PerGPU(figures["maximumFootprint"], figures["kvFloor"]), None
 
 
 def _engine_args(raw: object) -> tuple[dict[str, str], str | None]:

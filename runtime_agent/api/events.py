@@ -16,6 +16,7 @@ from collections import deque
 from typing import Any
 
 from runtime_agent.artifacts.entries import ArtifactEvent
+from runtime_agent.loops import wait_event
 from runtime_agent.supervision.views import EngineEvent
 
 log = logging.getLogger("runtime_agent.api.events")
@@ -59,8 +60,4 @@ class EventLog:
         """Return once an event newer than ``cursor`` exists, or after ``timeout_s``."""
         if self._seq > cursor:
             return
-        changed = self._changed
-        try:
-            await asyncio.wait_for(changed.wait(), timeout_s)
-        except TimeoutError:
-            pass
+        await wait_event(self._changed, timeout_s)

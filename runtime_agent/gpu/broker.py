@@ -49,7 +49,7 @@ from runtime_agent.gpu.ledger import (
 )
 from runtime_agent.gpu.model import GpuSample
 from runtime_agent.gpu.proctree import process_trees
-from runtime_agent.loops import Throttled
+from runtime_agent.loops import Throttled, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +147,7 @@ class MemoryBroker:
 
     async def _loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self._interval)
+            await wait_event(self._poke, self._interval)
             self._poke.clear()
             try:
                 await self.sample_now()
@@ -220,9 +219,7 @@ class MemoryBroker:
 
     async def changed(self, timeout_s: float) -> None:
         """Return at the next memory change (or after ``timeout_s``)."""
-        event = self._changed
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+        await wait_event(self._changed, timeout_s)
 
     def claim_start(self, key: str, need_bytes: int, n_devices: int) -> Admit | Refuse:
         result = claim(need_bytes, n_devices, self.ledger, key, declared_bytes=need_bytes)
@@ -240,9 +237,7 @@ class MemoryBroker:
             left = deadline - time.monotonic()
             if isinstance(result, Admit) or result.reason != INSUFFICIENT_GPU or left <= 0:
                 return result
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+            await wait_event(self._changed, left)
 
     def adopt(self, key: str, devices: tuple[int, ...], declared_bytes: int,
               sleeping: bool) -> None:

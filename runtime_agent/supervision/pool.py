@@ -203,6 +203,9 @@ class EnginePool:
         outcome = await owner.request(Stop())
         if self.owners.get(model_name) is owner and owner.view.phase is Phase.STOPPED:
             del self.owners[model_name]
+            # leaving the pool changes what readers see after the STOPPED view did (the
+            # agent renders its snapshot once per change): one more change
+            self._deps.on_view(owner.view)
         if isinstance(outcome, NotFound):  # stopped by a concurrent deactivate: the same end
             return Done(model_name, Phase.STOPPED, changed=False)
         return outcome
