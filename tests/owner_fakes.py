@@ -3,14 +3,16 @@
 ``FakeLauncher`` hands out ``FakeProcess`` objects that record every signal and stop; a test
 makes one exit when it likes. ``FakeAdapter`` answers the owner's engine calls as a test sets
 them and records each call. ``FakeStore`` keeps records in memory and can be told to fail like
-a full or read-only disk. ``OwnerRig`` wires them to a real ``EngineOwner`` with a real memory
-broker over a simulated GPU, so what is tested is the owner's own logic.
+a full or read-only disk. ``FakeStager`` is the weight cache as a test wants it. ``OwnerRig``
+wires them to a real ``EngineOwner`` with a real memory broker over a simulated GPU, so what is
+tested is the owner's own logic; ``OwnerRig.record_timers`` shows what the owner schedules.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+from typing import Any
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +22,8 @@ from pathlib import Path
 from engines.adapter import LaunchContext, Observation
 from engines.client import EngineCallError
 from engines.process import ExitInfo
+from runtime_agent.artifacts.staging import StagingFailed, StagingView
+from runtime_agent.artifacts.verify import Progress
 from registry.record import EngineRecord, EngineSpec
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.gpu.simulated import SimulatedGpuBackend
@@ -71,7 +75,9 @@ class FakeLauncher:
         self.spawned: list[FakeProcess] = []
         self.argv: list[list[str]] = []
         self.env: list[dict[str, str]] = []
+        self.log_paths: list[Path] = []  # where each process's output was sent
         self.fail_with: Exception | None = None
+        self.leftovers_fail: OSError | None = None  # the leftover sweep fails like this
         self.alive: dict[int, FakeProcess] = {}
         self.leftovers_killed: list[str] = []  # engine ids, in order
         self.leftovers_in: list[str] = []  # the state directory each sweep was told
@@ -85,6 +91,7 @@ class FakeLauncher:
         self.spawned.append(proc)
         self.argv.append(list(argv))
         self.env.append(dict(env))
+        self.log_paths.append(log_path)
         self.alive[proc.pid] = proc
         return proc
 
@@ -92,6 +99,8 @@ class FakeLauncher:
         return self.alive.get(pid)
 
     def kill_leftovers(self, state_dir: str, engine_id: str) -> list[int]:
+        if self.leftovers_fail is not None:
+            raise self.leftovers_fail
         self.leftovers_killed.append(engine_id)
         self.leftovers_in.append(state_dir)
         return []
@@ -116,9 +125,12 @@ class FakeAdapter:
     adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapters the engine serves
     probe_hangs: bool = False  # health probes get no answer (a stopped or hung engine)
     probes: int = 0
+    figures: Observation = field(default_factory=lambda: Observation(running=0, waiting=0,
+                                                                     success_total=0))
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:
-        return ["fake-engine", record.spec.model_name], dict(ctx.extra_env)
+        """Started on the weight cache's copy when there is one, as the real adapters are."""
+        return ["fake-engine", ctx.model_path or record.spec.artifact_url], dict(ctx.extra_env)
 
     def sleep_unsupported(self) -> str | None:
         return None
@@ -160,7 +172,7 @@ class FakeAdapter:
         await asyncio.sleep(self.call_takes_s)
 
     async def observe(self, timeout_s: float) -> Observation | None:
-        return Observation(running=0, waiting=0, success_total=0)
+        return self.figures
 
     async def load_adapter(self, name: str, path: str, timeout_s: float) -> None:
         self.calls.append(f"load_adapter:{name}")
@@ -199,6 +211,34 @@ class FakeStore:
         self.records.pop(engine_id, None)
 
 
+class FakeStager:
+    """The weight cache: ``cached`` artifacts start at once from their path; any other is
+    staged when ``staged`` is set (``progress`` reported first), failing with ``error``."""
+
+    def __init__(self) -> None:
+        self.cached: dict[str, str] = {}  # artifact URL -> the entry's directory
+        self.progress = Progress(total=1000)
+        self.staged = asyncio.Event()
+        self.error: str | None = None
+        self.to: str = "/cache/entry"  # where a staged artifact lands
+
+    def model_path(self, spec: EngineSpec) -> str | None:
+        return self.cached.get(spec.artifact_url)
+
+    def must_stage(self, spec: EngineSpec) -> bool:
+        return spec.artifact_url not in self.cached
+
+    async def stage(self, spec: EngineSpec, on_start: Callable[[StagingView], None] | None = None,
+                    credentials: dict[str, str] | None = None) -> str:
+        if on_start is not None:
+            on_start(StagingView("entry-1", spec.artifact_url, self.progress))
+        await self.staged.wait()
+        if self.error is not None:
+            raise StagingFailed(self.error)
+        self.cached[spec.artifact_url] = self.to
+        return self.to
+
+
 class OwnerRig:
     """One real ``EngineOwner`` over the fakes; events and views are kept for assertions."""
 
@@ -219,6 +259,40 @@ class OwnerRig:
                               on_event=self.events.append, on_view=self.views.append,
                               memory=self.memory, port_free=lambda port, host: self.port_free)
         self.owner: EngineOwner | None = None
+        self.timers: list[tuple[float, object]] = []  # (delay, message) the owner scheduled
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def record_timers(self) -> None:
+        """From now on, record every message an owner schedules for its own inbox (a restart's
+        backoff, a port retry, a revive) with its delay, and post it at once instead of after
+        the delay, so a test walks through backoffs without waiting them out."""
+        loop = self._loop = asyncio.get_running_loop()
+        call_later = loop.call_later
+
+        def recording(delay: float, callback: Callable[..., object], *args: Any,
+                      **kwargs: Any) -> asyncio.TimerHandle:
+            if getattr(callback, "__func__", None) is asyncio.Queue.put_nowait:
+                self.timers.append((delay, args[0]))
+                delay = 0
+            return call_later(delay, callback, *args, **kwargs)
+
+        loop.call_later = recording  # type: ignore[method-assign,assignment]
+
+    def told_memory(self, what: str) -> list[str]:
+        """The engines the owner tells the memory broker ``what`` (``stopped``: its memory is
+        free; ``exited``: its process is gone), in order, from now on."""
+        told: list[str] = []
+        real = getattr(self.memory, what)
+
+        def spying(key: str) -> None:
+            told.append(key)
+            real(key)
+
+        setattr(self.memory, what, spying)
+        return told
+
+    def scheduled(self, kind: type) -> list[tuple[float, Any]]:
+        return [(delay, message) for delay, message in self.timers if isinstance(message, kind)]
 
     def start(self, record: EngineRecord | None = None, mode: StartMode = StartMode.SPAWN,
               pid: int | None = None) -> EngineOwner:
@@ -243,6 +317,8 @@ class OwnerRig:
         return [e.reason for e in self.events]
 
     async def close(self) -> None:
+        if self._loop is not None:
+            del self._loop.call_later  # the loop's own method again
         if self.owner is not None:
             await self.owner.detach()
         await self.memory.close()

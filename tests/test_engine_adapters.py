@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -107,31 +109,52 @@ async def test_a_wake_from_level_two_reloads_the_weights_before_the_kv_cache() -
                     "POST /wake_up"]
 
 
-@pytest.mark.parametrize("stuck", ["/wake_up", "/wake_up?tags=weights", "/collective_rpc",
-                                   "/wake_up?tags=kv_cache"])
-async def test_every_step_of_a_wake_is_bounded_by_its_timeout(stuck: str) -> None:
-    """An engine that never answers one step of a wake: the call fails within its timeout
-    instead of waiting for ever (the owner's lifecycle bound depends on it)."""
+@contextlib.asynccontextmanager
+async def engine_stuck_on(stuck: str) -> AsyncIterator[int]:
+    """An engine API on a local port (yielded) that never answers ``stuck`` (path and query),
+    and answers anything else at once."""
     release = asyncio.Event()
 
     async def answer(request: web.Request) -> web.Response:
         if request.path_qs == stuck:
             await release.wait()
-        return web.json_response({})
+        return web.json_response({"is_sleeping": True})
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
-        async with aiohttp.ClientSession() as session:
-            adapter = vllm.VllmAdapter(session, "127.0.0.1", server.port)
-            level = 1 if stuck == "/wake_up" else 2
-            with pytest.raises(EngineCallError):
-                await asyncio.wait_for(adapter.wake(level, 0.2), 10)
+        yield server.port  # type: ignore[misc]
     finally:
         release.set()
         await server.close()
+
+
+@pytest.mark.parametrize("stuck", ["/wake_up", "/wake_up?tags=weights", "/collective_rpc",
+                                   "/wake_up?tags=kv_cache"])
+async def test_every_step_of_a_wake_is_bounded_by_its_timeout(stuck: str) -> None:
+    """An engine that never answers one step of a wake: the call fails within its timeout
+    instead of waiting for ever (the owner's lifecycle bound depends on it)."""
+    async with engine_stuck_on(stuck) as port, aiohttp.ClientSession() as session:
+        adapter = vllm.VllmAdapter(session, "127.0.0.1", port)
+        level = 1 if stuck == "/wake_up" else 2
+        with pytest.raises(EngineCallError):
+            await asyncio.wait_for(adapter.wake(level, 0.2), 10)
+
+
+@pytest.mark.parametrize("stuck", ["/sleep?level=1", "/is_sleeping"])
+async def test_a_sleep_and_the_sleep_question_are_bounded_by_their_timeout(stuck: str) -> None:
+    """An engine that never answers a sleep, or whether it sleeps: the sleep fails and the
+    question goes unanswered within the timeout (the owner's sleep and health probes rely on
+    it), instead of waiting for ever."""
+    async with engine_stuck_on(stuck) as port, aiohttp.ClientSession() as session:
+        adapter = vllm.VllmAdapter(session, "127.0.0.1", port, sleep_mode=True)
+        if stuck == "/is_sleeping":
+            assert await asyncio.wait_for(adapter.is_sleeping(0.2), 10) is None  # unknown
+        else:
+            with pytest.raises(EngineCallError):
+                await asyncio.wait_for(adapter.sleep(1, 0.2), 10)
 
 
 async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:

@@ -149,14 +149,7 @@ async def test_a_crash_is_told_with_its_log_tail_and_written_once(slow: OwnerRig
     assert slow.owner is not None
     slow.owner.log_path.write_text("".join(f"line {i}\n" for i in range(25)))
     slow.owner._unresponsive_since = 1.0  # whatever the old process was, the new one starts clean
-    exited: list[str] = []
-    forget = slow.memory.exited
-
-    def spying(key: str) -> None:
-        exited.append(key)
-        forget(key)
-
-    slow.memory.exited = spying  # type: ignore[method-assign]
+    exited = slow.told_memory("exited")
     saved = slow.store.saves
     slow.launcher.last.exit(code=3)
     await slow.until(lambda: next(iter(slow.store.records.values())).phase is Phase.RESTARTING,
@@ -190,14 +183,7 @@ async def test_a_spent_budget_fails_the_engine_once_with_its_tail(tmp_path: Path
         await active_on_disk(rig)
         assert rig.owner is not None
         rig.owner.log_path.write_text("Traceback\nCUDA error\n")
-        stopped: list[str] = []
-        forget = rig.memory.stopped
-
-        def spying(key: str) -> None:
-            stopped.append(key)
-            forget(key)
-
-        rig.memory.stopped = spying  # type: ignore[method-assign]
+        stopped = rig.told_memory("stopped")
         saved = rig.store.saves
         rig.launcher.last.exit(code=7)
         await rig.until(lambda: next(iter(rig.store.records.values())).phase is Phase.FAILED,
@@ -336,14 +322,7 @@ async def test_a_stop_says_what_it_did_and_writes_only_the_stopping_record(rig: 
 async def test_a_stop_frees_the_engines_memory_and_forgets_its_storage_trouble(
         rig: OwnerRig) -> None:
     await active(rig)
-    stopped: list[str] = []
-    forget = rig.memory.stopped
-
-    def spying(key: str) -> None:
-        stopped.append(key)
-        forget(key)
-
-    rig.memory.stopped = spying  # type: ignore[method-assign]
+    stopped = rig.told_memory("stopped")
     rig.store.fail = errno.ENOSPC  # the STOPPING write fails; the unlink works
     unlinked_before_the_stop: list[bool] = []
     proc = rig.launcher.last
@@ -680,8 +659,9 @@ async def test_the_restart_budget_starts_again_after_a_healthy_while(tmp_path: P
     try:
         await active(rig)
         rig.launcher.last.exit(code=1)
-        await rig.until(lambda: "RestartBudgetReset" in rig.reasons(), "forgiven")
-        assert rig.owner is not None and rig.owner.view.restart_count == 0
+        # the event is told before the view is published (after the record is written)
+        await rig.until(lambda: "RestartBudgetReset" in rig.reasons() and rig.owner is not None
+                        and rig.owner.view.restart_count == 0, "forgiven")
         rig.launcher.last.exit(code=1)  # one more crash is restarted, not fatal
         await rig.until(lambda: len(rig.launcher.spawned) == 3, "restarted again")
     finally:

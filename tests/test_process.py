@@ -262,3 +262,82 @@ def test_the_tail_reads_at_most_its_byte_bound_from_the_end(tmp_path: Path) -> N
     assert tail_lines(log, 100, max_bytes=1 << 20)[0] == "first"  # from the very first byte
     log.write_bytes(b"ok\n\xff\xfe broken\n")
     assert tail_lines(log) == ["ok", "\ufffd\ufffd broken"]  # bad bytes never fail the tail
+
+
+# ---- faults a stop must survive -------------------------------------------------------------
+
+import pytest  # noqa: E402
+
+from engines.process import _kill_survivors  # noqa: E402
+
+_IGNORES_TERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                 "print('UP', 1, flush=True); time.sleep(600)")
+
+
+async def _ignoring_term(tmp_path: Path) -> object:
+    log = tmp_path / "engine.log"
+    proc = await ProcessLauncher(tmp_path).spawn([sys.executable, "-c", _IGNORES_TERM],
+                                                 dict(os.environ), log)
+    while not _said(log, "UP"):
+        await asyncio.sleep(0.02)
+    return proc
+
+
+async def test_a_group_the_agent_may_not_signal_does_not_fail_the_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EPERM from killpg (the group's processes changed user): the stop goes on and reports
+    the process it could not end, it does not raise out of the owner's stop."""
+    proc = await _ignoring_term(tmp_path)
+    killpg = os.killpg
+
+    def denied(pgid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    try:
+        monkeypatch.setattr(os, "killpg", denied)
+        info = await asyncio.wait_for(proc.stop(grace_s=0.1, kill_wait_s=0.2), 30)  # type: ignore[attr-defined]
+        assert info.lingering
+    finally:
+        monkeypatch.undo()
+        killpg(proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        await asyncio.wait_for(proc.exited, 10)  # type: ignore[attr-defined]
+
+
+async def test_a_stop_waits_its_grace_then_10_s_after_sigkill_at_most(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound the owner's stop (and an operator's deactivate) relies on: the grace, then at
+    most 10 s for SIGKILL to take effect before the process is reported lingering."""
+    proc = await _ignoring_term(tmp_path)
+    waits: list[float] = []
+
+    async def timing_out(awaitable: object, timeout: float) -> object:
+        waits.append(timeout)
+        raise TimeoutError
+
+    try:
+        proc.signal_group = lambda sig: None  # type: ignore[attr-defined]
+        monkeypatch.setattr(asyncio, "wait_for", timing_out)
+        info = await proc.stop(grace_s=7.5)  # type: ignore[attr-defined]
+        monkeypatch.undo()
+        assert waits == [7.5, 10.0] and info.lingering
+    finally:
+        monkeypatch.undo()
+        os.killpg(proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        await asyncio.wait_for(proc.exited, 10)  # type: ignore[attr-defined]
+
+
+def test_a_descendant_that_cannot_be_killed_does_not_spare_the_others() -> None:
+    class NotOurs:
+        def is_running(self) -> bool:
+            return True
+
+        def kill(self) -> None:
+            raise psutil.AccessDenied(1)
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        _kill_survivors([NotOurs(), psutil.Process(other.pid)])  # type: ignore[list-item]
+        assert other.wait(10) == -signal.SIGKILL
+    finally:
+        other.kill()
+        other.wait()
