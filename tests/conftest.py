@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from tests.guards import event_loop_guard
 from tests.harness import AgentProcess
+from tests.owner_fakes import OwnerRig, fast_settings
 
 # Property tests judge results, not speed: on a loaded 2-core CI machine one slow example must
 # not fail a test (hypothesis's default 200 ms deadline and too-slow health check would).
@@ -39,6 +40,14 @@ async def no_blocking_calls_on_the_event_loop(request: pytest.FixtureRequest
         return
     async with event_loop_guard():
         yield
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[OwnerRig]:
+    """One engine owner's world of fakes (tests/owner_fakes.py), with short restart delays."""
+    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(0.01, 0.02, 0.03)))
+    yield rig
+    await rig.close()
 
 
 @pytest.fixture

@@ -40,13 +40,6 @@ from tests.owner_fakes import OwnerRig, fast_settings, make_record
 pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
 
 
-@pytest.fixture
-async def rig(tmp_path: Path):
-    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(0.01, 0.02, 0.03)))
-    yield rig
-    await rig.close()
-
-
 async def active(rig: OwnerRig) -> None:
     """Started and active, with ``active`` written (the view is published before the write,
     so a test that breaks the disk next must wait for it)."""

@@ -34,13 +34,6 @@ from tests.owner_fakes import OwnerRig, fast_settings, make_record
 pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
 
 
-@pytest.fixture
-async def rig(tmp_path: Path):
-    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(0.01, 0.02, 0.03)))
-    yield rig
-    await rig.close()
-
-
 async def active(rig: OwnerRig, owner: EngineOwner | None = None) -> EngineOwner:
     owner = owner or rig.start()
     await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")

@@ -21,19 +21,13 @@ from engines.process import SpawnError
 from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR, EngineRecord, EngineSpec
 from runtime_agent.logs import JsonFormatter
 from runtime_agent.supervision.messages import SpawnRetry
+from runtime_agent.supervision.owner import EngineOwner
 from tests.owner_fakes import FakeStager, OwnerRig, fast_settings, make_record
 
 pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
 
 HELD = ("port 20000 is held by another process, so the engine cannot listen on it; waiting "
         "for it")
-
-
-@pytest.fixture
-async def rig(tmp_path: Path):
-    rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(0.01, 0.02, 0.03)))
-    yield rig
-    await rig.close()
 
 
 def transitions(rig: OwnerRig, to: str) -> list[tuple[str, str, str]]:
@@ -87,12 +81,19 @@ async def test_a_start_that_cannot_spawn_fails_says_why_and_frees_its_memory(
 # ---- a port held by another process ---------------------------------------------------------
 
 
-async def test_a_held_port_is_tried_again_after_a_doubling_pause_up_to_30_s_told_once(
-        rig: OwnerRig) -> None:
+async def start_on_a_held_port(rig: OwnerRig, tries: int) -> EngineOwner:
+    """Start an engine whose port another process holds; return once it has waited ``tries``
+    times (timers recorded, not waited for)."""
     rig.record_timers()
     rig.port_free = False
     owner = rig.start()
-    await rig.until(lambda: len(rig.scheduled(SpawnRetry)) >= 8, "eight tries")
+    await rig.until(lambda: len(rig.scheduled(SpawnRetry)) >= tries, f"{tries} tries")
+    return owner
+
+
+async def test_a_held_port_is_tried_again_after_a_doubling_pause_up_to_30_s_told_once(
+        rig: OwnerRig) -> None:
+    owner = await start_on_a_held_port(rig, tries=8)
     retries = rig.scheduled(SpawnRetry)[:8]
     assert [delay for delay, _ in retries] == [1, 2, 4, 8, 16, 30, 30, 30]
     assert {retry.reason for _, retry in retries} == {"activated"}  # the start's own reason
@@ -108,10 +109,7 @@ async def test_a_held_port_is_tried_again_after_a_doubling_pause_up_to_30_s_told
 
 async def test_a_port_held_again_at_a_restart_is_waited_for_from_the_first_pause(
         rig: OwnerRig) -> None:
-    rig.record_timers()
-    rig.port_free = False
-    owner = rig.start()
-    await rig.until(lambda: len(rig.scheduled(SpawnRetry)) >= 3, "three tries")
+    owner = await start_on_a_held_port(rig, tries=3)
     rig.port_free = True
     await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
     tries = len(rig.scheduled(SpawnRetry))
