@@ -248,6 +248,14 @@ def test_each_per_gpu_figures_shape_is_judged_whatever_the_other_holds(
     assert not parser_accepts(obj)
 
 
+def test_a_whole_float_figure_is_an_integer_to_both() -> None:
+    obj = copy.deepcopy(SAMPLES[0])  # found by the property test: 2.0 beside a missing figure
+    obj["spec"]["perGPU"] = {"maximumFootprint": 6.0 * 2**30, "kvFloor": 2.0}
+    assert schema_accepts(obj) and parser_accepts(obj)
+    obj["spec"]["perGPU"] = {"kvFloor": 2.0}
+    assert schema_accepts(obj) and parser_accepts(obj)  # accepted; InvalidPerGPU in status
+
+
 def test_the_guides_samples_pass_the_crd_schema_and_the_parser() -> None:
     for obj in SAMPLES:
         assert schema_accepts(obj) and parser_accepts(obj)

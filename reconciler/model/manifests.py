@@ -513,6 +513,8 @@ def per_gpu_from(raw: object) -> tuple[PerGPU | None, str | None]:
         value = raw.get(key)                     # judges each field whatever the others hold
         if value is None:
             continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON's 2.0 is the integer 2 to the API server and the schema
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ManifestError(INVALID_SPEC, f"spec.perGPU.{key} must be bytes or a quantity "
                                 f"such as 6Gi, got {value!r}")
