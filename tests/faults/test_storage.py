@@ -3,9 +3,12 @@ its engines, says what is wrong, and refuses only what it could not remember."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -31,13 +34,33 @@ def fill(disk: Path) -> Path:
     return filler
 
 
+def record_settled(state_dir: Path, phase: str) -> bool:
+    """The one engine record says ``phase`` and no write of it is in flight."""
+    names = [p.name for p in (state_dir / "engines").iterdir()]
+    if len(names) != 1 or not names[0].endswith(".json"):
+        return False
+    return json.loads((state_dir / "engines" / names[0]).read_text())["phase"] == phase
+
+
+@contextlib.contextmanager
+def sim_gpu_apart(state_dir: Path) -> Iterator[Path]:
+    """The simulated GPU's channel on a tmpfs of its own inside the state directory."""
+    state_dir.mkdir(mode=0o700)
+    with tmpfs(state_dir / "sim-gpu", "1m") as channel:
+        yield channel
+
+
 def test_a_full_state_directory_costs_no_control(agent_factory, tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "disk", "4m") as disk:
-        # KV segments live apart, as on a node (/dev/shm): a dead engine's segment freed on
-        # the full disk would let a record write through, and the test would race for it
+    with tmpfs(tmp_path / "disk", "4m") as disk, sim_gpu_apart(disk / "state"):
+        # KV segments live apart, as on a node (/dev/shm), and so does the simulated GPU's
+        # channel (NVML on a node): a dead engine's segment or report freed on the full disk
+        # would let its record write through, and the test would race for it
         agent: AgentProcess = agent_factory(state_dir=disk / "state", shm_dir=tmp_path / "shm")
         first = agent.activate_sim("m1")
         agent.wait_phase("m1", "active")
+        # the record says active a moment after the API does; filling the disk while that
+        # write is in flight would leave the old record's pages free when it lands
+        assert wait_until(lambda: record_settled(disk / "state", "active"), 10)
         filler = fill(disk)
         os.kill(first["pid"], signal.SIGKILL)  # its record cannot be written after this crash
         snap = agent.wait_for(lambda s: agent.model(s, "m1")["phase"] == "active"
@@ -67,6 +90,8 @@ def test_a_read_only_state_directory_refuses_a_stop_it_could_not_remember(
         agent: AgentProcess = agent_factory(state_dir=disk / "state")
         first = agent.activate_sim("m1")
         agent.wait_phase("m1", "active")
+        # a record write in flight holds a file open for writing: the remount would be refused
+        assert wait_until(lambda: record_settled(disk / "state", "active"), 10)
         records = disk / "state" / "engines"  # read-only from here on: a bind mount over it
         subprocess.run(["mount", "--bind", str(records), str(records)], check=True)
         subprocess.run(["mount", "-o", "remount,ro,bind", str(records)], check=True)
