@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
 
-from tests.guards import blocked_s, event_loop_guard, runqueue_wait_reader
+from tests.guards import blocked_s, event_loop_guard, overlap_s, runqueue_wait_reader
 
 
 @pytest.mark.allow_blocking
@@ -23,6 +24,28 @@ async def test_a_blocking_sleep_on_the_loop_fails_the_guard() -> None:
 async def test_work_moved_to_a_thread_passes_the_guard() -> None:
     async with event_loop_guard(0.05):
         await asyncio.to_thread(time.sleep, 0.2)
+
+
+@pytest.mark.allow_blocking
+async def test_a_garbage_collection_on_the_loop_passes_the_guard() -> None:
+    def slow_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            time.sleep(0.2)  # a full collection of a large heap, made long on purpose
+
+    async with event_loop_guard(0.05):
+        gc.callbacks.append(slow_collection)  # after the guard's own: inside its span
+        try:
+            await asyncio.sleep(0)
+            gc.collect()
+            await asyncio.sleep(0)
+        finally:
+            gc.callbacks.remove(slow_collection)
+
+
+def test_only_the_part_of_a_callback_spent_collecting_is_taken_off() -> None:
+    spans = [(9.0, 10.2), (10.4, 10.5), (12.0, 13.0)]
+    assert overlap_s(10.0, 11.0, spans) == pytest.approx(0.3)
+    assert overlap_s(11.0, 11.9, spans) == 0.0
 
 
 def test_time_spent_waiting_for_a_cpu_is_not_counted_as_blocked() -> None:
