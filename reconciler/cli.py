@@ -25,16 +25,17 @@ import logging
 import os
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from contract.endpoints import AGENT_PORT, base_url
 from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
+from reconciler.client import AgentUnreachable, JsonApi, Reply
 from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
@@ -227,43 +228,57 @@ def _reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return json.loads(resp.read())
+class _Refused(Exception):
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.message)
+        self.reply = reply
+
+
+async def _get(api: JsonApi, path: str) -> dict[str, Any]:
+    reply = await api.request("GET", path)
+    if not reply.ok:
+        raise _Refused(reply)
+    return dict(reply.body)
 
 
 def _claims(args: argparse.Namespace) -> int:
-    base = args.url.rstrip("/")
-    try:
-        if args.claims_command == "describe":
-            path = f"/v1/claims/{urllib.parse.quote(args.namespace)}/" \
-                   f"{urllib.parse.quote(args.name)}"
-            try:
-                print(describe(_get(base + path)))
-                return 0
-            except urllib.error.HTTPError as exc:
-                invalid = _problems(_get(base + "/v1/claims"), args.name, args.namespace)
-                if exc.code != 404 or not invalid:
-                    raise
-                print(f"{args.namespace}/{args.name} is not running: its manifest is invalid")
-                for line in invalid:
-                    print(f"  {line}")
-                return 1
-        listing = _get(base + "/v1/claims")
-        items = listing["items"]
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")
+    return asyncio.run(_claims_from(args))
+
+
+async def _claims_from(args: argparse.Namespace) -> int:
+    """``claims get`` and ``claims describe``, on the client the reconciler uses for agents."""
+    async with aiohttp.ClientSession() as session:
+        api = JsonApi(args.url, session)
         try:
-            message = json.loads(body).get("message", body)
-        except ValueError:
-            message = body
-        print(f"error ({exc.code}): {message}{_pointer(base, exc.code)}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"cannot reach the reconciler at {base}: {exc}; is it running (runtime-agent "
-              "serve --claims DIR, or reconcile)? Set --url or RECONCILER_URL", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    items = [i for i in items if (args.name is None or i["metadata"]["name"] == args.name)
+            return await _show_claims(api, args)
+        except _Refused as exc:
+            status = exc.reply.status
+            print(f"error ({status}): {exc.reply.message}{await _pointer(api, status)}",
+                  file=sys.stderr)
+            return 1
+        except AgentUnreachable as exc:
+            print(f"cannot reach the reconciler ({exc}); is it running (runtime-agent serve "
+                  "--claims DIR, or reconcile)? Set --url or RECONCILER_URL", file=sys.stderr)
+            return EXIT_UNREACHABLE
+
+
+async def _show_claims(api: JsonApi, args: argparse.Namespace) -> int:
+    if args.claims_command == "describe":
+        path = f"/v1/claims/{urllib.parse.quote(args.namespace)}/{urllib.parse.quote(args.name)}"
+        try:
+            print(describe(await _get(api, path)))
+            return 0
+        except _Refused as exc:
+            invalid = _problems(await _get(api, "/v1/claims"), args.name, args.namespace)
+            if exc.reply.status != 404 or not invalid:
+                raise
+            print(f"{args.namespace}/{args.name} is not running: its manifest is invalid")
+            for line in invalid:
+                print(f"  {line}")
+            return 1
+    listing = await _get(api, "/v1/claims")
+    items = [i for i in listing["items"]
+             if (args.name is None or i["metadata"]["name"] == args.name)
              and (args.namespace is None or i["metadata"]["namespace"] == args.namespace)]
     if args.output == "json":
         print(json.dumps(items, indent=2))
@@ -312,16 +327,16 @@ def spec_warnings(items: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _pointer(base: str, status: int) -> str:
+async def _pointer(api: JsonApi, status: int) -> str:
     """A 404 from a runtime agent's port: say where the reconciler is."""
     if status != 404:
         return ""
     try:
-        health = _get(base + "/healthz")
-    except (OSError, ValueError):
+        health = await api.request("GET", "/healthz")
+    except AgentUnreachable:
         return ""
-    if isinstance(health, dict) and "boot_id" in health:  # only the agent's /healthz has it
-        return (f" — {base} is a runtime agent (port {AGENT_PORT} by default), not the "
+    if "boot_id" in health.body:  # only the agent's /healthz has it
+        return (f" — {api.url} is a runtime agent (port {AGENT_PORT} by default), not the "
                 f"reconciler; claims are served by the reconciler: --url {DEFAULT_URL} (or "
                 "RECONCILER_URL)")
     return ""

@@ -1,10 +1,13 @@
-"""The agent client: the only code in the reconciler that talks to runtime agents.
+"""The agent client: the only code in the reconciler that talks to runtime agents, and the one
+HTTP client of every command line (``runtime-agent snapshot``, ``top``, ``claims get``...).
 
-``AgentApi`` is the interface the controllers use; ``HttpAgentClient`` is the real one (aiohttp,
-one shared session), and tests give a fake. A refusal is data, not an exception: every control
-call returns a ``Reply`` (HTTP status and JSON body, with the agent's ``reason`` such as
-``InsufficientGPUMemory``), so a controller can record it and decide. Only an agent that cannot
-be reached (connection refused, timeout, a body that is not JSON) raises ``AgentUnreachable``.
+``JsonApi`` speaks JSON over aiohttp to one base URL: one call, one ``Reply``. ``AgentApi`` is
+the interface the controllers use; ``HttpAgentClient`` is the real one (``JsonApi`` with the
+agent's routes, one shared session), and tests give a fake. A refusal is data, not an
+exception: every control call returns a ``Reply`` (HTTP status and JSON body, with the agent's
+``reason`` such as ``InsufficientGPUMemory``), so a controller can record it and decide. Only an
+agent that cannot be reached (connection refused, timeout) raises ``AgentUnreachable``; one
+that answers with a body that is not a JSON object raises its kind ``NotTheApi``.
 
 With a ``token`` (the agents' bearer token, read from a Secret-mounted file by the app), every
 call carries ``Authorization: Bearer <token>``.
@@ -14,8 +17,8 @@ This module knows the agent's wire format (README, "The API") and nothing of cla
 
 from __future__ import annotations
 
-import asyncio
 import json
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,6 +28,10 @@ import aiohttp
 
 class AgentUnreachable(Exception):
     """The agent did not answer (or answered something that is not its API)."""
+
+
+class NotTheApi(AgentUnreachable):
+    """Something answered, but not with a JSON object: another service at that address."""
 
 
 @dataclass(frozen=True)
@@ -112,23 +119,66 @@ class AgentApi(Protocol):
     async def download(self, artifact_url: str) -> Reply: ...
 
 
-class HttpAgentClient:
-    """``AgentApi`` over HTTP. ``session``: shared by every agent's client (one pool of
-    connections); ``timeout_s``: per call. Sleep and wake wait for the engine, so they get
-    ``lifecycle_timeout_s``."""
+class JsonApi:
+    """JSON over HTTP to one base ``url``. ``session``: shared by every client (one pool of
+    connections); ``timeout_s``: per call, unless a call names its own."""
 
     def __init__(self, url: str, session: aiohttp.ClientSession, *, timeout_s: float = 10.0,
-                 lifecycle_timeout_s: float = 330.0, token: str | None = None) -> None:
+                 token: str | None = None) -> None:
         self._url = url.rstrip("/")
         self._session = session
+        self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._lifecycle_timeout = aiohttp.ClientTimeout(total=lifecycle_timeout_s)
-        self._etag: tuple[str, dict[str, Any]] | None = None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     @property
     def url(self) -> str:
         return self._url
+
+    async def request(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
+                      timeout_s: float | None = None,
+                      headers: Mapping[str, str] | None = None) -> Reply:
+        """One call; any answer is a ``Reply``. Raises ``AgentUnreachable`` when nothing
+        answers in time and ``NotTheApi`` when the body is not a JSON object."""
+        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        return await self._call(method, path, None if body is None else dict(body), timeout,
+                                headers)
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None,
+                    timeout: aiohttp.ClientTimeout,
+                    headers: Mapping[str, str] | None = None) -> Reply:
+        sent = {**self._headers, **headers} if headers else self._headers
+        try:
+            async with self._session.request(method, self._url + path, json=body,
+                                             timeout=timeout, headers=sent) as resp:
+                raw = await resp.read()
+                status = resp.status
+                etag = resp.headers.get("ETag")
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            raise AgentUnreachable(f"{self._url}{path}: {str(err) or type(err).__name__}"
+                                   ) from None
+        if status == 304:
+            return Reply(304, {}, etag)
+        try:
+            payload = json.loads(raw) if raw else {}
+        except ValueError:
+            raise NotTheApi(f"{self._url}{path}: answered {status} with a body that is not "
+                            "JSON") from None
+        if not isinstance(payload, dict):
+            raise NotTheApi(f"{self._url}{path}: answered {status} with a body that is not a "
+                            "JSON object")
+        return Reply(status, payload, etag)
+
+
+class HttpAgentClient(JsonApi):
+    """``AgentApi`` over HTTP. Sleep, wake and stop wait for the engine, so they get
+    ``lifecycle_timeout_s``."""
+
+    def __init__(self, url: str, session: aiohttp.ClientSession, *, timeout_s: float = 10.0,
+                 lifecycle_timeout_s: float = 330.0, token: str | None = None) -> None:
+        super().__init__(url, session, timeout_s=timeout_s, token=token)
+        self._lifecycle_timeout = aiohttp.ClientTimeout(total=lifecycle_timeout_s)
+        self._etag: tuple[str, dict[str, Any]] | None = None
 
     async def snapshot(self) -> dict[str, Any]:
         """The snapshot; an agent that answers ``304 Not Modified`` to the last ETag gets the
@@ -153,46 +203,55 @@ class HttpAgentClient:
                                 {"model_name": model_name, "mode": "stop"},
                                 self._lifecycle_timeout)
 
-    async def sleep(self, model_name: str, level: int = 1) -> Reply:
+    async def sleep(self, model_name: str, level: int = 1,
+                    operation_id: str | None = None) -> Reply:
         return await self._call("POST", "/v1/runtime/models/sleep",
-                                {"model_name": model_name, "level": level},
+                                {"model_name": model_name, "level": level,
+                                 **_operation(operation_id)}, self._lifecycle_timeout)
+
+    async def wake(self, model_name: str, operation_id: str | None = None) -> Reply:
+        return await self._call("POST", "/v1/runtime/models/wake",
+                                {"model_name": model_name, **_operation(operation_id)},
                                 self._lifecycle_timeout)
 
-    async def wake(self, model_name: str) -> Reply:
-        return await self._call("POST", "/v1/runtime/models/wake", {"model_name": model_name},
-                                self._lifecycle_timeout)
-
-    async def kv_limit(self, model_name: str, limit_bytes: int) -> Reply:
+    async def kv_limit(self, model_name: str, limit_bytes: int,
+                       operation_id: str | None = None) -> Reply:
         return await self._call("POST", "/v1/runtime/models/kv-limit",
-                                {"model_name": model_name, "limit_bytes": limit_bytes},
-                                self._timeout)
+                                {"model_name": model_name, "limit_bytes": limit_bytes,
+                                 **_operation(operation_id)}, self._timeout)
 
-    async def download(self, artifact_url: str) -> Reply:
+    async def download(self, artifact_url: str, revision: str | None = None,
+                       credentials: Mapping[str, str] | None = None) -> Reply:
         """Stage ``artifact_url`` in the agent's weight cache (starts or joins; answers at once)."""
-        return await self._call("POST", "/v1/model/download", {"artifact_url": artifact_url},
+        body: dict[str, Any] = {"artifact_url": artifact_url}
+        if revision is not None:
+            body["revision"] = revision
+        if credentials:
+            body["credentials"] = dict(credentials)
+        return await self._call("POST", "/v1/model/download", body, self._timeout)
+
+    async def artifacts(self) -> Reply:
+        """``GET /v1/model/list``: the weight cache's entries, under ``data``."""
+        return await self._call("GET", "/v1/model/list", None, self._timeout)
+
+    async def delete_artifact(self, artifact_id: str) -> Reply:
+        return await self._call("DELETE", f"/v1/model/{urllib.parse.quote(artifact_id, safe='')}",
+                                None, self._timeout)
+
+    async def logs(self, model_name: str, tail: int = 100) -> Reply:
+        quoted = urllib.parse.quote(model_name, safe="")
+        return await self._call("GET", f"/v1/runtime/models/{quoted}/logs?tail={tail}", None,
                                 self._timeout)
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None,
-                    timeout: aiohttp.ClientTimeout,
-                    headers: Mapping[str, str] | None = None) -> Reply:
-        sent = {**self._headers, **headers} if headers else self._headers
-        try:
-            async with self._session.request(method, self._url + path, json=body,
-                                             timeout=timeout, headers=sent) as resp:
-                raw = await resp.read()
-                status = resp.status
-                etag = resp.headers.get("ETag")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-            raise AgentUnreachable(f"{self._url}{path}: {str(err) or type(err).__name__}"
-                                   ) from None
-        if status == 304:
-            return Reply(304, {}, etag)
-        try:
-            payload = json.loads(raw) if raw else {}
-        except ValueError:
-            raise AgentUnreachable(f"{self._url}{path}: answered {status} with a body that is "
-                                   "not JSON") from None
-        if not isinstance(payload, dict):
-            raise AgentUnreachable(f"{self._url}{path}: answered {status} with a body that is "
-                                   "not a JSON object")
-        return Reply(status, payload, etag)
+    async def events(self, since: int = 0, wait: int = 0, boot_id: str | None = None) -> Reply:
+        """Events after ``since``, held up to ``wait`` seconds for one; with ``boot_id`` (the
+        boot the cursor is from), an agent that restarted since answers ``reset: true``."""
+        query = {"since": str(since), "wait": str(wait), **({"boot_id": boot_id} if boot_id
+                                                            else {})}
+        timeout = aiohttp.ClientTimeout(total=wait + self._timeout_s)
+        return await self._call("GET", f"/v1/runtime/events?{urllib.parse.urlencode(query)}",
+                                None, timeout)
+
+
+def _operation(operation_id: str | None) -> dict[str, str]:
+    return {} if operation_id is None else {"operation_id": operation_id}

@@ -1,4 +1,6 @@
-"""A small synchronous client for the agent's HTTP API (the CLI uses it; so can scripts)."""
+"""A small synchronous client for the agent's HTTP API, for scripts and tests that drive an agent
+step by step (scripts/demo.py, the benches, the test harness). The command line and the
+reconciler share the asynchronous one, ``reconciler.client``."""
 
 from __future__ import annotations
 

@@ -8,10 +8,13 @@ exit codes, and `--help` that names every default and environment variable.
 from __future__ import annotations
 
 import argparse
+import functools
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +22,11 @@ import pytest
 import yaml
 
 from contract.endpoints import base_url
+from reconciler.client import Reply
 from runtime_agent.cli import parser
 from runtime_agent.console.commands import follow, join_arg_values
 from runtime_agent.console.output import quiet_on_closed_pipe
+from tests.artifact_peers import cache_agent
 from tests.harness import AgentProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,6 +133,25 @@ def test_an_agent_that_cannot_be_reached_is_one_line_and_exit_8() -> None:
     assert "cannot reach the agent" in out.stderr and "RUNTIME_AGENT_URL" in out.stderr
 
 
+def test_a_reconciler_that_cannot_be_reached_is_one_line_and_exit_8() -> None:
+    out = cli("claims", "get", "--url", f"127.0.0.1:{free_port()}")
+    assert out.returncode == 8 and len(out.stderr.strip().splitlines()) == 1
+    assert "cannot reach the reconciler" in out.stderr and "RECONCILER_URL" in out.stderr
+
+
+def test_another_service_at_the_address_is_named_as_such(tmp_path: Path) -> None:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # answers HTML
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = cli("snapshot", "--url", f"127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 8 and len(out.stderr.strip().splitlines()) == 1
+    assert "did not answer as a runtime agent" in out.stderr and "not JSON" in out.stderr
+
+
 class _Feed:
     """A client whose first answer is from another boot (the agent restarted)."""
 
@@ -138,15 +162,15 @@ class _Feed:
                        "cursor": 1, "boot_id": "b2", "reset": False}]
         self.asked: list[tuple[int, str | None]] = []
 
-    def events(self, since: int, wait: int = 0, boot_id: str | None = None) -> dict[str, Any]:
+    async def events(self, since: int, wait: int = 0, boot_id: str | None = None) -> Reply:
         self.asked.append((since, boot_id))
-        return self.pages.pop(0)
+        return Reply(200, self.pages.pop(0))
 
 
-def test_events_say_when_the_agent_restarted_and_go_on(capsys: pytest.CaptureFixture[str]
-                                                       ) -> None:
+async def test_events_say_when_the_agent_restarted_and_go_on(
+        capsys: pytest.CaptureFixture[str]) -> None:
     feed = _Feed()
-    assert follow(feed, False, False) == 0  # type: ignore[arg-type]
+    assert await follow(feed, False, False) == 0  # type: ignore[arg-type]
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("-- the agent restarted (boot b2)")
     assert out[1].endswith("m: booting -> active (Ready) ok")
@@ -251,3 +275,26 @@ def test_statuses_kept_in_the_manifests_by_an_older_reconciler_move_once(tmp_pat
     (claims / ".status" / "default_m.json").write_text('{"older": true}')
     assert move_legacy_statuses(claims, state) == []  # never over statuses already there
     assert (state / "default_m.json").read_text() == "{}"
+
+
+def test_download_draws_its_progress_and_artifacts_lists_and_deletes(
+        agent_factory, tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    (root / "m").mkdir(parents=True)
+    (root / "m" / "config.json").write_bytes(b"{}")
+    agent: AgentProcess = cache_agent(agent_factory, tmp_path / "cache",
+                                      extra=("--artifact-local-root", str(root)))
+    env = {"RUNTIME_AGENT_URL": agent.url}
+    out = cli("download", f"file://{root}/m", env=env)
+    assert out.returncode == 0, out.stderr
+    local = Path(out.stdout.strip())  # the ready copy's path, and its progress on stderr
+    assert (local / "config.json").read_bytes() == b"{}" and "ready" in out.stderr
+    (listed,) = json.loads(cli("artifacts", "-o", "json", env=env).stdout)
+    assert listed["local_path"] == str(local) and listed["state"] == "ready"
+    assert listed["artifact_id"] in cli("artifacts", env=env).stdout  # the table
+    out = cli("download", str(tmp_path / "outside"), env=env)
+    assert out.returncode == 1 and "the agent answered 403" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = cli("artifacts", "--delete", listed["artifact_id"], env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(cli("artifacts", "-o", "json", env=env).stdout) == []

@@ -6,14 +6,15 @@ Both talk to a running agent's API; neither touches the cache directory itself.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
 from typing import Any, TextIO
 
+from reconciler.client import HttpAgentClient
 from runtime_agent.artifacts.planning import human
-from runtime_agent.client import AgentClient
-from runtime_agent.console.commands import add_agent_options, guarded
+from runtime_agent.console.commands import add_agent_options, answer, guarded
 from runtime_agent.console.output import add_output_flag, columns, render
 
 BAR = 30
@@ -41,21 +42,22 @@ def add_commands(sub: Any) -> None:
 def _download(args: argparse.Namespace) -> int:
     creds = dict(item.partition("=")[::2] for item in args.credential)
 
-    def body(client: AgentClient) -> int:
-        entry = client.download(args.artifact, args.revision, creds)
+    async def body(client: HttpAgentClient) -> int:
+        entry = answer(await client.download(args.artifact, args.revision, creds))
         if args.no_wait:
             print(json.dumps(entry, indent=2))
             return 0
-        return follow(client, entry["artifact_id"], sys.stderr)
+        return await follow(client, entry["artifact_id"], sys.stderr)
 
     return guarded(args, body)
 
 
-def follow(client: AgentClient, artifact_id: str, out: TextIO) -> int:
+async def follow(client: HttpAgentClient, artifact_id: str, out: TextIO) -> int:
     """Draw the entry's progress until it is ready (0) or failed (1)."""
     tty = out.isatty()
     while True:
-        entry = next((e for e in client.artifacts() if e["artifact_id"] == artifact_id), None)
+        entries = answer(await client.artifacts())["data"]
+        entry = next((e for e in entries if e["artifact_id"] == artifact_id), None)
         if entry is None:
             print(f"\nentry {artifact_id} is gone (deleted?)", file=out)
             return 1
@@ -68,7 +70,7 @@ def follow(client: AgentClient, artifact_id: str, out: TextIO) -> int:
         if entry["state"] == "failed":
             print(("\n" if tty else "") + f"failed: {entry['error']}", file=out)
             return 1
-        time.sleep(POLL_S)
+        await asyncio.sleep(POLL_S)
 
 
 def progress_line(entry: dict[str, Any]) -> str:
@@ -87,11 +89,12 @@ def progress_line(entry: dict[str, Any]) -> str:
 
 
 def _artifacts(args: argparse.Namespace) -> int:
-    def body(client: AgentClient) -> int:
+    async def body(client: HttpAgentClient) -> int:
         if args.delete:
-            print(json.dumps(client.delete_artifact(args.delete), indent=2))
+            print(json.dumps(answer(await client.delete_artifact(args.delete)), indent=2))
             return 0
-        print(render(client.artifacts(), args.output, lambda entries, _: table(entries)))
+        entries = list(answer(await client.artifacts())["data"])
+        print(render(entries, args.output, lambda entries, _: table(entries)))
         return 0
 
     return guarded(args, body)

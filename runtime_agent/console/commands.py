@@ -11,17 +11,20 @@ cannot be reached (README, "Exit codes").
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
+
+import aiohttp
 
 from contract.endpoints import AGENT_PORT, RECONCILER_PORT, base_url
 from contract.quantity import QuantityError, parse_size
 from engines.flags import known_flags
-from runtime_agent.client import AgentClient, AgentError
+from reconciler.client import AgentUnreachable, HttpAgentClient, NotTheApi, Reply
 from runtime_agent.console.output import add_output_flag, render
 from runtime_agent.console.tables import snapshot_table
 from runtime_agent.preflight import StartupError, read_token_file
@@ -31,6 +34,23 @@ EXIT_UNREACHABLE = 8
 DEFAULT_AGENT_URL = f"http://127.0.0.1:{AGENT_PORT}"
 DEFAULT_RECONCILER_URL = f"http://127.0.0.1:{RECONCILER_PORT}"
 OPERATION_ID_HELP = "a retry with the same id returns the first result (default: a new id)"
+CALL_TIMEOUT_S = 30.0  # a call that does not wait for an engine
+ENGINE_TIMEOUT_S = 330.0  # activate, sleep, wake, stop: the agent answers when the engine has
+
+
+class Refused(Exception):
+    """The agent answered, and not with a success (a 4xx or 5xx)."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.message)
+        self.reply = reply
+
+
+def answer(reply: Reply) -> Mapping[str, Any]:
+    """The body of a successful reply; ``Refused`` otherwise."""
+    if not reply.ok:
+        raise Refused(reply)
+    return reply.body
 
 
 def url_type(text: str) -> str:
@@ -119,44 +139,50 @@ def add_commands(sub: Any) -> None:
                    help="text (default) or json: one JSON object per line")
 
 
-def agent_client(args: argparse.Namespace, timeout_s: float = 330.0) -> AgentClient:
-    token = read_token_file(args.token_file, os.environ.get("RUNTIME_AGENT_TOKEN"))
-    return AgentClient(args.url, timeout_s=timeout_s, token=token)
+Body = Callable[[HttpAgentClient], Awaitable[int]]
 
 
-def guarded(args: argparse.Namespace, body: Callable[[AgentClient], int]) -> int:
-    """Run ``body`` with a client; every failure becomes one line on stderr and an exit code."""
+def guarded(args: argparse.Namespace, body: Body) -> int:
+    """Run ``body`` with a client (the reconciler's: one aiohttp session for the command);
+    every failure becomes one line on stderr and an exit code."""
     try:
-        client = agent_client(args)
+        token = read_token_file(args.token_file, os.environ.get("RUNTIME_AGENT_TOKEN"))
     except StartupError as exc:
         print(f"runtime-agent: {exc}", file=sys.stderr)
         return exc.code
-    try:
-        return body(client)
-    except AgentError as exc:
-        hint = pointer(client) if exc.status == 404 and "no such endpoint" in str(exc) else ""
-        print(f"runtime-agent: the agent answered {exc.status}: {exc}{hint}", file=sys.stderr)
-        return EXIT_REFUSED
-    except BrokenPipeError:  # our reader went away (| head): not the agent's fault
-        raise
-    except ValueError as exc:  # a body that is not JSON: not the agent's API
-        print(f"runtime-agent: {args.url} did not answer as a runtime agent ({exc}); check "
-              "--url (or RUNTIME_AGENT_URL)", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except OSError as exc:
-        reason = getattr(exc, "reason", None) or exc
-        print(f"runtime-agent: cannot reach the agent at {args.url}: {reason}; is it running "
-              "(runtime-agent serve)? Set --url or RUNTIME_AGENT_URL", file=sys.stderr)
-        return EXIT_UNREACHABLE
+    return asyncio.run(_guarded(args.url, token, body))
 
 
-def pointer(client: AgentClient) -> str:
+async def _guarded(url: str, token: str | None, body: Body) -> int:
+    async with aiohttp.ClientSession() as session:
+        client = HttpAgentClient(url, session, timeout_s=CALL_TIMEOUT_S,
+                                 lifecycle_timeout_s=ENGINE_TIMEOUT_S, token=token)
+        try:
+            return await body(client)
+        except Refused as exc:
+            status, message = exc.reply.status, exc.reply.message
+            hint = (await pointer(client) if status == 404 and "no such endpoint" in message
+                    else "")
+            print(f"runtime-agent: the agent answered {status}: {message}{hint}",
+                  file=sys.stderr)
+            return EXIT_REFUSED
+        except NotTheApi as exc:
+            print(f"runtime-agent: {url} did not answer as a runtime agent ({exc}); check "
+                  "--url (or RUNTIME_AGENT_URL)", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        except AgentUnreachable as exc:
+            print(f"runtime-agent: cannot reach the agent ({exc}); is it running "
+                  "(runtime-agent serve)? Set --url or RUNTIME_AGENT_URL", file=sys.stderr)
+            return EXIT_UNREACHABLE
+
+
+async def pointer(client: HttpAgentClient) -> str:
     """When an agent command reached a reconciler: say where the agent is."""
     try:
-        answer = client.get("/v1/claims")
-    except (AgentError, OSError, ValueError):
+        reply = await client.request("GET", "/v1/claims")
+    except AgentUnreachable:
         return ""
-    if "items" in answer:
+    if reply.ok and "items" in reply.body:
         return (f" — {client.url} is a ModelClaim reconciler, not a runtime agent; point --url "
                 f"(or RUNTIME_AGENT_URL) at the agent (default {DEFAULT_AGENT_URL})")
     return ""
@@ -166,28 +192,34 @@ def run_command(args: argparse.Namespace) -> int:
     return guarded(args, lambda client: _dispatch(client, args))
 
 
-def _dispatch(client: AgentClient, args: argparse.Namespace) -> int:
+async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
     if args.command == "snapshot":
-        print(render(client.snapshot(), args.output, snapshot_table))
+        print(render(dict(answer(await client.request("GET", "/v1/runtime/snapshot"))),
+                     args.output, snapshot_table))
         return 0
     if args.command == "events":
-        return follow(client, args.follow, args.output == "json")
+        return await follow(client, args.follow, args.output == "json")
     if args.command == "logs":
-        for line in client.logs(args.model, args.tail)["lines"]:
+        for line in answer(await client.logs(args.model, args.tail))["lines"]:
             print(line)
         return 0
     if args.command == "activate":
-        extra = {} if args.kv_limit is None else {"kv_limit_bytes": args.kv_limit}
-        result = client.activate(args.model, args.artifact, args.engine, args.engine_port,
-                                 engine_flags(args.arg), **extra)
+        body: dict[str, Any] = {"model_name": args.model, "artifact_url": args.artifact,
+                                "engine": args.engine, "port": args.engine_port,
+                                "engine_config": {"args": engine_flags(args.arg)}}
+        if args.kv_limit is not None:
+            body["kv_limit_bytes"] = args.kv_limit
+        reply = await client.request("POST", "/v1/runtime/models/activate", body,
+                                     timeout_s=ENGINE_TIMEOUT_S)
     elif args.command == "deactivate":
-        result = client.deactivate(args.model)
+        reply = await client.deactivate(args.model)
     elif args.command == "kv-limit":
-        result = client.kv_limit(args.model, args.size, args.operation_id)
+        reply = await client.kv_limit(args.model, args.size, args.operation_id)
     elif args.command == "sleep":
-        result = client.sleep(args.model, args.level, args.operation_id)
+        reply = await client.sleep(args.model, args.level, args.operation_id)
     else:
-        result = client.wake(args.model, args.operation_id)
+        reply = await client.wake(args.model, args.operation_id)
+    result = answer(reply)
     print(json.dumps(result, indent=2))
     return 0 if result.get("status") == "success" else EXIT_REFUSED
 
@@ -239,12 +271,12 @@ def _engine_in(words: list[str]) -> str:
     return "vllm"
 
 
-def follow(client: AgentClient, keep_going: bool, as_json: bool) -> int:
+async def follow(client: HttpAgentClient, keep_going: bool, as_json: bool) -> int:
     """Print events from the first; with ``keep_going``, wait for more. A restart of the agent
     (another ``boot_id``) is said in one line, and following goes on from the new boot."""
     cursor, boot = 0, None
     while True:
-        page = client.events(cursor, wait=30 if keep_going else 0, boot_id=boot)
+        page = answer(await client.events(cursor, wait=30 if keep_going else 0, boot_id=boot))
         if page.get("reset"):
             print(f"-- the agent restarted (boot {page['boot_id']}): its event numbers start "
                   "again; `runtime-agent snapshot` shows where every engine stands now",

@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -228,10 +228,11 @@ class NodeView(App[int]):
 
     async def _call(self, action: str, name: str) -> None:
         assert self._client is not None
-        calls = {"sleep": self._client.sleep, "wake": self._client.wake,
-                 "stop": self._client.deactivate}
+        calls: dict[str, Callable[[str], Awaitable[Reply]]] = {
+            "sleep": self._client.sleep, "wake": self._client.wake,
+            "stop": self._client.deactivate}
         try:
-            reply: Reply = await calls[action](name)
+            reply = await calls[action](name)
         except AgentUnreachable as exc:
             self._say(f"{action} {name}: cannot reach the agent ({exc})")
             return
