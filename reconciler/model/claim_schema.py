@@ -26,6 +26,7 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     Strict,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -66,8 +67,10 @@ Quantity = Annotated[int | str, _IntOrString(
 ArgValue = Annotated[int | str, _IntOrString(
     None, 'must be a string ("" for a flag without a value) or an integer')]
 Engine = Literal["vllm", "sglang", "ollama"]  # contract.engines.CLAIM_ENGINES (a test checks)
+Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 WholeInt = Annotated[int, BeforeValidator(_whole), Strict()]
 Str = Annotated[str, Strict()]
+Labels = dict[Str, Str]
 
 
 class _Shape(BaseModel):
@@ -86,7 +89,7 @@ class _Shape(BaseModel):
 
 class SelectorRequirement(_Shape):
     key: Str = Field(min_length=1)
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    operator: Operator
     values: list[Str] | None = None
 
     @model_validator(mode="after")
@@ -98,7 +101,7 @@ class SelectorRequirement(_Shape):
 
 
 class PodSelector(_Shape):
-    matchLabels: dict[Str, Str] | None = None
+    matchLabels: Labels | None = None
     matchExpressions: list[SelectorRequirement] | None = None
 
 
@@ -123,19 +126,20 @@ class ClaimSpec(_Shape):
 
 
 class ObjectMeta(_Shape):
-    """The metadata a manifest must carry; the rest (labels, annotations...) is read where it
-    is used, and Kubernetes' ObjectMeta is the API server's, not the CRD's."""
+    """The metadata we read (Kubernetes' ObjectMeta is the API server's, not the CRD's; the
+    rest, such as annotations, is read where it is used)."""
 
     model_config = ConfigDict(extra="allow")
 
     name: Str = Field(min_length=1)
     namespace: Str = Field("default", pattern=DNS_LABEL_PATTERN)
+    labels: Labels = {}
 
 
 class AgentSpec(_Shape):
     name: Str = Field(min_length=1)
     url: Str = Field(pattern=r"^https?://[^/\s:]+(:\d{1,5})?/?$")
-    labels: dict[Str, Str] | None = None
+    labels: Labels = {}
 
 
 class PoolSpec(_Shape):
@@ -186,6 +190,4 @@ def describe(exc: ValidationError, prefix: str) -> str:
     return "; ".join(said)
 
 
-def error_fields(exc: ValidationError) -> set[str]:
-    """The top-level fields ``exc`` complains about."""
-    return {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+LABELS: TypeAdapter[Labels | None] = TypeAdapter(Labels | None)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -67,9 +67,9 @@ from reconciler.model.claim_schema import (
     PerGPUSpec,
     PoolSpec,
     describe,
-    error_fields,
+    LABELS,
 )
-from reconciler.model.selector import LabelSelector, SelectorError, selector_from, string_map
+from reconciler.model.selector import LabelSelector, selector_from
 
 API_VERSION = "model.aibrix.ai/v1alpha1"
 CLAIM_KIND = "ModelClaim"
@@ -397,19 +397,14 @@ class _Builder:
 
 
 def _with_source(claim: ModelClaim, where: str) -> ModelClaim:
-    if not claim.problems:
-        return claim
-    problems = tuple(Problem(p.kind, p.name, p.reason, p.message, p.namespace, where)
-                     for p in claim.problems)
-    return ModelClaim(claim.name, claim.namespace, claim.model_name, claim.pod_selector,
-                      claim.artifact_url, claim.engine, claim.replicas, claim.per_gpu,
-                      claim.engine_args, problems)
+    problems = tuple(replace(p, source=where) for p in claim.problems)
+    return replace(claim, problems=problems) if problems else claim
 
 
 # ---- claims ---------------------------------------------------------------------------------
 
 
-def _metadata(obj: Mapping[str, Any], max_name: int | None) -> tuple[str, str]:
+def _metadata(obj: Mapping[str, Any], max_name: int | None) -> ObjectMeta:
     try:
         meta = ObjectMeta.model_validate(obj.get("metadata"))
     except ValidationError as exc:
@@ -422,7 +417,7 @@ def _metadata(obj: Mapping[str, Any], max_name: int | None) -> tuple[str, str]:
     if not _DNS_LABEL.match(name):
         raise ManifestError(INVALID_NAME, f"{name!r} is not a valid name: use lower-case letters, "
                             "digits, '-' and '.', starting and ending with a letter or digit")
-    return name, meta.namespace
+    return meta
 
 
 def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
@@ -432,12 +427,13 @@ def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
     if obj.get("apiVersion") != API_VERSION:
         raise ManifestError(INVALID_MANIFEST, f"apiVersion must be {API_VERSION}, "
                             f"got {obj.get('apiVersion')!r}")
-    name, namespace = _metadata(obj, MAX_CLAIM_NAME)
+    meta = _metadata(obj, MAX_CLAIM_NAME)
+    name, namespace = meta.name, meta.namespace
     raw = obj.get("spec")
     try:
         spec = ClaimSpec.model_validate(raw)
     except ValidationError as exc:
-        if error_fields(exc) == {"replicas"}:
+        if {err["loc"][:1] for err in exc.errors()} == {("replicas",)}:
             raise ManifestError(INVALID_REPLICAS, "spec.replicas must be 1 (one engine per "
                                 f"claim), got {cast(Mapping[str, Any], raw)['replicas']!r}"
                                 ) from None
@@ -508,46 +504,43 @@ def _policy(spec_policy: object, annotations: object) -> tuple[PoolPolicy, str |
 
 def _labels(raw: object, what: str) -> dict[str, str]:
     try:
-        return string_map(raw, what)
-    except SelectorError as exc:
-        raise ManifestError(INVALID_SPEC, str(exc)) from None
+        return LABELS.validate_python(raw) or {}
+    except ValidationError as exc:
+        raise ManifestError(INVALID_SPEC, describe(exc, what)) from None
 
 
 def pool_from_object(obj: Mapping[str, Any]) -> WarmPool:
     """A pool from our ``kind: WarmPool`` manifest; raises ``ManifestError`` when malformed."""
-    name, namespace = _metadata(obj, None)
-    meta = obj["metadata"]
-    labels = _labels(meta.get("labels"), "metadata.labels")
+    meta = _metadata(obj, None)
     try:
         spec = PoolSpec.model_validate(obj.get("spec"))
     except ValidationError as exc:
         raise ManifestError(INVALID_SPEC, describe(exc, "spec")) from None
-    agents = [AgentRef(a.name, a.url.rstrip("/"), {**labels, **(a.labels or {})})
+    agents = [AgentRef(a.name, a.url.rstrip("/"), {**meta.labels, **a.labels})
               for a in spec.agents or ()]
     names = [a.name for a in agents]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ManifestError(INVALID_SPEC, f"agent {dup!r} appears more than once in spec.agents")
-    policy, problem = _policy(spec.policy, meta.get("annotations"))
-    return WarmPool(name, namespace, tuple(agents), policy, labels, problem)
+    policy, problem = _policy(spec.policy, obj["metadata"].get("annotations"))
+    return WarmPool(meta.name, meta.namespace, tuple(agents), policy, meta.labels, problem)
 
 
 def pool_from_deployment(obj: Mapping[str, Any], agents: Sequence[AgentRef]) -> WarmPool:
     """A pool from the guide's warm-pool Deployment: its Pods' labels (the template's), its
     policy annotation and its GPUs per Pod; ``agents`` are its Pods' runtime agents."""
-    name, namespace = _metadata(obj, None)
-    meta = obj["metadata"]
-    own_labels = _labels(meta.get("labels"), "metadata.labels")
+    meta = _metadata(obj, None)
     spec = obj.get("spec")
     template = spec.get("template") if isinstance(spec, Mapping) else None
     tmeta = template.get("metadata") if isinstance(template, Mapping) else None
-    pod_labels = own_labels
+    pod_labels = meta.labels
     if isinstance(tmeta, Mapping) and tmeta.get("labels") is not None:
         pod_labels = _labels(tmeta.get("labels"), "spec.template.metadata.labels")
     gpus = _gpus_per_pod(template)
     refs = tuple(AgentRef(a.name, a.url.rstrip("/"), {**pod_labels, **a.labels}) for a in agents)
-    policy, problem = _policy(None, meta.get("annotations"))
-    return WarmPool(name, namespace, refs, policy, pod_labels, problem, gpus, "Deployment")
+    policy, problem = _policy(None, obj["metadata"].get("annotations"))
+    return WarmPool(meta.name, meta.namespace, refs, policy, pod_labels, problem, gpus,
+                    "Deployment")
 
 
 def _gpus_per_pod(template: object) -> int | None:

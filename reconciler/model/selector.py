@@ -8,13 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
 
 from pydantic import ValidationError
 
-from reconciler.model.claim_schema import PodSelector, describe
-
-Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+from reconciler.model.claim_schema import Operator, PodSelector, describe
 
 
 class SelectorError(ValueError):
@@ -62,24 +59,6 @@ class LabelSelector:
         terms = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
         terms += [r.describe() for r in self.match_expressions]
         return ",".join(terms) or "(everything)"
-
-
-def string_map(raw: object, what: str) -> dict[str, str]:
-    """A mapping of strings to strings (labels); raises ``SelectorError`` naming ``what``."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise SelectorError(f"{what} must be a mapping of strings, got {type(raw).__name__}")
-    out: dict[str, str] = {}
-    for key, value in raw.items():
-        if not isinstance(key, str) or not key:
-            raise SelectorError(f"{what}: key {key!r} must be a non-empty string")
-        if not isinstance(value, str):
-            shown = str(value).lower() if isinstance(value, bool) else str(value)
-            raise SelectorError(f"{what}[{key}] must be a string, got {value!r}; quote it, "
-                                f"as in {key}: \"{shown}\"")
-        out[key] = value
-    return out
 
 
 def parse_selector(raw: object, what: str = "podSelector") -> LabelSelector:
