@@ -1,5 +1,6 @@
 """The structural shape of a ModelClaim (its spec, its label selector, the metadata we read) as
-pydantic models, so a manifest is refused exactly where the CRD's openAPIV3Schema refuses it.
+pydantic models, so a manifest is refused exactly where the CRD's openAPIV3Schema refuses it;
+and of our own WarmPool's spec, which has no CRD (``PoolSpec`` is its schema).
 
 ``deploy/reconciler/crd-modelclaims.yaml`` is the one source: tests/test_claim_schema.py derives
 the JSON schema of ``ClaimSpec`` and compares it with the CRD's, level by level (names, required
@@ -32,10 +33,11 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
-# The CRD's patterns, as written there.
+from contract.names import MAX_MODEL_NAME, MODEL_NAME_PATTERN
+
+# The CRD's patterns, as written there (the model name's is the contract's).
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
-MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
@@ -115,7 +117,7 @@ class EngineConfig(_Shape):
 
 
 class ClaimSpec(_Shape):
-    modelName: Str | None = Field(None, min_length=1, max_length=128,
+    modelName: Str | None = Field(None, min_length=1, max_length=MAX_MODEL_NAME,
                                   pattern=MODEL_NAME_PATTERN)
     podSelector: PodSelector
     artifactURL: Str = Field(min_length=1, pattern=r"^\S+$")

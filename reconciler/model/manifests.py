@@ -433,10 +433,14 @@ def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
     try:
         spec = ClaimSpec.model_validate(raw)
     except ValidationError as exc:
-        if {err["loc"][:1] for err in exc.errors()} == {("replicas",)}:
+        fields = {err["loc"][:1] for err in exc.errors()}
+        if fields == {("replicas",)}:
             raise ManifestError(INVALID_REPLICAS, "spec.replicas must be 1 (one engine per "
                                 f"claim), got {cast(Mapping[str, Any], raw)['replicas']!r}"
                                 ) from None
+        if fields == {("modelName",)}:  # the contract's wording, as the agent says it
+            raise ManifestError(INVALID_SPEC, model_name_problem(
+                cast(Mapping[str, Any], raw)["modelName"]) or describe(exc, "spec")) from None
         raise ManifestError(INVALID_SPEC, describe(exc, "spec")) from None
     model_name = name if spec.modelName is None else spec.modelName
     problem = model_name_problem(model_name)
