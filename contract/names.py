@@ -17,7 +17,9 @@ MAX_IPC_NAME_SENT = 255
 IPC_PREFIX = "kvc_"  # the AIBrix sidecar's default segment name is kvc_<model>
 
 # Model names as clients send them: "qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3:32b", "llama@v2".
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+# The ModelClaim CRD writes the same pattern and bound (tests/test_claim_schema.py compares).
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
+_MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
 _IPC_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 

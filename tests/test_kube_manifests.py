@@ -256,6 +256,18 @@ def test_a_whole_float_figure_is_an_integer_to_both() -> None:
     assert schema_accepts(obj) and parser_accepts(obj)  # accepted; InvalidPerGPU in status
 
 
+@pytest.mark.parametrize("spec", [
+    {"engineConfig": {"args": {"--max-model-len": 2048.0}}},  # whole floats are integers
+    {"replicas": 1.0},
+    {"engine": None},                                           # a null is the field left out
+    {"perGPU": {"maximumFootprint": "6Gi", "kvFloor": "1Gi"}, "modelName": None},
+])
+def test_whole_floats_and_nulls_read_as_the_api_server_reads_them(spec: dict[str, Any]) -> None:
+    obj = copy.deepcopy(SAMPLES[0])
+    obj["spec"].update(spec)
+    assert schema_accepts(obj) and parser_accepts(obj)
+
+
 def test_the_guides_samples_pass_the_crd_schema_and_the_parser() -> None:
     for obj in SAMPLES:
         assert schema_accepts(obj) and parser_accepts(obj)

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import yaml  # type: ignore[import-untyped]
+from pydantic import ValidationError
 
-from contract.engines import CLAIM_ENGINES, gpus_needed
+from contract.engines import gpus_needed
 from contract.engines import engine_args_problem as contract_args_problem
 from contract.names import model_name_problem as contract_model_name_problem
 from contract.quantity import QuantityError, parse_quantity
@@ -58,12 +59,17 @@ from reconciler.model.policy import (
     PoolPolicy,
     parse_pool_policy,
 )
-from reconciler.model.selector import (
-    LabelSelector,
-    SelectorError,
-    parse_selector,
-    string_map,
+from reconciler.model.claim_schema import (
+    DNS_LABEL_PATTERN,
+    ClaimSpec,
+    Engine,
+    ObjectMeta,
+    PerGPUSpec,
+    PoolSpec,
+    describe,
+    LABELS,
 )
+from reconciler.model.selector import LabelSelector, selector_from
 
 API_VERSION = "model.aibrix.ai/v1alpha1"
 CLAIM_KIND = "ModelClaim"
@@ -73,8 +79,6 @@ ENABLED_LABEL = "claim.model.aibrix.ai/enabled"
 GPU_RESOURCE = "nvidia.com/gpu"
 MAX_CLAIM_NAME = 63
 
-Engine = Literal["vllm", "sglang", "ollama"]
-ENGINES: tuple[Engine, ...] = cast(tuple[Engine, ...], CLAIM_ENGINES)
 
 # Reasons. The first two are the guide's; the rest name what is wrong with a manifest.
 INVALID_YAML = "InvalidYAML"
@@ -85,12 +89,7 @@ INVALID_REPLICAS = "InvalidReplicas"
 DUPLICATE = "Duplicate"
 NO_AGENTS = "NoAgents"
 
-_CLAIM_SPEC_FIELDS = frozenset(
-    {"modelName", "podSelector", "artifactURL", "engine", "replicas", "perGPU", "engineConfig"})
-_POOL_SPEC_FIELDS = frozenset({"agents", "policy"})
-_AGENT_FIELDS = frozenset({"name", "url", "labels"})
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_URL = re.compile(r"^https?://[^/\s:]+(:\d{1,5})?/?$")
+_DNS_LABEL = re.compile(DNS_LABEL_PATTERN)
 _SEPARATOR = re.compile(r"^(---|\.\.\.)(\s.*)?$")
 
 
@@ -398,29 +397,19 @@ class _Builder:
 
 
 def _with_source(claim: ModelClaim, where: str) -> ModelClaim:
-    if not claim.problems:
-        return claim
-    problems = tuple(Problem(p.kind, p.name, p.reason, p.message, p.namespace, where)
-                     for p in claim.problems)
-    return ModelClaim(claim.name, claim.namespace, claim.model_name, claim.pod_selector,
-                      claim.artifact_url, claim.engine, claim.replicas, claim.per_gpu,
-                      claim.engine_args, problems)
+    problems = tuple(replace(p, source=where) for p in claim.problems)
+    return replace(claim, problems=problems) if problems else claim
 
 
 # ---- claims ---------------------------------------------------------------------------------
 
 
-def _metadata(obj: Mapping[str, Any], max_name: int | None) -> tuple[str, str]:
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        raise ManifestError(INVALID_MANIFEST, "metadata with a name is required")
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
-        raise ManifestError(INVALID_MANIFEST, "metadata.name is required")
-    namespace = meta.get("namespace", "default")
-    if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
-        raise ManifestError(INVALID_MANIFEST, f"metadata.namespace {namespace!r} is not a valid "
-                            "namespace name")
+def _metadata(obj: Mapping[str, Any], max_name: int | None) -> ObjectMeta:
+    try:
+        meta = ObjectMeta.model_validate(obj.get("metadata"))
+    except ValidationError as exc:
+        raise ManifestError(INVALID_MANIFEST, describe(exc, "metadata")) from None
+    name = meta.name
     if max_name is not None and len(name) > max_name:
         raise ManifestError(INVALID_NAME, f"the name is {len(name)} characters long; a claim's "
                             f"name can be at most {max_name}, because it is part of "
@@ -428,66 +417,48 @@ def _metadata(obj: Mapping[str, Any], max_name: int | None) -> tuple[str, str]:
     if not _DNS_LABEL.match(name):
         raise ManifestError(INVALID_NAME, f"{name!r} is not a valid name: use lower-case letters, "
                             "digits, '-' and '.', starting and ending with a letter or digit")
-    return name, namespace
-
-
-def _spec(obj: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]:
-    spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
-        raise ManifestError(INVALID_SPEC, "spec is required and must be a mapping")
-    unknown = sorted(str(k) for k in spec if k not in known)
-    if unknown:
-        plural = "s" if len(unknown) > 1 else ""
-        raise ManifestError(INVALID_SPEC, f"unknown field{plural} in spec: {', '.join(unknown)} "
-                            f"(known: {', '.join(sorted(known))})")
-    return spec
+    return meta
 
 
 def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
-    """A ModelClaim from its decoded manifest; raises ``ManifestError`` for structural problems and
-    records InvalidPerGPU / InvalidEngineConfig in ``problems``."""
+    """A ModelClaim from its decoded manifest; raises ``ManifestError`` for structural problems
+    (the CRD's schema, ``ClaimSpec``) and records InvalidPerGPU / InvalidEngineConfig (the
+    contract's rules, which the schema cannot say) in ``problems``."""
     if obj.get("apiVersion") != API_VERSION:
         raise ManifestError(INVALID_MANIFEST, f"apiVersion must be {API_VERSION}, "
                             f"got {obj.get('apiVersion')!r}")
-    name, namespace = _metadata(obj, MAX_CLAIM_NAME)
-    spec = _spec(obj, _CLAIM_SPEC_FIELDS)
-    if "podSelector" not in spec:
-        raise ManifestError(INVALID_SPEC, "spec.podSelector is required: select the pool, usually "
-                            f"by matchLabels {{{POOL_LABEL}: <pool>}}")
+    meta = _metadata(obj, MAX_CLAIM_NAME)
+    name, namespace = meta.name, meta.namespace
+    raw = obj.get("spec")
     try:
-        selector = parse_selector(spec["podSelector"], "spec.podSelector")
-    except SelectorError as exc:
-        raise ManifestError(INVALID_SPEC, str(exc)) from None
-    artifact = spec.get("artifactURL")
-    if not isinstance(artifact, str) or not artifact.strip():
-        raise ManifestError(INVALID_SPEC, "spec.artifactURL is required, such as "
-                            "huggingface://Qwen/Qwen3-0.6B")
-    if artifact != artifact.strip() or any(c.isspace() for c in artifact):
-        raise ManifestError(INVALID_SPEC, f"spec.artifactURL {artifact!r} must not contain spaces")
-    model_name = spec.get("modelName", name)
+        spec = ClaimSpec.model_validate(raw)
+    except ValidationError as exc:
+        fields = {err["loc"][:1] for err in exc.errors()}
+        if fields == {("replicas",)}:
+            raise ManifestError(INVALID_REPLICAS, "spec.replicas must be 1 (one engine per "
+                                f"claim), got {cast(Mapping[str, Any], raw)['replicas']!r}"
+                                ) from None
+        if fields == {("modelName",)}:  # the contract's wording, as the agent says it
+            raise ManifestError(INVALID_SPEC, model_name_problem(
+                cast(Mapping[str, Any], raw)["modelName"]) or describe(exc, "spec")) from None
+        raise ManifestError(INVALID_SPEC, describe(exc, "spec")) from None
+    model_name = name if spec.modelName is None else spec.modelName
     problem = model_name_problem(model_name)
     if problem is not None:
         raise ManifestError(INVALID_SPEC, problem)
-    engine = spec.get("engine", "vllm")
-    if engine not in ENGINES:
-        raise ManifestError(INVALID_SPEC, f"spec.engine must be one of {', '.join(ENGINES)}, "
-                            f"got {engine!r}")
-    replicas = spec.get("replicas", 1)
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas != 1:
-        raise ManifestError(INVALID_REPLICAS, f"spec.replicas must be 1 (one engine per claim), "
-                            f"got {replicas!r}")
+    per_gpu, per_gpu_problem = per_gpu_from(spec.perGPU)
+    args = {flag: str(value) for flag, value in
+            ((spec.engineConfig.args if spec.engineConfig else None) or {}).items()}
     problems: list[Problem] = []
-    args, args_problem = _engine_args(spec.get("engineConfig"))
-    if args_problem is None:
-        args_problem = engine_args_problem(cast(Engine, engine), args)
+    args_problem = engine_args_problem(spec.engine, args)
     if args_problem is not None:
         problems.append(Problem(CLAIM_KIND, name, INVALID_ENGINE_CONFIG, args_problem,
                                 namespace))
-    per_gpu, per_gpu_problem = per_gpu_from(spec.get("perGPU"))
     if per_gpu_problem is not None:
         problems.append(Problem(CLAIM_KIND, name, INVALID_PER_GPU, per_gpu_problem, namespace))
-    return ModelClaim(name, namespace, model_name, selector, artifact, cast(Engine, engine),
-                      replicas, per_gpu, args, tuple(problems))
+    return ModelClaim(name, namespace, model_name, selector_from(spec.podSelector),
+                      spec.artifactURL, spec.engine, spec.replicas, per_gpu, args,
+                      tuple(problems))
 
 
 def model_name_problem(name: object) -> str | None:
@@ -495,68 +466,27 @@ def model_name_problem(name: object) -> str | None:
     return contract_model_name_problem(name, "spec.modelName")
 
 
-def per_gpu_from(raw: object) -> tuple[PerGPU | None, str | None]:
+def per_gpu_from(spec: PerGPUSpec | None) -> tuple[PerGPU | None, str | None]:
     """(PerGPU, None), or (None, why) for InvalidPerGPU: a missing perGPU or figure, or one
-    that is not positive. A perGPU of the wrong shape (not a mapping, unknown fields, a figure
-    that is not a quantity) is refused as the CRD's schema refuses it (``ManifestError``)."""
-    if raw is None:
+    that is not positive. Its shape is the schema's (``PerGPUSpec``); a figure the pattern
+    takes and ``parse_quantity`` cannot (``1e1.5``) is refused as malformed too."""
+    if spec is None:
         return None, ("spec.perGPU is missing: declare maximumFootprint and kvFloor, "
                       "the GPU memory one instance needs")
-    if not isinstance(raw, Mapping):
-        raise ManifestError(INVALID_SPEC, "spec.perGPU must be a mapping with maximumFootprint "
-                            "and kvFloor")
-    unknown = sorted(str(k) for k in raw if k not in ("maximumFootprint", "kvFloor"))
-    if unknown:
-        raise ManifestError(INVALID_SPEC, f"spec.perGPU has unknown fields: {', '.join(unknown)}")
     figures: dict[str, int] = {}
-    for key in ("maximumFootprint", "kvFloor"):  # every figure's shape first, as the schema
-        value = raw.get(key)                     # judges each field whatever the others hold
-        if value is None:
-            continue
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)  # JSON's 2.0 is the integer 2 to the API server and the schema
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ManifestError(INVALID_SPEC, f"spec.perGPU.{key} must be bytes or a quantity "
-                                f"such as 6Gi, got {value!r}")
+    for key in ("maximumFootprint", "kvFloor"):
+        value = getattr(spec, key)
         try:
-            figures[key] = parse_quantity(value)
+            if value is not None:
+                figures[key] = parse_quantity(value)
         except QuantityError as exc:
             raise ManifestError(INVALID_SPEC, f"spec.perGPU.{key}: {exc}") from None
     for key in ("maximumFootprint", "kvFloor"):
         if key not in figures:
             return None, f"spec.perGPU.{key} is missing"
         if figures[key] <= 0:
-            return None, f"spec.perGPU.{key} must be positive, got {raw[key]!r}"
+            return None, f"spec.perGPU.{key} must be positive, got {getattr(spec, key)!r}"
     return PerGPU(figures["maximumFootprint"], figures["kvFloor"]), None
-
-
-def _engine_args(raw: object) -> tuple[dict[str, str], str | None]:
-    """The args map; its shape is the schema's (``ManifestError``), its flags the contract's
-    (InvalidEngineConfig, in ``engine_args_problem``)."""
-    if raw is None:
-        return {}, None
-    if not isinstance(raw, Mapping):
-        raise ManifestError(INVALID_SPEC, "spec.engineConfig must be a mapping with args")
-    unknown = sorted(str(k) for k in raw if k != "args")
-    if unknown:
-        raise ManifestError(INVALID_SPEC, "spec.engineConfig has unknown fields: "
-                            f"{', '.join(unknown)}")
-    args_raw = raw.get("args")
-    if args_raw is None:
-        return {}, None
-    if not isinstance(args_raw, Mapping):
-        raise ManifestError(INVALID_SPEC, "spec.engineConfig.args must be a mapping of flags to "
-                            "string values")
-    args: dict[str, str] = {}
-    for flag, value in args_raw.items():
-        if not isinstance(flag, str):
-            raise ManifestError(INVALID_SPEC, f"spec.engineConfig.args: engine flag {flag!r} "
-                                "must be a string such as --max-model-len")
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise ManifestError(INVALID_SPEC, f"spec.engineConfig.args[{flag}]: the value must be "
-                                f"a string (\"\" for a flag without a value), got {value!r}")
-        args[flag] = value if isinstance(value, str) else str(value)
-    return args, None
 
 
 def engine_args_problem(engine: Engine, args: Mapping[str, str]) -> str | None:
@@ -578,63 +508,43 @@ def _policy(spec_policy: object, annotations: object) -> tuple[PoolPolicy, str |
 
 def _labels(raw: object, what: str) -> dict[str, str]:
     try:
-        return string_map(raw, what)
-    except SelectorError as exc:
-        raise ManifestError(INVALID_SPEC, str(exc)) from None
+        return LABELS.validate_python(raw) or {}
+    except ValidationError as exc:
+        raise ManifestError(INVALID_SPEC, describe(exc, what)) from None
 
 
 def pool_from_object(obj: Mapping[str, Any]) -> WarmPool:
     """A pool from our ``kind: WarmPool`` manifest; raises ``ManifestError`` when malformed."""
-    name, namespace = _metadata(obj, None)
-    meta = obj["metadata"]
-    labels = _labels(meta.get("labels"), "metadata.labels")
-    spec = _spec(obj, _POOL_SPEC_FIELDS)
-    agents_raw = spec.get("agents") or []
-    if not isinstance(agents_raw, list):
-        raise ManifestError(INVALID_SPEC, "spec.agents must be a list of {name, url, labels}")
-    agents: list[AgentRef] = []
-    for i, raw in enumerate(agents_raw):
-        agents.append(_agent(raw, f"spec.agents[{i}]", labels))
+    meta = _metadata(obj, None)
+    try:
+        spec = PoolSpec.model_validate(obj.get("spec"))
+    except ValidationError as exc:
+        raise ManifestError(INVALID_SPEC, describe(exc, "spec")) from None
+    agents = [AgentRef(a.name, a.url.rstrip("/"), {**meta.labels, **a.labels})
+              for a in spec.agents or ()]
     names = [a.name for a in agents]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ManifestError(INVALID_SPEC, f"agent {dup!r} appears more than once in spec.agents")
-    policy, problem = _policy(spec.get("policy"), meta.get("annotations"))
-    return WarmPool(name, namespace, tuple(agents), policy, labels, problem)
-
-
-def _agent(raw: object, what: str, pool_labels: Mapping[str, str]) -> AgentRef:
-    if not isinstance(raw, Mapping):
-        raise ManifestError(INVALID_SPEC, f"{what} must be a mapping with name and url")
-    unknown = sorted(str(k) for k in raw if k not in _AGENT_FIELDS)
-    if unknown:
-        raise ManifestError(INVALID_SPEC, f"{what} has unknown fields: {', '.join(unknown)}")
-    name, url = raw.get("name"), raw.get("url")
-    if not isinstance(name, str) or not name:
-        raise ManifestError(INVALID_SPEC, f"{what}.name is required")
-    if not isinstance(url, str) or not _URL.match(url):
-        raise ManifestError(INVALID_SPEC, f"{what}.url must be http://HOST[:PORT] or https://..., "
-                            f"got {url!r}")
-    own = _labels(raw.get("labels"), f"{what}.labels")
-    return AgentRef(name, url.rstrip("/"), {**pool_labels, **own})
+    policy, problem = _policy(spec.policy, obj["metadata"].get("annotations"))
+    return WarmPool(meta.name, meta.namespace, tuple(agents), policy, meta.labels, problem)
 
 
 def pool_from_deployment(obj: Mapping[str, Any], agents: Sequence[AgentRef]) -> WarmPool:
     """A pool from the guide's warm-pool Deployment: its Pods' labels (the template's), its
     policy annotation and its GPUs per Pod; ``agents`` are its Pods' runtime agents."""
-    name, namespace = _metadata(obj, None)
-    meta = obj["metadata"]
-    own_labels = _labels(meta.get("labels"), "metadata.labels")
+    meta = _metadata(obj, None)
     spec = obj.get("spec")
     template = spec.get("template") if isinstance(spec, Mapping) else None
     tmeta = template.get("metadata") if isinstance(template, Mapping) else None
-    pod_labels = own_labels
+    pod_labels = meta.labels
     if isinstance(tmeta, Mapping) and tmeta.get("labels") is not None:
         pod_labels = _labels(tmeta.get("labels"), "spec.template.metadata.labels")
     gpus = _gpus_per_pod(template)
     refs = tuple(AgentRef(a.name, a.url.rstrip("/"), {**pod_labels, **a.labels}) for a in agents)
-    policy, problem = _policy(None, meta.get("annotations"))
-    return WarmPool(name, namespace, refs, policy, pod_labels, problem, gpus, "Deployment")
+    policy, problem = _policy(None, obj["metadata"].get("annotations"))
+    return WarmPool(meta.name, meta.namespace, refs, policy, pod_labels, problem, gpus,
+                    "Deployment")
 
 
 def _gpus_per_pod(template: object) -> int | None:

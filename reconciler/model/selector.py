@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, cast
 
-Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
-OPERATORS: tuple[Operator, ...] = ("In", "NotIn", "Exists", "DoesNotExist")
+from pydantic import ValidationError
+
+from reconciler.model.claim_schema import Operator, PodSelector, describe
 
 
 class SelectorError(ValueError):
@@ -61,54 +61,15 @@ class LabelSelector:
         return ",".join(terms) or "(everything)"
 
 
-def string_map(raw: object, what: str) -> dict[str, str]:
-    """A mapping of strings to strings (labels); raises ``SelectorError`` naming ``what``."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise SelectorError(f"{what} must be a mapping of strings, got {type(raw).__name__}")
-    out: dict[str, str] = {}
-    for key, value in raw.items():
-        if not isinstance(key, str) or not key:
-            raise SelectorError(f"{what}: key {key!r} must be a non-empty string")
-        if not isinstance(value, str):
-            shown = str(value).lower() if isinstance(value, bool) else str(value)
-            raise SelectorError(f"{what}[{key}] must be a string, got {value!r}; quote it, "
-                                f"as in {key}: \"{shown}\"")
-        out[key] = value
-    return out
-
-
 def parse_selector(raw: object, what: str = "podSelector") -> LabelSelector:
     """A ``LabelSelector`` from its Kubernetes form; raises ``SelectorError`` when malformed."""
-    if not isinstance(raw, Mapping):
-        raise SelectorError(f"{what} must be a mapping with matchLabels or matchExpressions")
-    unknown = set(raw) - {"matchLabels", "matchExpressions"}
-    if unknown:
-        raise SelectorError(f"{what} has unknown fields: {', '.join(sorted(map(str, unknown)))}")
-    labels = string_map(raw.get("matchLabels"), f"{what}.matchLabels")
-    exprs_raw = raw.get("matchExpressions") or []
-    if not isinstance(exprs_raw, list):
-        raise SelectorError(f"{what}.matchExpressions must be a list")
-    exprs = tuple(_requirement(e, f"{what}.matchExpressions[{i}]")
-                  for i, e in enumerate(exprs_raw))
-    return LabelSelector(labels, exprs)
+    try:
+        return selector_from(PodSelector.model_validate(raw))
+    except ValidationError as exc:
+        raise SelectorError(describe(exc, what)) from None
 
 
-def _requirement(raw: Any, what: str) -> Requirement:
-    if not isinstance(raw, Mapping):
-        raise SelectorError(f"{what} must be a mapping with key, operator and values")
-    key, op, values = raw.get("key"), raw.get("operator"), raw.get("values")
-    if not isinstance(key, str) or not key:
-        raise SelectorError(f"{what}.key must be a non-empty string")
-    if op not in OPERATORS:
-        raise SelectorError(f"{what}.operator must be one of {', '.join(OPERATORS)}, got {op!r}")
-    operator = cast(Operator, op)
-    if operator in ("In", "NotIn"):
-        if not isinstance(values, list) or not values or not all(isinstance(v, str)
-                                                                  for v in values):
-            raise SelectorError(f"{what}: {operator} needs a non-empty list of string values")
-        return Requirement(key, operator, tuple(values))
-    if values:
-        raise SelectorError(f"{what}: {operator} takes no values")
-    return Requirement(key, operator)
+def selector_from(spec: PodSelector) -> LabelSelector:
+    """The selector a validated ``podSelector`` says."""
+    return LabelSelector(spec.matchLabels or {}, tuple(
+        Requirement(e.key, e.operator, tuple(e.values or ())) for e in spec.matchExpressions or ()))
