@@ -7,6 +7,7 @@ The test suite fuzzes the live agent from this document (schemathesis).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +17,22 @@ from pydantic.json_schema import models_json_schema
 from runtime_agent import __version__
 from runtime_agent.api import models as req
 from runtime_agent.api import schemas as ans
+from runtime_agent.api.artifacts import DownloadRequest
 
 _REF = "#/components/schemas/{model}"
 _ERRORS_POST = (400, 404, 409, 413, 422, 502, 503)
+_ERRORS_LOCAL = (400, 403, 404, 409, 413, 422, 502, 503)  # 403: a local path outside the roots
+_ERRORS_CACHE = (400, 403, 404, 409, 413, 422, 503)  # 503: the weight cache is off
+
+
+@dataclass(frozen=True)
+class Query:
+    """An integer query parameter."""
+
+    name: str
+    text: str
+    maximum: int
+    minimum: int = 0
 
 
 @dataclass(frozen=True)
@@ -27,10 +41,11 @@ class Route:
     path: str
     summary: str
     body: type[BaseModel] | tuple[type[BaseModel], ...] | None
-    answer: type[BaseModel] | None  # None: not JSON (the metrics text)
+    answer: type[BaseModel] | None  # None: not JSON (the metrics text, the events stream)
     errors: tuple[int, ...] = ()
-    query: tuple[tuple[str, str, int], ...] = ()  # (name, description, maximum): integers
+    query: tuple[Query, ...] = ()
     tags: tuple[str, ...] = field(default=("runtime",))
+    media: str = "text/plain"  # what an answer that is not JSON is
 
 
 ROUTES = (
@@ -51,16 +66,27 @@ ROUTES = (
     Route("get", "/v1/runtime/snapshot", "every engine and card, as the controller reads it",
           None, ans.Snapshot),
     Route("get", "/v1/runtime/events", "engine events after a cursor (long-poll with wait)",
-          None, ans.Events, (400,), (("since", "the last seq seen", 2**62),
-                                     ("wait", "seconds to wait for a new event", 60))),
+          None, ans.Events, (400,), (Query("since", "the last seq seen", 2**62),
+                                     Query("wait", "seconds to wait for a new event", 60))),
+    Route("get", "/v1/runtime/events/stream", "engine events as they happen (server-sent "
+          "events; Last-Event-ID resumes)", None, None, media="text/event-stream"),
+    Route("get", "/v1/runtime/models/{model}/logs", "the last lines of a model's engine log",
+          None, ans.EngineLog, (400, 404), (Query("tail", "lines", 10000, 1),)),
     Route("get", "/v1/models", "served models and LoRA adapters (OpenAI's format)", None,
           ans.ServedModels, tags=("openai",)),
     Route("post", "/v1/lora_adapter/load", "load a LoRA adapter into an engine",
           (req.LoadLoraAdapterRuntimeRequest, req.LoadLoraAdapterRequest), ans.OperationAnswer,
-          _ERRORS_POST, tags=("lora",)),
+          _ERRORS_LOCAL, tags=("lora",)),
     Route("post", "/v1/lora_adapter/unload", "unload a LoRA adapter",
           (req.UnloadLoraAdapterRuntimeRequest, req.UnloadLoraAdapterRequest),
           ans.OperationAnswer, _ERRORS_POST, tags=("lora",)),
+    Route("post", "/v1/model/download", "stage an artifact in the weight cache (answers at "
+          "once; GET /v1/model/list shows its progress)", DownloadRequest, ans.DownloadAnswer,
+          _ERRORS_CACHE, tags=("artifacts",)),
+    Route("get", "/v1/model/list", "the weight cache's entries", None, ans.ArtifactList,
+          (503,), tags=("artifacts",)),
+    Route("delete", "/v1/model/{artifact_id}", "free a cache entry no engine uses", None,
+          ans.ArtifactFreed, (404, 409, 503), tags=("artifacts",)),
     Route("get", "/metrics", "Prometheus metrics", None, None, tags=("health",)),
 )
 
@@ -88,14 +114,16 @@ def _operation(route: Route) -> dict[str, Any]:
         schema = _ref(bodies[0]) if len(bodies) == 1 else {"anyOf": [_ref(b) for b in bodies]}
         op["requestBody"] = {"required": True,
                              "content": {"application/json": {"schema": schema}}}
-    if route.query:
-        op["parameters"] = [{"name": name, "in": "query", "required": False,
-                             "description": text,
-                             "schema": {"type": "integer", "minimum": 0, "maximum": top}}
-                            for name, text, top in route.query]
+    parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in re.findall(r"{(\w+)}", route.path)]
+    parameters += [{"name": q.name, "in": "query", "required": False, "description": q.text,
+                    "schema": {"type": "integer", "minimum": q.minimum, "maximum": q.maximum}}
+                   for q in route.query]
+    if parameters:
+        op["parameters"] = parameters
     if route.answer is None:
         ok: dict[str, Any] = {"description": "the exposition",
-                              "content": {"text/plain": {"schema": {"type": "string"}}}}
+                              "content": {route.media: {"schema": {"type": "string"}}}}
     else:
         ok = {"description": "done",
               "content": {"application/json": {"schema": _ref(route.answer)}}}

@@ -137,3 +137,45 @@ class Events(_Answer):
 class EngineLog(_Answer):
     model_name: str
     lines: list[str]
+
+
+class ArtifactEntry(_Answer):
+    """One weight-cache entry, as ``GET /v1/model/list`` shows it."""
+
+    artifact_id: str
+    artifact_url: str
+    source: str = Field(description="huggingface, s3 or local")
+    revision: str | None
+    resolved_revision: str | None = Field(description="the commit a Hub revision named")
+    state: Literal["downloading", "ready", "failed"]
+    bytes_done: int
+    bytes_total: int
+    rate_bytes_per_second: int | None
+    eta_seconds: int | None
+    files: int | None
+    verified: list[str] = Field(description="the checksums every file was checked against")
+    local_path: str | None = Field(description="where a ready copy lies")
+    in_use: bool = Field(description="an engine runs on it (it cannot be freed)")
+    staged_at: float | None
+    last_used_at: float | None
+    started_at: float | None
+    error: str | None
+    reason: str | None
+    resumable: bool | None
+
+
+class ArtifactList(_Answer):
+    object: Literal["list"]
+    data: list[ArtifactEntry]
+
+
+class DownloadAnswer(ArtifactEntry):
+    status: Literal["success"]
+    started: bool = Field(description="false: the URL was staged or downloading already")
+
+
+class ArtifactFreed(_Answer):
+    status: Literal["success"]
+    artifact_id: str
+    artifact_url: str
+    message: str
