@@ -16,7 +16,8 @@ connections (``upstream``). The answer comes back untouched:
 Usage (``prompt_tokens``, ``completion_tokens``) is read from the answer's last ``"usage"``
 object, found by searching the bytes (the answer is not parsed): the whole body of a JSON answer,
 the last few kilobytes of a stream (engines put usage in the final chunk, with
-``stream_options.include_usage``).
+``stream_options.include_usage``), once the answer is sent (``Outcome.usage_from``): nothing the
+door only counts stands between the engine's last byte and the client.
 """
 
 from __future__ import annotations
@@ -44,8 +45,7 @@ class Outcome:
     status: int = 0
     stream: bool = False
     first_byte: float | None = None  # monotonic time of the first streamed byte
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    usage_from: bytes = b""  # where usage is read from, after the answer is sent (usage_of)
     error: str | None = None  # a reason for the errors metric
     bytes_out: int = 0
     upstream_s: float | None = None  # sent to the engine -> its last byte passed on
@@ -112,9 +112,8 @@ async def forward(request: web.Request, upstream_pool: Upstream, host: str, port
         outcome.upstream_s = time.monotonic() - sent
     if upstream.status >= 400:
         outcome.error = "upstream_error"
-    usage = usage_of(data) if upstream.status < 400 else None
-    if usage is not None:
-        outcome.prompt_tokens, outcome.completion_tokens = usage
+    else:
+        outcome.usage_from = data
     outcome.bytes_out = len(data)
     return web.Response(status=upstream.status, body=data, headers=_response_headers(upstream))
 
@@ -139,7 +138,5 @@ async def _stream(request: web.Request, upstream: Response,
     except ConnectionResetError:  # the client went away while we wrote
         outcome.error = "client_disconnected"
         return out
-    usage = usage_of(tail)
-    if usage is not None:
-        outcome.prompt_tokens, outcome.completion_tokens = usage
+    outcome.usage_from = tail
     return out

@@ -31,7 +31,7 @@ from reconciler.door import errors
 from reconciler.door.access import AccessLog, AccessRecord
 from reconciler.door.door import Door, Refused, Ticket
 from reconciler.door.keys import Key, KeyFile, bearer
-from reconciler.door.proxy import Outcome
+from reconciler.door.proxy import Outcome, usage_of
 from reconciler.server import error_middleware
 
 DOOR_KEY: web.AppKey[Door] = web.AppKey("door", Door)
@@ -107,7 +107,10 @@ async def infer(request: web.Request) -> web.StreamResponse:
         raise
     finally:
         ticket.leave()
-        _account(door, request, endpoint, rec, outcome, response, reason)
+        # metrics and the access line after the answer is sent: this handler returns to
+        # aiohttp, which writes the answer in the same step, before the loop runs this
+        asyncio.get_running_loop().call_soon(_account, door, request, endpoint, rec, outcome,
+                                             response, reason, time.monotonic())
 
 
 def _document(body: bytes) -> dict[str, Any]:
@@ -127,8 +130,8 @@ def _document(body: bytes) -> dict[str, Any]:
 
 
 def _account(door: Door, request: web.Request, endpoint: str, rec: AccessRecord,
-             outcome: Outcome, response: web.StreamResponse | None, reason: str | None) -> None:
-    now = time.monotonic()
+             outcome: Outcome, response: web.StreamResponse | None, reason: str | None,
+             now: float) -> None:
     label = rec.model if rec.claim is not None and rec.model else ""
     if reason == "client_disconnected":
         status = CLIENT_CLOSED
@@ -141,10 +144,10 @@ def _account(door: Door, request: web.Request, endpoint: str, rec: AccessRecord,
     if outcome.first_byte is not None:
         rec.ttft_ms = round((outcome.first_byte - rec.started) * 1000, 3)
         door.metrics.first_token(label, outcome.first_byte - rec.started)
-    if outcome.prompt_tokens or outcome.completion_tokens:
-        rec.prompt_tokens, rec.completion_tokens = outcome.prompt_tokens, \
-            outcome.completion_tokens
-        door.metrics.usage(label, outcome.prompt_tokens, outcome.completion_tokens)
+    usage = usage_of(outcome.usage_from) if outcome.usage_from else None
+    if usage is not None and any(usage):
+        rec.prompt_tokens, rec.completion_tokens = usage
+        door.metrics.usage(label, *usage)
     door.metrics.answered(label, endpoint, status, now - rec.started)
     if reason is not None:
         door.metrics.failed(label, reason)
