@@ -15,7 +15,8 @@ Run modes:
 
 The claims directory is polled every 50 ms (``directory_interval``): a file created, removed or
 renamed into place (changing the directory's mtime) reaches the agent within about that much;
-a file rewritten in place within a second per thousand files (``DirectorySource``). Polling
+a file rewritten in place within a second, or a second per thousand files past a thousand
+(``DirectorySource``). Polling
 needs no dependency; inotify would make it immediate but is Linux-only and misses changes on
 network file systems.
 """
@@ -39,6 +40,7 @@ from reconciler.door.settings import DoorSettings
 from reconciler.model.manifests import AgentRef
 from reconciler.runtime.clock import Clock
 from reconciler.runtime.heap import frozen_heap
+from reconciler.runtime.loop import run as run_on_uvloop
 from reconciler.runtime.sources import DirectorySource
 from reconciler.store import StatusStore
 
@@ -187,6 +189,6 @@ def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: s
                    port: int = DEFAULT_PORT, agent_token: str | None = None,
                    door: DoorSettings | None = None, status_dir: Path | None = None) -> None:
     """Blocking: reconcile ``claims_dir`` against the agents of ``pool_file`` until SIGTERM."""
-    asyncio.run(serve_until_signalled(Settings(
+    run_on_uvloop(serve_until_signalled(Settings(
         Path(claims_dir), Path(pool_file) if pool_file else None, host, port,
         agent_token=agent_token, door=door, status_dir=status_dir)))

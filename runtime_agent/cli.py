@@ -8,7 +8,6 @@ Every mistake on the command line or at start-up is one line on stderr with its 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import shutil
@@ -18,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from reconciler.runtime.loop import run as run_on_uvloop
 from runtime_agent import __version__
 from runtime_agent.console.commands import size_type as _size
 from runtime_agent.console.output import quiet_on_closed_pipe
@@ -192,14 +192,8 @@ def _default_engine_host(args: argparse.Namespace) -> str:
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run the daemon on uvloop where it is installed (Linux, a dependency): the control API
-    answers about 1.5x the requests per second of asyncio's own loop (bench/bench_costs.py)."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
+    """Run the daemon on uvloop where it is installed (``reconciler.runtime.loop``)."""
+    run_on_uvloop(main)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -162,6 +162,32 @@ async def test_the_directory_ignores_touches_hidden_files_and_other_suffixes(
     assert len(changes) == 1
 
 
+async def test_a_file_rewritten_in_place_is_seen_by_the_sweep_once_a_second(
+        tmp_path: Path) -> None:
+    """An idle poll only stats the directory; a rewrite in place (the directory's mtime
+    unchanged, the file past its racy window) waits for the once-a-second sweep."""
+    changes: list[Change] = []
+    clock = FakeClock()
+    path = tmp_path / "a.yaml"
+    path.write_text(claim_yaml("a"))
+    past = time.time_ns() - 10_000_000_000
+    for p in (path, tmp_path):  # nothing racy: all of it written ten seconds ago
+        os.utime(p, ns=(past, past))
+    source = DirectorySource(tmp_path, manifest_keys(changes), interval=0.05, clock=clock)
+    inbox = Inbox()
+    await source.poll(inbox)
+    assert len(changes) == 1
+    path.write_text(claim_yaml("a", 2))  # in place: the directory's entries are the same
+    os.utime(path, ns=(past + 1_000_000, past + 1_000_000))
+    os.utime(tmp_path, ns=(past, past))
+    clock.advance(0.5)
+    await source.poll(inbox)
+    assert len(changes) == 1  # not swept yet
+    clock.advance(0.5)
+    await source.poll(inbox)
+    assert changes[-1] == ("a.yaml", claim_yaml("a"), claim_yaml("a", 2))
+
+
 async def test_a_bad_manifest_is_logged_and_the_others_still_arrive(tmp_path: Path) -> None:
     changes: list[Change] = []
     (tmp_path / "bad.yaml").write_text("metadata: [")

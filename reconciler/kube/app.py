@@ -48,6 +48,7 @@ from reconciler.kube.status import KubeStatusStore
 from reconciler.model.manifests import POOL_LABEL
 from reconciler.runtime.clock import Clock, RealClock
 from reconciler.runtime.heap import frozen_heap
+from reconciler.runtime.loop import run as run_on_uvloop
 from reconciler.status import ClaimEvent, ClaimStatus
 
 log = logging.getLogger("reconciler.kube.app")
@@ -279,4 +280,4 @@ async def serve_until_signalled(settings: KubeSettings) -> int:
 
 def run_kubernetes(settings: KubeSettings) -> int:
     """Blocking: one replica until SIGTERM (0) or until it loses the Lease (1)."""
-    return asyncio.run(serve_until_signalled(settings))
+    return run_on_uvloop(serve_until_signalled(settings))
