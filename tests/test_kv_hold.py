@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -150,6 +152,61 @@ async def test_a_reading_taken_before_the_agents_own_write_is_not_taken_for_an_o
     assert keeper.state.set_back_total == 0 and "KVLimitSetBack" not in events
     await keeper.reading(read_segment("kvc_m", tmp_path), keeper.writes)
     assert keeper.state.applied == GIB and not keeper.state.not_held
+
+
+class _Sleeps:
+    """Stands in for the keeper's ``asyncio``: records each pause, and ends the watch after
+    ``limit`` of them."""
+
+    def __init__(self, limit: int) -> None:
+        self.asked: list[float] = []
+        self.limit = limit
+        self.to_thread = asyncio.to_thread
+
+    async def sleep(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        if len(self.asked) >= self.limit:
+            raise asyncio.CancelledError
+        await asyncio.sleep(0)
+
+
+async def test_no_segment_is_looked_for_often_once_the_engine_is_ready_without_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime_agent.kv.keeper as keeper_module
+
+    sleeps = _Sleeps(limit=6)
+    monkeypatch.setattr(keeper_module, "asyncio", sleeps)
+    ready = False
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+
+    def pauses_so_far() -> bool:
+        nonlocal ready
+        ready = len(sleeps.asked) >= 3  # boots for three looks, then serves without one
+        return ready
+
+    with pytest.raises(asyncio.CancelledError):
+        await keeper.watch(lambda info, writes: None, 0.01, 1.0, pauses_so_far)
+    assert sleeps.asked == [0.01, 0.01, 0.01, 1.0, 1.0, 1.0]
+
+
+async def test_a_segment_that_appears_while_the_engine_boots_is_read_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime_agent.kv.keeper as keeper_module
+
+    sleeps = _Sleeps(limit=3)
+    monkeypatch.setattr(keeper_module, "asyncio", sleeps)
+    readings: list[SegmentInfo | None] = []
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+
+    def booting() -> bool:
+        if len(sleeps.asked) == 1:
+            create_segment("kvc_m", 4 * GIB, tmp_path)  # the engine sizes its cache
+        return False
+
+    with pytest.raises(asyncio.CancelledError):
+        await keeper.watch(lambda info, writes: readings.append(info), 0.01, 1.0, booting)
+    assert sleeps.asked[:2] == [0.01, 0.01] and readings and readings[0] is not None
+    assert readings[0].total_size == 4 * GIB
 
 
 # ---- every field of each decision (mutation testing showed which ones nothing checked) --------

@@ -65,13 +65,17 @@ class KvKeeper:
                              applied=record.kv_applied_bytes)
 
     async def watch(self, post: Callable[[SegmentInfo | None, int], None], first_s: float,
-                    hold_s: float) -> None:
+                    hold_s: float, ready: Callable[[], bool] = lambda: False) -> None:
         """Post a reading (and how many writes the agent had finished before taking it) when
-        the segment appears, then every ``hold_s``."""
+        the segment appears, then every ``hold_s``. The segment is looked for every
+        ``first_s`` while the engine boots (it creates it as it sizes its KV cache, and a
+        limit must be in force before the cache fills); once the engine is ``ready`` without
+        one (Ollama, a vLLM without kvcached), every ``hold_s``: a hundred looks a second for
+        the engine's whole life would cost each such engine a little CPU for nothing."""
         path = self._shm_dir / self._ipc
         while True:
             if not os.path.exists(path):  # a stat on tmpfs: microseconds, fine on the loop
-                await asyncio.sleep(first_s)
+                await asyncio.sleep(hold_s if ready() else first_s)
                 continue
             writes = self.writes
             try:

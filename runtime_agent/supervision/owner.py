@@ -401,7 +401,7 @@ class EngineOwner:
                                              lambda: self._ready))
         self._loop("KV-limit holding", lambda: self._kv.watch(
             lambda info, writes: self._inbox.put_nowait(KvReading(gen, info, writes)),
-            self._settings.kv_watch_s, self._settings.kv_hold_s))
+            self._settings.kv_watch_s, self._settings.kv_hold_s, lambda: self._ready))
 
     async def _after_exit(self, info: ExitInfo | None, why: str | None,
                           restart_now: bool = False) -> None:
