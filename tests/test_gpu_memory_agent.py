@@ -78,6 +78,10 @@ def test_a_second_model_that_does_not_fit_is_refused_naming_the_holder(
     agent.activate_sim("a", weights(3), per_gpu=per_gpu(3))
     agent.wait_phase("a", "active")
     hbm(agent, "a", 3 * GiB + CONTEXT)
+    # a sample taken while "a" booted shows its figure but keeps its 4 GiB claim; the first
+    # sample of it active replaces the claim by the measurement
+    agent.wait_for(lambda s: s["accelerators"][0]["hbm_reserved_bytes"] == 0,
+                   what="a's claim replaced by its measurement", poll_s=0.05)
     with pytest.raises(AgentError) as err:
         agent.activate_sim("b", weights(3), per_gpu=per_gpu(3))
     assert err.value.status == 409
