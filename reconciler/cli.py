@@ -35,7 +35,7 @@ import aiohttp
 
 from contract.endpoints import AGENT_PORT, base_url
 from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
-from reconciler.client import AgentUnreachable, JsonApi, Reply
+from reconciler.client import AgentUnreachable, JsonApi, Refusal, ok_body
 from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
@@ -228,17 +228,8 @@ def _reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Refused(Exception):
-    def __init__(self, reply: Reply) -> None:
-        super().__init__(reply.message)
-        self.reply = reply
-
-
 async def _get(api: JsonApi, path: str) -> dict[str, Any]:
-    reply = await api.request("GET", path)
-    if not reply.ok:
-        raise _Refused(reply)
-    return dict(reply.body)
+    return dict(ok_body(await api.request("GET", path)))
 
 
 def _claims(args: argparse.Namespace) -> int:
@@ -251,7 +242,7 @@ async def _claims_from(args: argparse.Namespace) -> int:
         api = JsonApi(args.url, session)
         try:
             return await _show_claims(api, args)
-        except _Refused as exc:
+        except Refusal as exc:
             status = exc.reply.status
             print(f"error ({status}): {exc.reply.message}{await _pointer(api, status)}",
                   file=sys.stderr)
@@ -268,7 +259,7 @@ async def _show_claims(api: JsonApi, args: argparse.Namespace) -> int:
         try:
             print(describe(await _get(api, path)))
             return 0
-        except _Refused as exc:
+        except Refusal as exc:
             invalid = _problems(await _get(api, "/v1/claims"), args.name, args.namespace)
             if exc.reply.status != 404 or not invalid:
                 raise

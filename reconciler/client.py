@@ -34,6 +34,21 @@ class NotTheApi(AgentUnreachable):
     """Something answered, but not with a JSON object: another service at that address."""
 
 
+class Refusal(Exception):
+    """An answer that is not a success (4xx, 5xx), for callers that stop at the first one."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.message)
+        self.reply = reply
+
+
+def ok_body(reply: Reply) -> Mapping[str, Any]:
+    """The body of a successful reply; ``Refusal`` otherwise."""
+    if not reply.ok:
+        raise Refusal(reply)
+    return reply.body
+
+
 @dataclass(frozen=True)
 class Reply:
     """One answer of the agent's control API."""

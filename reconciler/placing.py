@@ -107,13 +107,14 @@ class Placer:
         observed = dict(world.agents)
         limit = self.d.timings.others_max_age
         max_age = self.d.timings.max_snapshot_age
+        judged_at = max_age if limit is None else INF  # the index's own age check
+        age = INF if limit is None else min(limit, max_age)  # the chosen agent's, here
         for _ in range(REFRESH_TRIES):
             index = self.d.rooms.sync(observed)
             now = self.d.clock.now()
-            got = index.best(need, now, max_snapshot_age=max_age if limit is None else INF)
+            got = index.best(need, now, max_snapshot_age=judged_at)
             if got is None:
                 return None
-            age = min(limit, max_age) if limit is not None else INF
             if now - observed[got.agent].fetched_at <= age:
                 return got
             observed[got.agent] = await self.d.cache.get(got.agent, age)

@@ -136,6 +136,7 @@ class EventRecorder:
                                               "message": message}))
             return
         name = f"{ref.name}.{uuid.uuid4().hex[:16]}"
+        self._sent.pop(key, None)  # an expired one goes: the new one is the newest, last
         self._sent[key] = _Sent(name, 1, wall, wall, now)
         self._queue.put_nowait(("create", {
             "apiVersion": "v1", "kind": "Event",

@@ -133,7 +133,7 @@ DirState = Callable[[Path, "str | None"], Iterable[K]]  # the directory unreadab
 RACY_NS = 2_000_000_000
 # Every file is stat-ed at least every max(SWEEP_EVERY_S, SWEEP_PER_FILE_S x files) seconds
 # (see DirectorySource): a file rewritten in place (its directory's mtime unchanged) is seen
-# within a second, a thousand files within a second each.
+# within a second, or a second per thousand files past a thousand.
 SWEEP_EVERY_S = 1.0
 SWEEP_PER_FILE_S = 0.001
 

@@ -12,9 +12,9 @@ import sys
 import time
 from typing import Any, TextIO
 
-from reconciler.client import HttpAgentClient
+from reconciler.client import HttpAgentClient, ok_body
 from runtime_agent.artifacts.planning import human
-from runtime_agent.console.commands import add_agent_options, answer, guarded
+from runtime_agent.console.commands import add_agent_options, guarded
 from runtime_agent.console.output import add_output_flag, columns, render
 
 BAR = 30
@@ -43,7 +43,7 @@ def _download(args: argparse.Namespace) -> int:
     creds = dict(item.partition("=")[::2] for item in args.credential)
 
     async def body(client: HttpAgentClient) -> int:
-        entry = answer(await client.download(args.artifact, args.revision, creds))
+        entry = ok_body(await client.download(args.artifact, args.revision, creds))
         if args.no_wait:
             print(json.dumps(entry, indent=2))
             return 0
@@ -56,7 +56,7 @@ async def follow(client: HttpAgentClient, artifact_id: str, out: TextIO) -> int:
     """Draw the entry's progress until it is ready (0) or failed (1)."""
     tty = out.isatty()
     while True:
-        entries = answer(await client.artifacts())["data"]
+        entries = ok_body(await client.artifacts())["data"]
         entry = next((e for e in entries if e["artifact_id"] == artifact_id), None)
         if entry is None:
             print(f"\nentry {artifact_id} is gone (deleted?)", file=out)
@@ -91,9 +91,9 @@ def progress_line(entry: dict[str, Any]) -> str:
 def _artifacts(args: argparse.Namespace) -> int:
     async def body(client: HttpAgentClient) -> int:
         if args.delete:
-            print(json.dumps(answer(await client.delete_artifact(args.delete)), indent=2))
+            print(json.dumps(ok_body(await client.delete_artifact(args.delete)), indent=2))
             return 0
-        entries = list(answer(await client.artifacts())["data"])
+        entries = list(ok_body(await client.artifacts())["data"])
         print(render(entries, args.output, lambda entries, _: table(entries)))
         return 0
 

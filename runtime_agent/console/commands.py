@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -24,7 +24,7 @@ import aiohttp
 from contract.endpoints import AGENT_PORT, RECONCILER_PORT, base_url
 from contract.quantity import QuantityError, parse_size
 from engines.flags import known_flags
-from reconciler.client import AgentUnreachable, HttpAgentClient, NotTheApi, Reply
+from reconciler.client import AgentUnreachable, HttpAgentClient, NotTheApi, Refusal, ok_body
 from runtime_agent.console.output import add_output_flag, render
 from runtime_agent.console.tables import snapshot_table
 from runtime_agent.preflight import StartupError, read_token_file
@@ -37,20 +37,6 @@ OPERATION_ID_HELP = "a retry with the same id returns the first result (default:
 CALL_TIMEOUT_S = 30.0  # a call that does not wait for an engine
 ENGINE_TIMEOUT_S = 330.0  # activate, sleep, wake, stop: the agent answers when the engine has
 
-
-class Refused(Exception):
-    """The agent answered, and not with a success (a 4xx or 5xx)."""
-
-    def __init__(self, reply: Reply) -> None:
-        super().__init__(reply.message)
-        self.reply = reply
-
-
-def answer(reply: Reply) -> Mapping[str, Any]:
-    """The body of a successful reply; ``Refused`` otherwise."""
-    if not reply.ok:
-        raise Refused(reply)
-    return reply.body
 
 
 def url_type(text: str) -> str:
@@ -159,7 +145,7 @@ async def _guarded(url: str, token: str | None, body: Body) -> int:
                                  lifecycle_timeout_s=ENGINE_TIMEOUT_S, token=token)
         try:
             return await body(client)
-        except Refused as exc:
+        except Refusal as exc:
             status, message = exc.reply.status, exc.reply.message
             hint = (await pointer(client) if status == 404 and "no such endpoint" in message
                     else "")
@@ -194,13 +180,13 @@ def run_command(args: argparse.Namespace) -> int:
 
 async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
     if args.command == "snapshot":
-        print(render(dict(answer(await client.request("GET", "/v1/runtime/snapshot"))),
+        print(render(dict(ok_body(await client.request("GET", "/v1/runtime/snapshot"))),
                      args.output, snapshot_table))
         return 0
     if args.command == "events":
         return await follow(client, args.follow, args.output == "json")
     if args.command == "logs":
-        for line in answer(await client.logs(args.model, args.tail))["lines"]:
+        for line in ok_body(await client.logs(args.model, args.tail))["lines"]:
             print(line)
         return 0
     if args.command == "activate":
@@ -219,7 +205,7 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
         reply = await client.sleep(args.model, args.level, args.operation_id)
     else:
         reply = await client.wake(args.model, args.operation_id)
-    result = answer(reply)
+    result = ok_body(reply)
     print(json.dumps(result, indent=2))
     return 0 if result.get("status") == "success" else EXIT_REFUSED
 
@@ -276,7 +262,7 @@ async def follow(client: HttpAgentClient, keep_going: bool, as_json: bool) -> in
     (another ``boot_id``) is said in one line, and following goes on from the new boot."""
     cursor, boot = 0, None
     while True:
-        page = answer(await client.events(cursor, wait=30 if keep_going else 0, boot_id=boot))
+        page = ok_body(await client.events(cursor, wait=30 if keep_going else 0, boot_id=boot))
         if page.get("reset"):
             print(f"-- the agent restarted (boot {page['boot_id']}): its event numbers start "
                   "again; `runtime-agent snapshot` shows where every engine stands now",
