@@ -26,13 +26,13 @@ import json
 import time
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from reconciler.door.errors import stream_error_event, upstream_failed
+from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.upstream import Response, Upstream, UpstreamError
 
 TAIL_BYTES = 4096
-PASS_REQUEST = ("Content-Type", "Accept", "Accept-Encoding", "X-Request-Id")
+PASS_REQUEST = (("content-type", "Content-Type"), ("accept", "Accept"),
+                ("accept-encoding", "Accept-Encoding"), ("x-request-id", "X-Request-Id"))
 PASS_RESPONSE = ("Content-Type", "Content-Encoding", "Cache-Control", "X-Request-Id")
 _USAGE = b'"usage"'
 _DECODER = json.JSONDecoder()
@@ -69,10 +69,11 @@ def usage_of(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _request_headers(request: web.Request) -> dict[str, str]:
+def _request_headers(request: Request) -> dict[str, str]:
     out: dict[str, str] = {}
-    for name in PASS_REQUEST:
-        value = request.headers.get(name)
+    given = request.headers
+    for key, name in PASS_REQUEST:
+        value = given.get(key)
         if value is not None:
             out[name] = value
     return out
@@ -87,8 +88,8 @@ def _response_headers(upstream: Response) -> dict[str, str]:
     return out
 
 
-async def forward(request: web.Request, upstream_pool: Upstream, host: str, port: int,
-                  path: str, body: bytes, outcome: Outcome) -> web.StreamResponse:
+async def forward(request: Request, upstream_pool: Upstream, host: str, port: int,
+                  path: str, body: bytes, outcome: Outcome) -> Answer | Stream:
     """Send ``body`` to the engine at ``host:port``; the answer for the client (a 502 when the
     engine did not answer)."""
     sent = time.monotonic()
@@ -115,13 +116,11 @@ async def forward(request: web.Request, upstream_pool: Upstream, host: str, port
     else:
         outcome.usage_from = data
     outcome.bytes_out = len(data)
-    return web.Response(status=upstream.status, body=data, headers=_response_headers(upstream))
+    return Answer(upstream.status, data, _response_headers(upstream))
 
 
-async def _stream(request: web.Request, upstream: Response,
-                  outcome: Outcome) -> web.StreamResponse:
-    out = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream))
-    await out.prepare(request)
+async def _stream(request: Request, upstream: Response, outcome: Outcome) -> Stream:
+    out = await request.stream(upstream.status, _response_headers(upstream))
     tail = b""
     try:
         try:
@@ -134,7 +133,7 @@ async def _stream(request: web.Request, upstream: Response,
         except UpstreamError as err:
             outcome.error = "upstream_broken"
             await out.write(stream_error_event(f"the model's engine broke off the stream: {err}"))
-        await out.write_eof()
+        await out.end()
     except ConnectionResetError:  # the client went away while we wrote
         outcome.error = "client_disconnected"
         return out
