@@ -14,9 +14,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 from hypothesis import given, settings
+from aiohttp import web
 from hypothesis import strategies as st
 
 from reconciler.door.http1 import Answer, Request, Server, Stream, json_answer
+from reconciler.door.proxy import Outcome, forward
+from reconciler.door.upstream import Upstream
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -416,3 +419,61 @@ async def test_stop_closes_idle_connections_and_cancels_what_outlives_the_grace(
     busy_writer.close()
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_a_slow_client_holds_back_the_engine_through_the_pipe() -> None:
+    """Engine -> door (``proxy.forward``: the stream piped in the engine connection's callback)
+    -> a client that does not read: the engine's own writes stop, and nothing is lost."""
+    piece, pieces = b"e" * (1 << 20), 48
+    sent: list[int] = []
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(pieces):
+            await resp.write(piece)  # waits while the door does not read
+            sent.append(i)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", stream)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    engine_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    pool = Upstream()
+    outcome = Outcome()
+
+    async def door(request: Request) -> Answer | Stream:
+        return await forward(request, pool, "127.0.0.1", engine_port, request.path, b"{}",
+                             outcome)
+
+    server, port = await served(door)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 16)
+        writer.write(post("/v1/completions", b"{}"))
+        await reader.readuntil(b"\r\n\r\n")
+        for _ in range(300):  # the door's reading from the engine pauses
+            if any(c.on_pressure is not None and c._writable is not None
+                   for c in server.connections) and len(sent) > 1:
+                break
+            await asyncio.sleep(0.01)
+        held_at = len(sent)
+        for _ in range(20):
+            await asyncio.sleep(0.01)  # the engine makes no more progress while held
+        assert len(sent) == held_at < pieces // 2
+        total = 0
+        while True:
+            size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            total += size
+        assert total == pieces * len(piece) == outcome.bytes_out and len(sent) == pieces
+        writer.close()
+    finally:
+        await server.stop()
+        pool.close()
+        await runner.cleanup()

@@ -125,13 +125,33 @@ class Stream:
         self._conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         await self._conn.drain()
 
+    def send(self, data: bytes, raw: bool = False) -> None:
+        """Write ``data`` now, without waiting (for a caller that keeps to ``pressure``);
+        nothing once the client has gone."""
+        conn = self._conn
+        if data and not conn.closed and conn.transport is not None:
+            chunk = self._chunked and not raw
+            conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunk else data)
+
+    def pressure(self, hook: Callable[[bool], None] | None) -> None:
+        """``hook(True)`` when the client's socket buffer fills, ``hook(False)`` when it has
+        room again (None: no more calls)."""
+        self._conn.on_pressure = hook
+        if hook is not None and self._conn._writable is not None:
+            hook(True)
+
     async def end(self) -> None:
         if self.ended:
             return
-        self.ended = True
-        if self._chunked:
-            self._conn.write(b"0\r\n\r\n")
+        self.finish()
         await self._conn.drain()
+
+    def finish(self) -> None:
+        """End the answer now, without waiting."""
+        if not self.ended:
+            self.ended = True
+            if self._chunked:
+                self.send(b"0\r\n\r\n", raw=True)
 
 
 _DATE: list[Any] = [0, b""]
@@ -181,6 +201,7 @@ class _Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._paused_reading = False
         self._writable: asyncio.Future[None] | None = None
+        self.on_pressure: Callable[[bool], None] | None = None  # True: the client's buffer is full
         self.closed = False
         self._reset()
 
@@ -214,9 +235,13 @@ class _Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self._writable is None:
             self._writable = self._loop.create_future()
+        if self.on_pressure is not None:
+            self.on_pressure(True)
 
     def resume_writing(self) -> None:
         self._wake_writer()
+        if self.on_pressure is not None:
+            self.on_pressure(False)
 
     def _wake_writer(self) -> None:
         waiter, self._writable = self._writable, None
@@ -349,6 +374,7 @@ class _Connection(asyncio.Protocol):
                 self._close()
                 return
         if isinstance(result, Stream):
+            self.on_pressure = None
             with contextlib.suppress(ConnectionResetError):
                 await result.end()
             self._task = None

@@ -5,13 +5,15 @@ request, whose server knows its model by the Ollama tag), over the door's own ke
 connections (``upstream``). The answer comes back untouched:
 
 * a JSON answer is read whole and sent on with the engine's status and content type;
-* a Server-Sent Event stream (``text/event-stream``) is written on chunk by chunk as it arrives,
-  each write waiting for the client's socket to drain (backpressure: a slow reader slows the
-  engine's stream instead of growing the door's memory). If the engine breaks off mid-stream the
-  client gets an error event and ``[DONE]`` (vLLM's own shape for an error inside a stream),
-  never a silent cut. A client that goes away cancels the handler (the door's server runs with
-  handler cancellation), which closes the engine connection (an unfinished answer's connection
-  is never reused), and the engine aborts the request.
+* a Server-Sent Event stream (``text/event-stream``) is piped: each piece the engine sends is
+  written to the client in the engine connection's own callback (``Response.pipe``), with no
+  task switch between the two sockets. When the client's socket buffer fills, reading from the
+  engine stops until it drains (backpressure: a slow reader slows the engine's stream instead of
+  growing the door's memory). If the engine breaks off mid-stream the client gets an error event
+  and ``[DONE]`` (vLLM's own shape for an error inside a stream), never a silent cut. A client
+  that goes away cancels the handler (``reconciler.door.http1``), which closes the engine
+  connection (an unfinished answer's connection is never reused), and the engine aborts the
+  request.
 
 Usage (``prompt_tokens``, ``completion_tokens``) is read from the answer's last ``"usage"``
 object, found by searching the bytes (the answer is not parsed): the whole body of a JSON answer,
@@ -122,20 +124,28 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
 async def _stream(request: Request, upstream: Response, outcome: Outcome) -> Stream:
     out = await request.stream(upstream.status, _response_headers(upstream))
     tail = b""
+
+    def passed(chunk: bytes) -> None:  # in the engine connection's callback: no task switch
+        nonlocal tail
+        if outcome.first_byte is None:
+            outcome.first_byte = time.monotonic()
+        out.send(chunk)
+        outcome.bytes_out += len(chunk)
+        tail = (tail + chunk)[-TAIL_BYTES:]
+
+    out.pressure(upstream.hold)  # a full client socket stops the reading from the engine
     try:
         try:
-            async for chunk in upstream.chunks():
-                if outcome.first_byte is None:
-                    outcome.first_byte = time.monotonic()
-                await out.write(chunk)
-                outcome.bytes_out += len(chunk)
-                tail = (tail + chunk)[-TAIL_BYTES:]
+            await upstream.pipe(passed, out.finish)  # the stream's end written as it comes
         except UpstreamError as err:
             outcome.error = "upstream_broken"
             await out.write(stream_error_event(f"the model's engine broke off the stream: {err}"))
+        out.pressure(None)
         await out.end()
     except ConnectionResetError:  # the client went away while we wrote
         outcome.error = "client_disconnected"
         return out
+    finally:
+        out.pressure(None)
     outcome.usage_from = tail
     return out
