@@ -477,3 +477,149 @@ async def test_a_slow_client_holds_back_the_engine_through_the_pipe() -> None:
         await server.stop()
         pool.close()
         await runner.cleanup()
+
+
+# ---- what a hostile or careless client sends ----------------------------------------------
+
+
+async def test_an_upgrade_request_keeps_its_body_as_a_body(echo_port: int) -> None:
+    """An ``Upgrade`` request's body is read as its body, never as a request of its own."""
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
+    try:
+        writer.write(post("/outer", smuggled, "Connection: Upgrade\r\nUpgrade: h2c\r\n")
+                     + b"GET /after HTTP/1.1\r\nHost: d\r\n\r\n")
+        _, _, body = await read_answer(reader)
+        assert json.loads(body)["path"] == "/outer"
+        assert json.loads(body)["body"] == smuggled.decode()
+        _, _, body = await read_answer(reader)
+        assert json.loads(body)["path"] == "/after"  # the next request, not /smuggled
+        many = post("/u", b"x", "Connection: Upgrade\r\nUpgrade: h2c\r\n") * 3000
+        writer.write(many)  # one read with thousands of upgrades: no recursion
+        for _ in range(3000):
+            _, _, body = await read_answer(reader)
+            assert json.loads(body)["body"] == "x"
+    finally:
+        writer.close()
+
+
+async def test_curl_http2_upgrade_with_a_body_keeps_the_body(echo_port: int) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "--http2", "--data-binary", '{"model": "m"}',
+        f"http://127.0.0.1:{echo_port}/v1/chat/completions",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err
+    assert json.loads(out)["body"] == '{"model": "m"}'
+
+
+async def test_a_client_that_does_not_read_does_not_grow_the_doors_buffers() -> None:
+    """Pipelined requests whose answers are not read: the door stops answering (and reading)
+    once the client's socket is full, instead of buffering every answer."""
+    answered: list[int] = []
+    big = b"a" * (100 << 10)
+
+    async def large(request: Request) -> Answer:
+        answered.append(1)
+        return Answer(200, big)
+
+    server, port = await served(large)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 16)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: d\r\n\r\n" * 400)  # 40 MB of answers
+        seen, still = -1, 0
+        while still < 30:  # until the door has stopped answering for 0.3 s
+            await asyncio.sleep(0.01)
+            still = still + 1 if len(answered) == seen else 0
+            seen = len(answered)
+        conn = next(iter(server.connections))
+        assert conn._writable is not None and conn.transport is not None
+        assert len(answered) < 300 and conn.transport.get_write_buffer_size() < 1 << 20
+        total = 0
+        while total < 400 * len(big):  # read them all: the door goes on to the end
+            total += len((await read_answer(reader))[2])
+        assert len(answered) == 400
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_a_head_over_the_limit_is_431_even_when_it_comes_in_pieces(
+        echo_port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
+    try:
+        writer.write(b"GET /" + b"a" * (40 << 10))
+        await writer.drain()
+        writer.write(b"b" * (40 << 10))  # the URL alone is over 64 KiB, never complete
+        status, headers, _ = await read_answer(reader)
+        assert status.startswith(b"HTTP/1.1 431") and headers["connection"] == "close"
+    finally:
+        writer.close()
+
+
+async def test_chunked_trailers_are_not_headers(echo_port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
+    try:
+        writer.write(b"POST /t HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"3\r\nabc\r\n0\r\nAuthorization: Bearer sneaky\r\n\r\n")
+        _, _, body = await read_answer(reader)
+        doc = json.loads(body)
+        assert doc["body"] == "abc" and "authorization" not in doc["headers"]
+    finally:
+        writer.close()
+
+
+async def test_a_refused_body_is_read_off_so_the_client_gets_the_413_not_a_reset(
+        echo_port: int) -> None:
+    sock = socket.create_connection(("127.0.0.1", echo_port))
+    try:
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        head = f"POST /big HTTP/1.1\r\nHost: d\r\nContent-Length: {LIMIT * 8}\r\n\r\n"
+        await loop.sock_sendall(sock, head.encode() + b"x" * (LIMIT * 8))  # no Expect
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += await loop.sock_recv(sock, 65536)
+        assert answer.startswith(b"HTTP/1.1 413")
+    finally:
+        sock.close()
+
+
+async def test_a_handler_that_loses_its_client_closes_the_connection() -> None:
+    async def reset(request: Request) -> Answer:
+        raise ConnectionResetError("the engine connection's peer went away")
+
+    server, port = await served(reset)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/r", b""))
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_answers_during_shutdown_close_their_connections() -> None:
+    release = asyncio.Event()
+
+    async def waiting(request: Request) -> Answer:
+        await release.wait()
+        return Answer(200, b"late")
+
+    server, port = await served(waiting, shutdown_s=5)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/w", b""))
+        for _ in range(200):
+            if any(c.busy for c in server.connections):
+                break
+            await asyncio.sleep(0.01)
+        stopping = asyncio.create_task(server.stop())
+        await asyncio.sleep(0)
+        release.set()
+        _, headers, body = await read_answer(reader)
+        assert body == b"late" and headers["connection"] == "close"
+        await stopping
+        writer.close()
+    finally:
+        await server.stop()

@@ -50,6 +50,7 @@ MAX_HEAD_BYTES = 64 << 10  # the request line and headers together
 MAX_QUEUED = 16  # pipelined requests waiting behind the one being answered
 KEEPALIVE_S = 75.0
 SHUTDOWN_S = 2.0
+LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # after a refusal: what is read and discarded at most
 
 
 @dataclass
@@ -197,18 +198,25 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._remote = "-"
         self._queue: deque[Request | Answer] = deque()
+        self._queued_bytes = 0  # the bodies of the queued requests
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._paused_reading = False
+        self._refusing = False  # a refusal is queued: read nothing more but to discard it
+        self._lingering = 0  # bytes still to discard after a refusal, before the close
         self._writable: asyncio.Future[None] | None = None
         self.on_pressure: Callable[[bool], None] | None = None  # True: the client's buffer is full
         self.closed = False
+        self._in_head = True  # between requests, or in one's head (not in its body)
+        self._head_raw = 0  # bytes fed while in a head (the parser holds a partial one)
+        self._upgrade: Request | None = None  # an upgrade request whose body is read here
+        self._upgrade_left = 0
         self._reset()
 
     def _reset(self) -> None:
         self._url = b""
         self._headers: dict[str, str] = {}
-        self._head_bytes = 0
+        self._head_bytes = 0  # the request line's target and the headers, as parsed
         self._body: list[bytes] = []
         self._size = 0
         self._refused: Answer | None = None  # an answer given instead of reading the body
@@ -225,8 +233,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
-        if self._idle is not None:
-            self._idle.cancel()
+        self._disarm_idle()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: its handler stops
         self._queue.clear()
@@ -242,6 +249,8 @@ class _Connection(asyncio.Protocol):
         self._wake_writer()
         if self.on_pressure is not None:
             self.on_pressure(False)
+        if self._task is None:
+            self._next()  # answers wait while the client does not read them
 
     def _wake_writer(self) -> None:
         waiter, self._writable = self._writable, None
@@ -263,29 +272,61 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._disarm_idle()
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as upgrade:
-            # answered in HTTP/1.1 (RFC 9110 7.8: a server may ignore an upgrade); what follows
-            # the request goes to a new parser
-            self._parser = httptools.HttpRequestParser(self)
-            rest = data[upgrade.args[0]:] if upgrade.args and isinstance(upgrade.args[0], int) \
-                else b""
-            if rest:
-                self.data_received(rest)
-        except httptools.HttpParserError as err:
-            answer, self._refused = self._refused, None
-            self._refuse(answer or _error(400, f"A malformed HTTP request: {err}."))
-        else:
-            if self._task is None and not self._queue:
-                self._arm_idle()  # a request begun and not finished: the idle clock runs
+        if self._lingering:  # after a refusal: discarded, so that the close resets nothing
+            self._lingering = max(0, self._lingering - len(data))
+            if not self._lingering:
+                self._close()
+            return
+        if self._refusing:
+            return
+        while data:
+            if self._upgrade is not None:
+                data = self._upgrade_body(data)
+                continue
+            if self._in_head:
+                self._head_raw += len(data)
+            try:
+                self._parser.feed_data(data)
+                data = b""
+            except httptools.HttpParserUpgrade as upgrade:
+                # answered in HTTP/1.1 (RFC 9110 7.8: a server may ignore an upgrade); the
+                # parser stops after the head, so the body is read here and what follows goes
+                # to a new parser
+                self._parser = httptools.HttpRequestParser(self)
+                at = upgrade.args[0] if upgrade.args and isinstance(upgrade.args[0], int) \
+                    else len(data)
+                data = data[at:]
+            except httptools.HttpParserError as err:
+                answer, self._refused = self._refused, None
+                self._refuse(answer or _error(400, f"A malformed HTTP request: {err}."))
+                return
+            if self._in_head and self._head_raw > MAX_HEAD_BYTES:
+                self._refuse(_error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes."))
+                return
+        if self._task is None and not self._queue:
+            self._arm_idle()  # a request begun and not finished: the idle clock runs
+
+    def _upgrade_body(self, data: bytes) -> bytes:
+        """Take an upgrade request's body off ``data`` (the rest: the next requests)."""
+        request = self._upgrade
+        assert request is not None
+        piece, rest = data[:self._upgrade_left], data[self._upgrade_left:]
+        self._body.append(piece)
+        self._upgrade_left -= len(piece)
+        if not self._upgrade_left:
+            request.body = b"".join(self._body)
+            self._upgrade = None
+            self._body = []
+            self._enqueue(request)
+        return rest
 
     def _refuse(self, answer: Answer) -> None:
-        """Answer ``answer`` after what is queued and read nothing more."""
+        """Answer ``answer`` after what is queued, and read nothing more."""
+        self._refusing = True
         self._queue.append(answer)
-        if self.transport is not None:
-            self.transport.pause_reading()
+        if self.transport is not None and not self._paused_reading:
             self._paused_reading = True
+            self.transport.pause_reading()
         self._next()
 
     # ---- parser callbacks ------------------------------------------------------------------
@@ -298,22 +339,27 @@ class _Connection(asyncio.Protocol):
         self._head_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a chunked body's trailer: never taken for a header
         self._head_bytes += len(name) + len(value)
-        if self._head_bytes > MAX_HEAD_BYTES:
-            self._refused = _error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes.")
-            raise httptools.HttpParserError("the head is too large")
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         known = self._headers.get(key)
         self._headers[key] = text if known is None else f"{known}, {text}"
 
     def on_headers_complete(self) -> None:
+        self._in_head, self._head_raw = False, 0
+        if self._head_bytes > MAX_HEAD_BYTES:  # came whole in one read (else data_received)
+            self._refused = _error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes.")
+            raise httptools.HttpParserError("the head is too large")
         limit = self._server.max_body
-        length = self._headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
+        length = self._headers.get("content-length", "").strip()
+        if length.isdigit() and int(length) > limit:
             self._refused = self._server.too_large()
             raise httptools.HttpParserError("the body is too large")  # read no more of it
-        if self._headers.get("expect", "").lower() == "100-continue" and self.transport:
+        if self._headers.get("expect", "").lower() == "100-continue" and self.transport \
+                and self._parser.get_http_version() == "1.1" and self._task is None \
+                and not self._queue:  # never inside an answer being written
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -324,7 +370,14 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_head, self._head_raw = True, 0
         url = self._url
+        if not url.startswith(b"/"):  # absolute form (http://host/path): routed by its path
+            try:
+                parsed = httptools.parse_url(url)
+                url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
+            except httptools.HttpParserInvalidURLError:
+                pass  # authority form (CONNECT) or "*": no route has it, so a 404
         raw_path, _, query = url.partition(b"?")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         parser = self._parser
@@ -332,29 +385,54 @@ class _Connection(asyncio.Protocol):
                           unquote(raw_path.decode("latin-1")), query.decode("latin-1"),
                           self._headers, body, self._remote, parser.get_http_version() == "1.1",
                           parser.should_keep_alive(), self)
-        self._queue.append(request)
-        if len(self._queue) > MAX_QUEUED and self.transport is not None \
-                and not self._paused_reading:
-            self._paused_reading = True
-            self.transport.pause_reading()
-        self._next()
+        if parser.should_upgrade():
+            length = self._headers.get("content-length", "0").strip() or "0"
+            if "transfer-encoding" in self._headers or not length.isdigit():
+                self._refused = _error(400, "A request with Upgrade must send its body with "
+                                       "Content-Length.")
+                raise httptools.HttpParserError("an upgrade with a chunked body")
+            if int(length):  # the parser skips its body: read here (data_received)
+                self._upgrade, self._upgrade_left, self._body = request, int(length), []
+                return
+        self._enqueue(request)
 
     # ---- answering, one request at a time --------------------------------------------------
 
-    def _next(self) -> None:
-        if self._task is not None or self.closed:
+    def _enqueue(self, request: Request) -> None:
+        self._queue.append(request)
+        self._queued_bytes += len(request.body)
+        self._flow()
+        self._next()
+
+    def _flow(self) -> None:
+        """Stop reading while too much waits (requests or their bodies); go on at half."""
+        if self.transport is None or self._refusing:
             return
+        over = len(self._queue) > MAX_QUEUED or self._queued_bytes > self._server.max_body
+        under = len(self._queue) <= MAX_QUEUED // 2 \
+            and self._queued_bytes <= self._server.max_body // 2
+        if over and not self._paused_reading:
+            self._paused_reading = True
+            self.transport.pause_reading()
+        elif under and self._paused_reading:
+            self._paused_reading = False
+            self.transport.resume_reading()
+
+    def _next(self) -> None:
+        if self._task is not None or self.closed or self._writable is not None:
+            return  # busy, gone, or the client has not read the last answer yet
         if not self._queue:
-            self._arm_idle()
+            if self._server.stopping:
+                self._close()
+            else:
+                self._arm_idle()
             return
         item = self._queue.popleft()
         if isinstance(item, Answer):
             self._send(item, None)
             return
-        if self._paused_reading and len(self._queue) <= MAX_QUEUED // 2 \
-                and self.transport is not None:
-            self._paused_reading = False
-            self.transport.resume_reading()
+        self._queued_bytes -= len(item.body)
+        self._flow()
         self._disarm_idle()
         self._task = self._loop.create_task(self._answer(item))
 
@@ -365,12 +443,15 @@ class _Connection(asyncio.Protocol):
             if self.closed:
                 return
             raise
-        except ConnectionResetError:
+        except ConnectionResetError:  # a write to this client failed: it is gone
+            self._task = None
+            self._close()
             return
         except Exception:
             log.exception("door: the handler of %s %s failed", request.method, request.path)
             result = _error(500, "The door failed to answer this request; see its log.")
             if request._stream is not None:  # a stream already begun cannot become an error
+                self._task = None
                 self._close()
                 return
         if isinstance(result, Stream):
@@ -378,7 +459,7 @@ class _Connection(asyncio.Protocol):
             with contextlib.suppress(ConnectionResetError):
                 await result.end()
             self._task = None
-            if not request.keep_alive:
+            if not request.keep_alive or self._server.stopping:
                 self._close()
             else:
                 self._next()
@@ -387,35 +468,58 @@ class _Connection(asyncio.Protocol):
         self._send(result, request)
 
     def _send(self, answer: Answer, request: Request | None) -> None:
+        """Write a whole answer; ``request`` None: a refusal of what could not be read."""
         if self.closed or self.transport is None:
             return
-        close = answer.close or request is None or not request.keep_alive
-        headers = answer.headers
+        close = answer.close or request is None or not request.keep_alive \
+            or self._server.stopping
         extra = f"Content-Length: {len(answer.body)}\r\n"
         if request is not None and not request.http11 and not close:
             extra += "Connection: keep-alive\r\n"
-        head = _head(answer.status, headers, extra, close)
+        head = _head(answer.status, answer.headers, extra, close)
         if request is not None and request.method == "HEAD":
             self.transport.write(head)
         else:
             self.transport.write(head + answer.body)
-        if close:
+        if request is None:
+            self._linger()
+        elif close:
             self._close()
         else:
             self._next()
 
-    def _close(self) -> None:
+    def _linger(self) -> None:
+        """After a refusal: stop writing, read and discard what the client still sends (up to
+        ``LINGER_BYTES``, for ``LINGER_S``), then close. Closing with unread bytes would reset
+        the connection, and the client would see a reset instead of the answer."""
+        assert self.transport is not None
+        self._lingering = LINGER_BYTES
+        self._refusing = False
+        self._queue.clear()
+        with contextlib.suppress(OSError, RuntimeError, NotImplementedError):
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+        if self._paused_reading:
+            self._paused_reading = False
+            self.transport.resume_reading()
+        self._disarm_idle()
+        self._idle = self._loop.call_later(LINGER_S, self._close)
+
+    def _close(self, abort: bool = False) -> None:
         self._server.connections.discard(self)
         if self.transport is not None and not self.closed:
             self.closed = True
-            self.transport.close()
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     def _arm_idle(self) -> None:
         if self._idle is None and not self.closed:
             self._idle = self._loop.call_later(self._server.keepalive_s, self._close)
 
     def _disarm_idle(self) -> None:
-        if self._idle is not None:
+        if self._idle is not None and not self._lingering:
             self._idle.cancel()
             self._idle = None
 
@@ -423,12 +527,12 @@ class _Connection(asyncio.Protocol):
     def busy(self) -> bool:
         return self._task is not None
 
-    def cancel(self) -> asyncio.Task[None] | None:
+    def cancel(self, abort: bool = False) -> asyncio.Task[None] | None:
         """Close the connection and cancel its handler; that handler's task, if any."""
         task = self._task
         if task is not None and not task.done():
             task.cancel()
-        self._close()
+        self._close(abort)
         return task
 
 
@@ -443,6 +547,7 @@ class Server:
         self.keepalive_s = keepalive_s
         self.shutdown_s = shutdown_s
         self.connections: set[_Connection] = set()
+        self.stopping = False  # answers close their connections; no new request starts
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str | None, port: int) -> int:
@@ -452,6 +557,7 @@ class Server:
         return int(sockets[0].getsockname()[1]) if sockets else port
 
     async def stop(self) -> None:
+        self.stopping = True
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -460,7 +566,8 @@ class Server:
         deadline = time.monotonic() + self.shutdown_s
         while any(c.busy for c in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        tasks = [t for t in (c.cancel() for c in list(self.connections)) if t is not None]
+        tasks = [t for t in (c.cancel(abort=True) for c in list(self.connections))
+                 if t is not None]
         if tasks:  # let the cancelled handlers run their cleanup
             await asyncio.wait(tasks, timeout=self.shutdown_s)
         if self._server is not None:

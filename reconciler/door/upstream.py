@@ -281,7 +281,8 @@ class _Connection(asyncio.Protocol):
             sink(piece)
         if self._paused and self.transport is not None:
             self._paused = False
-            self.transport.resume_reading()
+            if not self._held:  # the sink's client may have filled up meanwhile
+                self.transport.resume_reading()
         self.sink, self.sink_end = sink, end
         try:
             while not self.parser.done:
