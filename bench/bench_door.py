@@ -27,10 +27,7 @@ Latency is send to last byte; time to first token (streams) is send to the first
 Added latency is the difference of two targets' percentiles (requests cannot be paired). The
 door's own time is per request, from its access log: its time in the door less the engine's
 (``upstream_ms``): what the door spends inside, without the scheduling waits of a process on a
-loaded machine before it reads a request and after it writes the answer. "Engine seen by the
-door" is the engine's part of those requests (``upstream_ms``: sent to the engine -> its last
-byte passed on) less the direct p50: how much slower the engine itself answered while the door
-ran beside it (a third busy process on 2 cores delays each of a stream's token timers). CPU
+loaded machine before it reads a request and after it writes the answer. CPU
 seconds per request are measured for the agent process (where the door runs, less what it
 spends while the direct slices run), the relay, the engine and the load generator itself.
 
@@ -86,7 +83,6 @@ class Slice:
     latency: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
     own: list[float] = field(default_factory=list)  # the door's own time (its access log)
-    engine: list[float] = field(default_factory=list)  # the engine's time, as the door saw it
     seconds: float = 0.0
     errors: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
@@ -95,7 +91,6 @@ class Slice:
         self.latency += other.latency
         self.ttft += other.ttft
         self.own += other.own
-        self.engine += other.engine
         self.seconds += other.seconds
         self.errors += other.errors
         for k, v in other.cpu.items():
@@ -312,21 +307,19 @@ class AccessTail:
         self.path = path
         self.offset = 0
 
-    async def take(self) -> tuple[list[float], list[float]]:
-        """The door's own times and the engine's (``upstream_ms``), in seconds."""
+    async def take(self) -> list[float]:
         await asyncio.sleep(0.3)  # the door writes its lines within 0.2 s
         with open(self.path, "rb") as fh:
             fh.seek(self.offset)
             data = fh.read()
         self.offset += len(data)
-        own, engine = [], []
+        out = []
         for line in data.decode().splitlines():
             doc = json.loads(line)
             if doc.get("upstream_ms") is not None and doc["status"] == 200:
-                own.append((doc["duration_ms"] - doc["upstream_ms"] - (doc["held_ms"] or 0.0))
+                out.append((doc["duration_ms"] - doc["upstream_ms"] - (doc["held_ms"] or 0.0))
                            / 1000)
-                engine.append(doc["upstream_ms"] / 1000)
-        return own, engine
+        return out
 
 
 async def side_by_side(http: aiohttp.ClientSession, args: argparse.Namespace, door: str,
@@ -352,7 +345,7 @@ async def side_by_side(http: aiohttp.ClientSession, args: argparse.Namespace, do
             got = await load(http, urls[target], c, args.seconds, stream, args.max_tokens, procs,
                              spread)
             if target == "door":
-                got.own, got.engine = await tail.take()
+                got.own = await tail.take()
             table.setdefault((model, c, mode, target), Slice()).add(got)
         d, g, r = (table[(model, c, mode, t)] for t in ("direct", "door", "relay"))
         log(f"{model} c={c} {mode}: direct p50 {d.ms(50):.2f} ms {d.rate:.0f}/s, relay "
@@ -368,10 +361,9 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slic
              f"tokens; engine f: no simulated compute; {args.seconds:g} s x {2 * args.rounds} slices "
              "per target",
              "", "| engine | c | mode | direct p50 / p99 ms | relay: added p50 / p99 ms | door: "
-             "added p50 / p99 ms | door's own p50 / p99 ms | engine seen by the door: p50 over "
-             "direct ms | req/s direct, relay, door | door share | CPU ms/req: door, relay, "
-             "engine, loadgen |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "added p50 / p99 ms | door's own p50 / p99 ms | req/s direct, relay, door | door "
+             "share | CPU ms/req: door, relay, engine, loadgen |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     passed, details = True, {}
     for (model, c, kind, target), got in sorted(table.items()):
         if target != "door":
@@ -385,13 +377,10 @@ def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slic
             door_cpu = got.cpu_ms("agent+door") - d.cpu_ms("agent+door")  # less its idle work
             own = "-" if ttft or not got.own else \
                 f"{percentile(got.own, 50) * 1000:.2f} / {percentile(got.own, 99) * 1000:.2f}"
-            seen = "-" if ttft or not got.engine else \
-                f"{percentile(got.engine, 50) * 1000 - d.ms(50):+.2f}"
             lines.append(
                 f"| {model} | {c} | {mode} | {d.ms(50, ttft):.2f} / {d.ms(99, ttft):.2f} | "
                 f"{r.ms(50, ttft) - d.ms(50, ttft):+.2f} / {r.ms(99, ttft) - d.ms(99, ttft):+.2f}"
-                f" | {added50:+.2f} / {added99:+.2f} | {own} | {seen} | {d.rate:.0f}, "
-                f"{r.rate:.0f}, "
+                f" | {added50:+.2f} / {added99:+.2f} | {own} | {d.rate:.0f}, {r.rate:.0f}, "
                 f"{got.rate:.0f} | {share:.2f} | {door_cpu:.2f}, {r.cpu_ms('relay ' + model):.2f}"
                 f", {got.cpu_ms('engine ' + model):.2f}, {got.cpu_ms('loadgen'):.2f} |")
             details[f"{model} c{c} {mode}"] = {"added_p50_ms": added50, "added_p99_ms": added99,
