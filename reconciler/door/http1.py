@@ -165,11 +165,11 @@ def _date() -> bytes:
     return cast(bytes, _DATE[1])
 
 
+_PHRASES = {int(s): s.phrase for s in http.HTTPStatus}
+
+
 def _phrase(status: int) -> str:
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
+    return _PHRASES.get(status, "Unknown")
 
 
 def _head(status: int, headers: dict[str, str], extra: str, close: bool) -> bytes:
@@ -201,6 +201,7 @@ class _Connection(asyncio.Protocol):
         self._queued_bytes = 0  # the bodies of the queued requests
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # None: a request is being answered
         self._paused_reading = False
         self._refusing = False  # a refusal is queued: read nothing more but to discard it
         self._lingering = 0  # bytes still to discard after a refusal, before the close
@@ -233,7 +234,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
-        self._disarm_idle()
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: its handler stops
         self._queue.clear()
@@ -503,7 +506,7 @@ class _Connection(asyncio.Protocol):
             self._paused_reading = False
             self.transport.resume_reading()
         self._disarm_idle()
-        self._idle = self._loop.call_later(LINGER_S, self._close)
+        self._loop.call_later(LINGER_S, self._close)
 
     def _close(self, abort: bool = False) -> None:
         self._server.connections.discard(self)
@@ -514,14 +517,28 @@ class _Connection(asyncio.Protocol):
             else:
                 self.transport.close()
 
+    # the idle clock: one timer that looks when it fires, rather than a timer made and
+    # cancelled for every request (a keep-alive connection is idle between most requests)
+
     def _arm_idle(self) -> None:
-        if self._idle is None and not self.closed:
-            self._idle = self._loop.call_later(self._server.keepalive_s, self._close)
+        if self.closed:
+            return
+        self._idle_since = self._loop.time()
+        if self._idle is None:
+            self._idle = self._loop.call_later(self._server.keepalive_s, self._idle_check)
 
     def _disarm_idle(self) -> None:
-        if self._idle is not None and not self._lingering:
-            self._idle.cancel()
-            self._idle = None
+        self._idle_since = None
+
+    def _idle_check(self) -> None:
+        self._idle = None
+        if self.closed or self._idle_since is None or self._lingering:
+            return  # busy (the next idle spell arms it again), or closing anyway
+        left = self._idle_since + self._server.keepalive_s - self._loop.time()
+        if left <= 0:
+            self._close()
+        else:
+            self._idle = self._loop.call_later(left, self._idle_check)
 
     @property
     def busy(self) -> bool:
