@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aiohttp import test_utils
+import aiohttp
 from prometheus_client import CollectorRegistry
 
 from reconciler.door.access import AccessLog, AccessRecord
@@ -18,7 +18,7 @@ from reconciler.door.keys import KeyFile
 from reconciler.door.ledger import Changes, Ledger
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.plan import Forward
-from reconciler.door.server import make_app
+from reconciler.door.server import make_server
 from reconciler.door.settings import DoorSettings
 from contract.quantity import GiB
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
@@ -276,22 +276,26 @@ async def test_a_replica_that_cannot_serve_answers_every_route_503_and_asks_noth
     door = door_for(rig)
     why: list[str | None] = ["this replica stands by"]
     door.standby = lambda: why[0]
-    server = test_utils.TestServer(make_app(door, KeyFile(None), AccessLog("off")))
-    async with test_utils.TestClient(server) as client:
-        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
-            resp = await client.request(method, path, json={"model": "m", "messages": []})
-            assert resp.status == 503 and resp.headers["Retry-After"] == "1"
-            assert resp.headers["Connection"].lower() == "close"
-            assert await resp.json() == {"error": {
-                "message": "this replica stands by", "type": "service_unavailable",
-                "param": None, "code": "not_leading"}}
-        resp = await client.get("/healthz")
-        assert resp.status == 503 and (await resp.json())["status"] == "standby"
-        assert rig.deps.wakes.get("m") is None and rig.claim_kicks == []
-        assert door.ledger.in_flight("m") == 0 and a.calls_of("wake") == []
-        why[0] = None  # it leads now
-        resp = await client.get("/healthz")
-        assert resp.status == 200 and await resp.json() == {"status": "ok"}
+    server = make_server(door, KeyFile(None), AccessLog("off"))
+    port = await server.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as client:
+            for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+                resp = await client.request(method, path, json={"model": "m", "messages": []})
+                assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+                assert resp.headers["Connection"].lower() == "close"
+                assert await resp.json() == {"error": {
+                    "message": "this replica stands by", "type": "service_unavailable",
+                    "param": None, "code": "not_leading"}}
+            resp = await client.get("/healthz")
+            assert resp.status == 503 and (await resp.json())["status"] == "standby"
+            assert rig.deps.wakes.get("m") is None and rig.claim_kicks == []
+            assert door.ledger.in_flight("m") == 0 and a.calls_of("wake") == []
+            why[0] = None  # it leads now
+            resp = await client.get("/healthz")
+            assert resp.status == 200 and await resp.json() == {"status": "ok"}
+    finally:
+        await server.stop()
 
 
 async def test_held_requests_are_answered_503_when_the_replica_stops_serving(

@@ -169,6 +169,29 @@ async def test_a_slow_reader_pauses_reading_from_the_engine(
     pool.close()
 
 
+async def test_a_pipe_hands_on_every_piece_and_a_held_connection_goes_back_reading(
+        engine: tuple[int, list[str]]) -> None:
+    port, peers = engine
+    pool = Upstream()
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"50")
+    got: list[bytes] = []
+
+    def full_client(piece: bytes) -> None:  # a client whose socket is full after each piece
+        got.append(piece)
+        resp.hold(True)
+        asyncio.get_running_loop().call_soon(resp.hold, False)
+
+    await asyncio.wait_for(resp.pipe(full_client), 10)
+    assert b"".join(got) == b"".join(b"x" * 1024 + str(i).encode() for i in range(50))
+    conn = resp._conn
+    assert conn is not None and not conn._held and conn.reusable
+    resp.release()
+    resp = await pool.post("127.0.0.1", port, "/echo", {}, b"next")  # the same connection
+    assert await asyncio.wait_for(resp.read(), 5) == b"next" and peers[-1] == peers[0]
+    resp.release()
+    pool.close()
+
+
 async def test_an_engine_that_is_not_there_is_an_upstream_error() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

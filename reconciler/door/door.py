@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from yarl import URL
 
 from reconciler.context import Deps
@@ -37,6 +36,7 @@ from reconciler.desired import ClaimKey, key_text
 from reconciler.door import errors, plan, proxy, window
 from reconciler.door.access import AccessRecord
 from reconciler.door.catalog import Catalog
+from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
 from reconciler.door.ledger import Changes, Ledger
 from reconciler.door.metrics import DoorMetrics
@@ -51,7 +51,7 @@ TOKENIZE_TIMEOUT_S = 5.0
 class Refused(Exception):
     """A request answered by the door itself; ``reason`` feeds the errors metric."""
 
-    def __init__(self, response: web.Response, reason: str) -> None:
+    def __init__(self, response: Answer, reason: str) -> None:
         super().__init__(reason)
         self.response = response
         self.reason = reason
@@ -223,9 +223,9 @@ class Door:
 
     # ---- one request --------------------------------------------------------------------------
 
-    async def serve(self, request: web.Request, endpoint: str, doc: Mapping[str, Any],
+    async def serve(self, request: Request, endpoint: str, doc: Mapping[str, Any],
                     body: bytes, key: Key | None, ticket: Ticket,
-                    rec: AccessRecord, outcome: proxy.Outcome) -> web.StreamResponse:
+                    rec: AccessRecord, outcome: proxy.Outcome) -> Answer | Stream:
         name = doc["model"]
         keys = self.catalog.claims_for(name)
         if not keys:  # perhaps an adapter loaded since we last asked the engines

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from aiohttp import web
+from reconciler.door.http1 import Answer
 
 
 def error_body(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:
@@ -23,54 +23,55 @@ def error_body(message: str, kind: str, code: str | None, param: str | None = No
 
 
 def error_response(status: int, message: str, kind: str, code: str | None,
-                   param: str | None = None, retry_after: int | None = None) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return web.Response(status=status, body=error_body(message, kind, code, param),
-                        content_type="application/json", headers=headers)
+                   param: str | None = None, retry_after: int | None = None) -> Answer:
+    headers = {"Content-Type": "application/json"}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return Answer(status, error_body(message, kind, code, param), headers)
 
 
-def bad_request(message: str, param: str | None = None) -> web.Response:
+def bad_request(message: str, param: str | None = None) -> Answer:
     return error_response(400, message, "invalid_request_error", None, param)
 
 
-def unknown_model(model: str, known: Iterable[str]) -> web.Response:
+def unknown_model(model: str, known: Iterable[str]) -> Answer:
     names = sorted(known)
     listed = ", ".join(names) if names else "none yet"
     return error_response(404, f"The model `{model}` does not exist. Models served here: "
                           f"{listed}.", "invalid_request_error", "model_not_found", "model")
 
 
-def not_allowed(model: str, allowed: Iterable[str]) -> web.Response:
+def not_allowed(model: str, allowed: Iterable[str]) -> Answer:
     names = ", ".join(sorted(allowed)) or "none"
     return error_response(403, f"This API key may not use the model `{model}`; it may use: "
                           f"{names}.", "invalid_request_error", "model_not_allowed", "model")
 
 
-def unauthorized(message: str) -> web.Response:
+def unauthorized(message: str) -> Answer:
     response = error_response(401, message, "invalid_request_error", "invalid_api_key")
     response.headers["WWW-Authenticate"] = "Bearer"
     return response
 
 
-def context_exceeded(message: str, param: str) -> web.Response:
+def context_exceeded(message: str, param: str) -> Answer:
     return error_response(400, message, "invalid_request_error", "context_length_exceeded", param)
 
 
-def unavailable(message: str, code: str, retry_after: int | None) -> web.Response:
+def unavailable(message: str, code: str, retry_after: int | None) -> Answer:
     return error_response(503, message, "service_unavailable", code, None, retry_after)
 
 
 NOT_SERVING_RETRY_AFTER = 1  # the leader answers meanwhile; a takeover needs a Lease's time
 
 
-def not_serving(message: str) -> web.Response:
+def not_serving(message: str) -> Answer:
     response = error_response(503, message, "service_unavailable", "not_leading", None,
                               NOT_SERVING_RETRY_AFTER)
-    response.force_close()  # the retry comes on a new connection, perhaps to the leader
+    response.close = True  # the retry comes on a new connection, perhaps to the leader
     return response
 
 
-def upstream_failed(message: str) -> web.Response:
+def upstream_failed(message: str) -> Answer:
     return error_response(502, message, "upstream_error", "upstream_error")
 
 

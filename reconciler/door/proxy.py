@@ -5,13 +5,15 @@ request, whose server knows its model by the Ollama tag), over the door's own ke
 connections (``upstream``). The answer comes back untouched:
 
 * a JSON answer is read whole and sent on with the engine's status and content type;
-* a Server-Sent Event stream (``text/event-stream``) is written on chunk by chunk as it arrives,
-  each write waiting for the client's socket to drain (backpressure: a slow reader slows the
-  engine's stream instead of growing the door's memory). If the engine breaks off mid-stream the
-  client gets an error event and ``[DONE]`` (vLLM's own shape for an error inside a stream),
-  never a silent cut. A client that goes away cancels the handler (the door's server runs with
-  handler cancellation), which closes the engine connection (an unfinished answer's connection
-  is never reused), and the engine aborts the request.
+* a Server-Sent Event stream (``text/event-stream``) is piped: each piece the engine sends is
+  written to the client in the engine connection's own callback (``Response.pipe``), with no
+  task switch between the two sockets. When the client's socket buffer fills, reading from the
+  engine stops until it drains (backpressure: a slow reader slows the engine's stream instead of
+  growing the door's memory). If the engine breaks off mid-stream the client gets an error event
+  and ``[DONE]`` (vLLM's own shape for an error inside a stream), never a silent cut. A client
+  that goes away cancels the handler (``reconciler.door.http1``), which closes the engine
+  connection (an unfinished answer's connection is never reused), and the engine aborts the
+  request.
 
 Usage (``prompt_tokens``, ``completion_tokens``) is read from the answer's last ``"usage"``
 object, found by searching the bytes (the answer is not parsed): the whole body of a JSON answer,
@@ -26,13 +28,13 @@ import json
 import time
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from reconciler.door.errors import stream_error_event, upstream_failed
+from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.upstream import Response, Upstream, UpstreamError
 
 TAIL_BYTES = 4096
-PASS_REQUEST = ("Content-Type", "Accept", "Accept-Encoding", "X-Request-Id")
+PASS_REQUEST = (("content-type", "Content-Type"), ("accept", "Accept"),
+                ("accept-encoding", "Accept-Encoding"), ("x-request-id", "X-Request-Id"))
 PASS_RESPONSE = ("Content-Type", "Content-Encoding", "Cache-Control", "X-Request-Id")
 _USAGE = b'"usage"'
 _DECODER = json.JSONDecoder()
@@ -69,10 +71,11 @@ def usage_of(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _request_headers(request: web.Request) -> dict[str, str]:
+def _request_headers(request: Request) -> dict[str, str]:
     out: dict[str, str] = {}
-    for name in PASS_REQUEST:
-        value = request.headers.get(name)
+    given = request.headers
+    for key, name in PASS_REQUEST:
+        value = given.get(key)
         if value is not None:
             out[name] = value
     return out
@@ -87,8 +90,8 @@ def _response_headers(upstream: Response) -> dict[str, str]:
     return out
 
 
-async def forward(request: web.Request, upstream_pool: Upstream, host: str, port: int,
-                  path: str, body: bytes, outcome: Outcome) -> web.StreamResponse:
+async def forward(request: Request, upstream_pool: Upstream, host: str, port: int,
+                  path: str, body: bytes, outcome: Outcome) -> Answer | Stream:
     """Send ``body`` to the engine at ``host:port``; the answer for the client (a 502 when the
     engine did not answer)."""
     sent = time.monotonic()
@@ -115,28 +118,34 @@ async def forward(request: web.Request, upstream_pool: Upstream, host: str, port
     else:
         outcome.usage_from = data
     outcome.bytes_out = len(data)
-    return web.Response(status=upstream.status, body=data, headers=_response_headers(upstream))
+    return Answer(upstream.status, data, _response_headers(upstream))
 
 
-async def _stream(request: web.Request, upstream: Response,
-                  outcome: Outcome) -> web.StreamResponse:
-    out = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream))
-    await out.prepare(request)
+async def _stream(request: Request, upstream: Response, outcome: Outcome) -> Stream:
+    out = await request.stream(upstream.status, _response_headers(upstream))
     tail = b""
+
+    def passed(chunk: bytes) -> None:  # in the engine connection's callback: no task switch
+        nonlocal tail
+        if outcome.first_byte is None:
+            outcome.first_byte = time.monotonic()
+        out.send(chunk)
+        outcome.bytes_out += len(chunk)
+        tail = (tail + chunk)[-TAIL_BYTES:]
+
+    out.pressure(upstream.hold)  # a full client socket stops the reading from the engine
     try:
         try:
-            async for chunk in upstream.chunks():
-                if outcome.first_byte is None:
-                    outcome.first_byte = time.monotonic()
-                await out.write(chunk)
-                outcome.bytes_out += len(chunk)
-                tail = (tail + chunk)[-TAIL_BYTES:]
+            await upstream.pipe(passed, out.finish)  # the stream's end written as it comes
         except UpstreamError as err:
             outcome.error = "upstream_broken"
             await out.write(stream_error_event(f"the model's engine broke off the stream: {err}"))
-        await out.write_eof()
+        out.pressure(None)
+        await out.end()
     except ConnectionResetError:  # the client went away while we wrote
         outcome.error = "client_disconnected"
         return out
+    finally:
+        out.pressure(None)
     outcome.usage_from = tail
     return out

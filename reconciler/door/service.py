@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from reconciler.context import Deps
@@ -26,7 +25,8 @@ from reconciler.door.door import Door
 from reconciler.door.keys import KeyFile
 from reconciler.door.ledger import Changes, Ledger
 from reconciler.door.metrics import DoorMetrics
-from reconciler.door.server import make_app
+from reconciler.door.http1 import Server
+from reconciler.door.server import make_server
 from reconciler.door.settings import DoorSettings
 
 log = logging.getLogger("reconciler.door")
@@ -50,7 +50,7 @@ class FrontDoor:
         deps.store.listen(self.changes.bump)
         deps.holds.listen(self.changes.bump)
         self.port = settings.port
-        self._runner: web.AppRunner | None = None
+        self._server: Server | None = None
         self._keys_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -62,16 +62,8 @@ class FrontDoor:
             auto_decompress=False, skip_auto_headers=("User-Agent",),
             cookie_jar=aiohttp.DummyCookieJar())  # engines set no cookies: skip the jar's work
         await asyncio.to_thread(self.access.open)
-        app = make_app(self.door, self.keys, self.access)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=SHUTDOWN_S)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, s.host, s.port)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) if server is not None else None
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        self._server = make_server(self.door, self.keys, self.access, SHUTDOWN_S)
+        self.port = await self._server.start(s.host, s.port)
         if self.keys.enabled:
             self._keys_task = asyncio.get_running_loop().create_task(self._watch_keys())
         log.info("door: OpenAI-compatible endpoint on %s:%d (%s)", s.host, self.port,
@@ -87,8 +79,8 @@ class FrontDoor:
             self._keys_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keys_task
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.stop()
         self.access.close()
         await self.door.catalog.stop()
         self.door.upstream.close()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -178,6 +178,9 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self.sink: Callable[[bytes], None] | None = None  # takes pieces as they arrive (pipe)
+        self.sink_end: Callable[[], None] | None = None  # told the answer ended, as it ends
+        self._held = False  # reading stopped by the pipe's client (hold)
 
     # ---- protocol -----------------------------------------------------------------------
 
@@ -191,6 +194,16 @@ class _Connection(asyncio.Protocol):
             pieces = self.parser.feed(data)
         except UpstreamError as err:
             self._fail(err)
+            return
+        sink = self.sink
+        if sink is not None:  # piped: handed on in this callback, no task woken per piece
+            for piece in pieces:
+                sink(piece)
+            if self.parser.done:
+                end, self.sink_end = self.sink_end, None
+                if end is not None:
+                    end()
+                self._wake()
             return
         for piece in pieces:
             self._pieces.append(piece)
@@ -257,6 +270,43 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return piece
 
+    async def pipe(self, sink: Callable[[bytes], None],
+                   end: Callable[[], None] | None = None) -> None:
+        """Every body piece to ``sink`` (those buffered now, then each as it arrives, in the
+        protocol's callback), and ``end()`` in the callback that completes the answer; returns
+        at the end of the answer."""
+        while self._pieces:
+            piece = self._pieces.popleft()
+            self._buffered -= len(piece)
+            sink(piece)
+        if self._paused and self.transport is not None:
+            self._paused = False
+            if not self._held:  # the sink's client may have filled up meanwhile
+                self.transport.resume_reading()
+        self.sink, self.sink_end = sink, end
+        try:
+            while not self.parser.done:
+                if self._error is not None:
+                    raise self._error
+                if self.closed:
+                    raise UpstreamError("the engine closed the connection mid-answer")
+                await self._wait()
+        finally:
+            self.sink = self.sink_end = None
+            self.hold(False)  # never back to the pool with reading stopped
+        if self._error is not None:
+            raise self._error
+
+    def hold(self, held: bool) -> None:
+        """Stop (True) or go on (False) reading the engine's answer: the client's socket is
+        full, or has room again."""
+        if self.transport is not None and not self.closed and held != self._held:
+            self._held = held
+            if held:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
     @property
     def reusable(self) -> bool:
         head = self.parser.head
@@ -289,6 +339,19 @@ class Response:
         assert self._conn is not None
         while (piece := await self._conn.piece()) is not None:
             yield piece
+
+    async def pipe(self, sink: Callable[[bytes], None],
+                   end: Callable[[], None] | None = None) -> None:
+        """Hand each body piece to ``sink`` as it arrives, with no task switch between the
+        engine's socket and ``sink``, and call ``end`` as the answer completes (not when it
+        breaks off); returns at the end (``UpstreamError`` if broken off). ``hold`` stops
+        reading meanwhile (backpressure)."""
+        assert self._conn is not None
+        await self._conn.pipe(sink, end)
+
+    def hold(self, held: bool) -> None:
+        if self._conn is not None:
+            self._conn.hold(held)
 
     async def read(self) -> bytes:
         assert self._conn is not None

@@ -1,0 +1,591 @@
+"""The door's HTTP/1.1 server: requests parsed by httptools, answers written whole or streamed.
+
+Why not aiohttp's server, which every other HTTP endpoint here uses: on the door's path it is
+most of what the door adds to a request. Measured on the 2-core bench machine, one keep-alive
+client posting a small JSON body and reading a 300-byte answer, sequentially: aiohttp's web
+application 86-96 us per round trip at p50 (84-90 us of server CPU a request), its low-level
+server 69-86 us, this server's shape (httptools, a task per request) 33-38 us (20-24 us of CPU).
+The door needs little of what a general server does: no routing tables, middlewares, cookies,
+multipart, compression or WebSockets.
+
+What it does:
+
+* keep-alive, and pipelined requests answered in order (more than ``MAX_QUEUED`` waiting
+  pause reading from the client);
+* request bodies by ``Content-Length`` or chunked, up to ``max_body`` bytes (past it: 413 and
+  the connection closed, at the head when ``Content-Length`` says so); ``Expect: 100-continue``
+  is answered ``100 Continue`` when the body will be taken (curl sends it for bodies over 1 KiB);
+* a request for an upgrade (``Upgrade: h2c``, as ``curl --http2`` sends over plain HTTP) is
+  answered in HTTP/1.1, as RFC 9110 lets a server do;
+* answers whole (``Answer``, with ``Content-Length``) or streamed (``Request.stream``: chunked
+  transfer coding; to an HTTP/1.0 client the stream ends with the connection). A stream's writes
+  wait while the client's socket buffer is full (backpressure);
+* a client that disconnects cancels its request's handler (the door leaves the queue it waited
+  in and closes its engine connection); a handler's exception is logged and answered 500;
+* an idle keep-alive connection is closed after ``keepalive_s``; ``stop`` stops listening, closes
+  idle connections, gives handlers in progress up to ``shutdown_s`` and then cancels them;
+* a malformed request is answered 400 (the parser's reason) and the connection closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any, cast
+from urllib.parse import unquote
+
+import httptools  # type: ignore[import-untyped]
+
+log = logging.getLogger("reconciler.door")
+
+MAX_HEAD_BYTES = 64 << 10  # the request line and headers together
+MAX_QUEUED = 16  # pipelined requests waiting behind the one being answered
+KEEPALIVE_S = 75.0
+SHUTDOWN_S = 2.0
+LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # after a refusal: what is read and discarded at most
+
+
+@dataclass
+class Answer:
+    """A whole answer: its status, body and headers (``Content-Length`` and ``Date`` are added);
+    ``close``: close the connection after it."""
+
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    close: bool = False
+
+
+def json_answer(doc: Any, status: int = 200, headers: dict[str, str] | None = None,
+                close: bool = False) -> Answer:
+    return Answer(status, json.dumps(doc).encode(),
+                  {"Content-Type": "application/json", **(headers or {})}, close)
+
+
+class Request:
+    """One request, its body read whole. ``headers``: lower-case names (repeated ones joined
+    with ", "); ``path``: percent-decoded, without the query."""
+
+    __slots__ = ("method", "path", "query", "headers", "body", "remote", "http11", "keep_alive",
+                 "_conn", "_stream")
+
+    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
+                 remote: str, http11: bool, keep_alive: bool, conn: _Connection | None) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.remote = remote
+        self.http11 = http11
+        self.keep_alive = keep_alive
+        self._conn = conn
+        self._stream: Stream | None = None
+
+    async def stream(self, status: int, headers: dict[str, str]) -> Stream:
+        """Start a streamed answer (the handler then returns it)."""
+        assert self._conn is not None and self._stream is None
+        self._stream = Stream(self._conn, self, status, headers)
+        await self._stream.start()
+        return self._stream
+
+
+Handler = Callable[[Request], Awaitable["Answer | Stream"]]
+
+
+class Stream:
+    """A streamed answer: ``write`` pieces as they come (each waits while the client's socket
+    buffer is full), then ``end``. ``ConnectionResetError`` once the client has gone."""
+
+    def __init__(self, conn: _Connection, request: Request, status: int,
+                 headers: dict[str, str]) -> None:
+        self._conn = conn
+        self._chunked = request.http11
+        self._status = status
+        self._headers = headers
+        self.ended = False
+        if not self._chunked:
+            request.keep_alive = False  # HTTP/1.0: the end of the connection ends the answer
+
+    async def start(self) -> None:
+        extra = "Transfer-Encoding: chunked\r\n" if self._chunked else ""
+        self._conn.write(_head(self._status, self._headers, extra, not self._chunked))
+        await self._conn.drain()
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return  # an empty chunk would end the answer
+        self._conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        await self._conn.drain()
+
+    def send(self, data: bytes, raw: bool = False) -> None:
+        """Write ``data`` now, without waiting (for a caller that keeps to ``pressure``);
+        nothing once the client has gone."""
+        conn = self._conn
+        if data and not conn.closed and conn.transport is not None:
+            chunk = self._chunked and not raw
+            conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunk else data)
+
+    def pressure(self, hook: Callable[[bool], None] | None) -> None:
+        """``hook(True)`` when the client's socket buffer fills, ``hook(False)`` when it has
+        room again (None: no more calls)."""
+        self._conn.on_pressure = hook
+        if hook is not None and self._conn._writable is not None:
+            hook(True)
+
+    async def end(self) -> None:
+        if self.ended:
+            return
+        self.finish()
+        await self._conn.drain()
+
+    def finish(self) -> None:
+        """End the answer now, without waiting."""
+        if not self.ended:
+            self.ended = True
+            if self._chunked:
+                self.send(b"0\r\n\r\n", raw=True)
+
+
+_DATE: list[Any] = [0, b""]
+
+
+def _date() -> bytes:
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[0], _DATE[1] = now, formatdate(now, usegmt=True).encode()
+    return cast(bytes, _DATE[1])
+
+
+_PHRASES = {int(s): s.phrase for s in http.HTTPStatus}
+
+
+def _phrase(status: int) -> str:
+    return _PHRASES.get(status, "Unknown")
+
+
+def _head(status: int, headers: dict[str, str], extra: str, close: bool) -> bytes:
+    lines = [f"HTTP/1.1 {status} {_phrase(status)}\r\n"]
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value:
+            continue  # never let a value split the answer
+        lines.append(f"{name}: {value}\r\n")
+    lines.append(extra)
+    if close:
+        lines.append("Connection: close\r\n")
+    return "".join(lines).encode("latin-1") + b"Date: " + _date() + b"\r\n\r\n"
+
+
+def _error(status: int, message: str) -> Answer:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json_answer({"error": {"message": message, "type": kind, "param": None,
+                                  "code": None}}, status, close=True)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._loop = asyncio.get_running_loop()  # protocols are made by the loop
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._remote = "-"
+        self._queue: deque[Request | Answer] = deque()
+        self._queued_bytes = 0  # the bodies of the queued requests
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # None: a request is being answered
+        self._paused_reading = False
+        self._refusing = False  # a refusal is queued: read nothing more but to discard it
+        self._lingering = 0  # bytes still to discard after a refusal, before the close
+        self._writable: asyncio.Future[None] | None = None
+        self.on_pressure: Callable[[bool], None] | None = None  # True: the client's buffer is full
+        self.closed = False
+        self._in_head = True  # between requests, or in one's head (not in its body)
+        self._head_raw = 0  # bytes fed while in a head (the parser holds a partial one)
+        self._upgrade: Request | None = None  # an upgrade request whose body is read here
+        self._upgrade_left = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._head_bytes = 0  # the request line's target and the headers, as parsed
+        self._body: list[bytes] = []
+        self._size = 0
+        self._refused: Answer | None = None  # an answer given instead of reading the body
+
+    # ---- the transport ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport
+        peer = transport.get_extra_info("peername")
+        self._remote = str(peer[0]) if isinstance(peer, tuple) and peer else "-"
+        self._server.connections.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._server.connections.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client went away: its handler stops
+        self._queue.clear()
+        self._wake_writer()
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = self._loop.create_future()
+        if self.on_pressure is not None:
+            self.on_pressure(True)
+
+    def resume_writing(self) -> None:
+        self._wake_writer()
+        if self.on_pressure is not None:
+            self.on_pressure(False)
+        if self._task is None:
+            self._next()  # answers wait while the client does not read them
+
+    def _wake_writer(self) -> None:
+        waiter, self._writable = self._writable, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def write(self, data: bytes) -> None:
+        if self.closed or self.transport is None:
+            raise ConnectionResetError("the client closed the connection")
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("the client closed the connection")
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
+            if self.closed:
+                raise ConnectionResetError("the client closed the connection")
+
+    def data_received(self, data: bytes) -> None:
+        self._disarm_idle()
+        if self._lingering:  # after a refusal: discarded, so that the close resets nothing
+            self._lingering = max(0, self._lingering - len(data))
+            if not self._lingering:
+                self._close()
+            return
+        if self._refusing:
+            return
+        while data:
+            if self._upgrade is not None:
+                data = self._upgrade_body(data)
+                continue
+            if self._in_head:
+                self._head_raw += len(data)
+            try:
+                self._parser.feed_data(data)
+                data = b""
+            except httptools.HttpParserUpgrade as upgrade:
+                # answered in HTTP/1.1 (RFC 9110 7.8: a server may ignore an upgrade); the
+                # parser stops after the head, so the body is read here and what follows goes
+                # to a new parser
+                self._parser = httptools.HttpRequestParser(self)
+                at = upgrade.args[0] if upgrade.args and isinstance(upgrade.args[0], int) \
+                    else len(data)
+                data = data[at:]
+            except httptools.HttpParserError as err:
+                answer, self._refused = self._refused, None
+                self._refuse(answer or _error(400, f"A malformed HTTP request: {err}."))
+                return
+            if self._in_head and self._head_raw > MAX_HEAD_BYTES:
+                self._refuse(_error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes."))
+                return
+        if self._task is None and not self._queue:
+            self._arm_idle()  # a request begun and not finished: the idle clock runs
+
+    def _upgrade_body(self, data: bytes) -> bytes:
+        """Take an upgrade request's body off ``data`` (the rest: the next requests)."""
+        request = self._upgrade
+        assert request is not None
+        piece, rest = data[:self._upgrade_left], data[self._upgrade_left:]
+        self._body.append(piece)
+        self._upgrade_left -= len(piece)
+        if not self._upgrade_left:
+            request.body = b"".join(self._body)
+            self._upgrade = None
+            self._body = []
+            self._enqueue(request)
+        return rest
+
+    def _refuse(self, answer: Answer) -> None:
+        """Answer ``answer`` after what is queued, and read nothing more."""
+        self._refusing = True
+        self._queue.append(answer)
+        if self.transport is not None and not self._paused_reading:
+            self._paused_reading = True
+            self.transport.pause_reading()
+        self._next()
+
+    # ---- parser callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._reset()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a chunked body's trailer: never taken for a header
+        self._head_bytes += len(name) + len(value)
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        known = self._headers.get(key)
+        self._headers[key] = text if known is None else f"{known}, {text}"
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_raw = False, 0
+        if self._head_bytes > MAX_HEAD_BYTES:  # came whole in one read (else data_received)
+            self._refused = _error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes.")
+            raise httptools.HttpParserError("the head is too large")
+        limit = self._server.max_body
+        length = self._headers.get("content-length", "").strip()
+        if length.isdigit() and int(length) > limit:
+            self._refused = self._server.too_large()
+            raise httptools.HttpParserError("the body is too large")  # read no more of it
+        if self._headers.get("expect", "").lower() == "100-continue" and self.transport \
+                and self._parser.get_http_version() == "1.1" and self._task is None \
+                and not self._queue:  # never inside an answer being written
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self._server.max_body:
+            self._refused = self._server.too_large()
+            raise httptools.HttpParserError("the body is too large")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._in_head, self._head_raw = True, 0
+        url = self._url
+        if not url.startswith(b"/"):  # absolute form (http://host/path): routed by its path
+            try:
+                parsed = httptools.parse_url(url)
+                url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
+            except httptools.HttpParserInvalidURLError:
+                pass  # authority form (CONNECT) or "*": no route has it, so a 404
+        raw_path, _, query = url.partition(b"?")
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        parser = self._parser
+        request = Request(parser.get_method().decode("latin-1"),
+                          unquote(raw_path.decode("latin-1")), query.decode("latin-1"),
+                          self._headers, body, self._remote, parser.get_http_version() == "1.1",
+                          parser.should_keep_alive(), self)
+        if parser.should_upgrade():
+            length = self._headers.get("content-length", "0").strip() or "0"
+            if "transfer-encoding" in self._headers or not length.isdigit():
+                self._refused = _error(400, "A request with Upgrade must send its body with "
+                                       "Content-Length.")
+                raise httptools.HttpParserError("an upgrade with a chunked body")
+            if int(length):  # the parser skips its body: read here (data_received)
+                self._upgrade, self._upgrade_left, self._body = request, int(length), []
+                return
+        self._enqueue(request)
+
+    # ---- answering, one request at a time --------------------------------------------------
+
+    def _enqueue(self, request: Request) -> None:
+        self._queue.append(request)
+        self._queued_bytes += len(request.body)
+        self._flow()
+        self._next()
+
+    def _flow(self) -> None:
+        """Stop reading while too much waits (requests or their bodies); go on at half."""
+        if self.transport is None or self._refusing:
+            return
+        over = len(self._queue) > MAX_QUEUED or self._queued_bytes > self._server.max_body
+        under = len(self._queue) <= MAX_QUEUED // 2 \
+            and self._queued_bytes <= self._server.max_body // 2
+        if over and not self._paused_reading:
+            self._paused_reading = True
+            self.transport.pause_reading()
+        elif under and self._paused_reading:
+            self._paused_reading = False
+            self.transport.resume_reading()
+
+    def _next(self) -> None:
+        if self._task is not None or self.closed or self._writable is not None:
+            return  # busy, gone, or the client has not read the last answer yet
+        if not self._queue:
+            if self._server.stopping:
+                self._close()
+            else:
+                self._arm_idle()
+            return
+        item = self._queue.popleft()
+        if isinstance(item, Answer):
+            self._send(item, None)
+            return
+        self._queued_bytes -= len(item.body)
+        self._flow()
+        self._disarm_idle()
+        self._task = self._loop.create_task(self._answer(item))
+
+    async def _answer(self, request: Request) -> None:
+        try:
+            result: Answer | Stream = await self._server.handler(request)
+        except asyncio.CancelledError:
+            if self.closed:
+                return
+            raise
+        except ConnectionResetError:  # a write to this client failed: it is gone
+            self._task = None
+            self._close()
+            return
+        except Exception:
+            log.exception("door: the handler of %s %s failed", request.method, request.path)
+            result = _error(500, "The door failed to answer this request; see its log.")
+            if request._stream is not None:  # a stream already begun cannot become an error
+                self._task = None
+                self._close()
+                return
+        if isinstance(result, Stream):
+            self.on_pressure = None
+            with contextlib.suppress(ConnectionResetError):
+                await result.end()
+            self._task = None
+            if not request.keep_alive or self._server.stopping:
+                self._close()
+            else:
+                self._next()
+            return
+        self._task = None
+        self._send(result, request)
+
+    def _send(self, answer: Answer, request: Request | None) -> None:
+        """Write a whole answer; ``request`` None: a refusal of what could not be read."""
+        if self.closed or self.transport is None:
+            return
+        close = answer.close or request is None or not request.keep_alive \
+            or self._server.stopping
+        extra = f"Content-Length: {len(answer.body)}\r\n"
+        if request is not None and not request.http11 and not close:
+            extra += "Connection: keep-alive\r\n"
+        head = _head(answer.status, answer.headers, extra, close)
+        if request is not None and request.method == "HEAD":
+            self.transport.write(head)
+        else:
+            self.transport.write(head + answer.body)
+        if request is None:
+            self._linger()
+        elif close:
+            self._close()
+        else:
+            self._next()
+
+    def _linger(self) -> None:
+        """After a refusal: stop writing, read and discard what the client still sends (up to
+        ``LINGER_BYTES``, for ``LINGER_S``), then close. Closing with unread bytes would reset
+        the connection, and the client would see a reset instead of the answer."""
+        assert self.transport is not None
+        self._lingering = LINGER_BYTES
+        self._refusing = False
+        self._queue.clear()
+        with contextlib.suppress(OSError, RuntimeError, NotImplementedError):
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+        if self._paused_reading:
+            self._paused_reading = False
+            self.transport.resume_reading()
+        self._disarm_idle()
+        self._loop.call_later(LINGER_S, self._close)
+
+    def _close(self, abort: bool = False) -> None:
+        self._server.connections.discard(self)
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
+
+    # the idle clock: one timer that looks when it fires, rather than a timer made and
+    # cancelled for every request (a keep-alive connection is idle between most requests)
+
+    def _arm_idle(self) -> None:
+        if self.closed:
+            return
+        self._idle_since = self._loop.time()
+        if self._idle is None:
+            self._idle = self._loop.call_later(self._server.keepalive_s, self._idle_check)
+
+    def _disarm_idle(self) -> None:
+        self._idle_since = None
+
+    def _idle_check(self) -> None:
+        self._idle = None
+        if self.closed or self._idle_since is None or self._lingering:
+            return  # busy (the next idle spell arms it again), or closing anyway
+        left = self._idle_since + self._server.keepalive_s - self._loop.time()
+        if left <= 0:
+            self._close()
+        else:
+            self._idle = self._loop.call_later(left, self._idle_check)
+
+    @property
+    def busy(self) -> bool:
+        return self._task is not None
+
+    def cancel(self, abort: bool = False) -> asyncio.Task[None] | None:
+        """Close the connection and cancel its handler; that handler's task, if any."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+        self._close(abort)
+        return task
+
+
+class Server:
+    """``await start(host, port)`` (the port it got back), then ``await stop()``."""
+
+    def __init__(self, handler: Handler, *, max_body: int, too_large: Callable[[], Answer],
+                 keepalive_s: float = KEEPALIVE_S, shutdown_s: float = SHUTDOWN_S) -> None:
+        self.handler = handler
+        self.max_body = max_body
+        self.too_large = too_large  # the 413 answer (its message names the limit)
+        self.keepalive_s = keepalive_s
+        self.shutdown_s = shutdown_s
+        self.connections: set[_Connection] = set()
+        self.stopping = False  # answers close their connections; no new request starts
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str | None, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        sockets = getattr(self._server, "sockets", None)
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            if not conn.busy:
+                conn.cancel()
+        deadline = time.monotonic() + self.shutdown_s
+        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        tasks = [t for t in (c.cancel(abort=True) for c in list(self.connections))
+                 if t is not None]
+        if tasks:  # let the cancelled handlers run their cleanup
+            await asyncio.wait(tasks, timeout=self.shutdown_s)
+        if self._server is not None:
+            await self._server.wait_closed()
