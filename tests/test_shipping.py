@@ -300,6 +300,14 @@ FAKE_AGENT = textwrap.dedent(
 )
 
 
+def _sigint_default() -> None:
+    """The entrypoint starts as under tini: SIGINT not ignored. A suite started in the
+    background of a non-interactive shell inherits SIGINT ignored, and a shell cannot trap a
+    signal ignored when it started (POSIX), so the SIGINT test would fail for the way the
+    suite was launched, not for the entrypoint."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Supervised:
     """The entrypoint running with a fake runtime-agent first on PATH."""
 
@@ -325,7 +333,7 @@ class Supervised:
         }
         self.proc = subprocess.Popen(
             [self.shell, str(ENTRYPOINT), *args], env=environ, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
+            stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_default,
         )
         return self.proc
 

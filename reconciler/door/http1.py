@@ -42,7 +42,7 @@ from email.utils import formatdate
 from typing import Any, cast
 from urllib.parse import unquote
 
-import httptools  # type: ignore[import-untyped]
+import httptools
 
 log = logging.getLogger("reconciler.door")
 
