@@ -73,6 +73,14 @@ def port_is_open(port: int) -> bool:
         return False
 
 
+def sigint_default() -> None:
+    """``preexec_fn`` for a process the test stops with SIGINT: SIGINT at its default, as under
+    tini or a terminal. A suite started in the background of a non-interactive shell inherits
+    SIGINT ignored, and a shell cannot trap a signal ignored when it started (POSIX), so such a
+    process would not stop for the way the suite was launched."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
     """Poll ``predicate`` until it holds or ``timeout`` passes; its final answer."""
     deadline = time.monotonic() + timeout

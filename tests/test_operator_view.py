@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime_agent.console import nodeview
-from tests.harness import AgentProcess, complete, free_port
+from tests.harness import AgentProcess, complete, free_port, sigint_default
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -173,7 +173,8 @@ def test_top_against_the_demo(tmp_path: Path, pane_factory: Callable[[list[str]]
     demo = subprocess.Popen([sys.executable, "scripts/demo.py", "--port", str(port),
                              "--claims-port", str(claims_port), "--state-dir",
                              str(tmp_path / "state"), "--keep-running"], cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=sigint_default)
     try:
         deadline = time.monotonic() + 240
         while "== running:" not in (tmp_path / "demo.log").read_text():
@@ -188,10 +189,13 @@ def test_top_against_the_demo(tmp_path: Path, pane_factory: Callable[[list[str]]
         assert "vllm (sim)" in row_of(screen, "qwen3-0.6b")
         pane.keys("q")
     finally:
-        os.killpg(demo.pid, signal.SIGINT)  # the demo stops its engines and the agent
         try:
-            demo.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(demo.pid, signal.SIGKILL)
-            demo.wait(10)
-        log.close()
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGINT)  # the demo stops its engines and the agent
+            try:
+                demo.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(demo.pid, signal.SIGKILL)
+                demo.wait(10)
+        finally:
+            log.close()

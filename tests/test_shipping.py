@@ -30,6 +30,8 @@ import psutil
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from tests.harness import sigint_default
+
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DOCKERFILE = ROOT / "Dockerfile.cuda"
 OLLAMA_DOCKERFILE = ROOT / "images" / "ollama" / "Dockerfile"
@@ -300,14 +302,6 @@ FAKE_AGENT = textwrap.dedent(
 )
 
 
-def _sigint_default() -> None:
-    """The entrypoint starts as under tini: SIGINT not ignored. A suite started in the
-    background of a non-interactive shell inherits SIGINT ignored, and a shell cannot trap a
-    signal ignored when it started (POSIX), so the SIGINT test would fail for the way the
-    suite was launched, not for the entrypoint."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 class Supervised:
     """The entrypoint running with a fake runtime-agent first on PATH."""
 
@@ -333,7 +327,7 @@ class Supervised:
         }
         self.proc = subprocess.Popen(
             [self.shell, str(ENTRYPOINT), *args], env=environ, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_default,
+            stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_default,
         )
         return self.proc
 
