@@ -6,6 +6,7 @@ a client that leaves, a failing handler, idle connections and shutdown."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import socket
@@ -65,6 +66,16 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, st
             headers[name.strip().lower()] = value.strip()
     body = await reader.readexactly(int(headers.get("content-length", "0")))
     return lines[0].encode(), headers, body
+
+
+@contextlib.asynccontextmanager
+async def connected(port: int) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A raw connection to the server, closed at the end."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
 
 
 def post(path: str, body: bytes, extra: str = "") -> bytes:
@@ -149,34 +160,27 @@ def stdlib_client(port: int) -> None:
 
 
 async def test_pipelined_requests_are_answered_in_order(echo_port: int) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-    try:
+    async with connected(echo_port) as (reader, writer):
         writer.write(b"".join(post(f"/{i}", str(i).encode()) for i in range(5)))
         for i in range(5):
             status, _, body = await read_answer(reader)
             assert status == b"HTTP/1.1 200 OK" and json.loads(body)["path"] == f"/{i}"
-    finally:
-        writer.close()
 
 
 async def test_expect_continue_is_answered_before_the_body_is_sent(echo_port: int) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-    try:
+    async with connected(echo_port) as (reader, writer):
         writer.write(b"POST /e HTTP/1.1\r\nHost: d\r\nContent-Length: 3\r\n"
                      b"Expect: 100-continue\r\n\r\n")
         assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
         writer.write(b"abc")
         status, _, body = await read_answer(reader)
         assert status == b"HTTP/1.1 200 OK" and json.loads(body)["body"] == "abc"
-    finally:
-        writer.close()
 
 
 @pytest.mark.parametrize("framing", ["length", "chunked"])
 async def test_a_body_over_the_limit_is_413_and_the_connection_closed(
         echo_port: int, framing: str) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-    try:
+    async with connected(echo_port) as (reader, writer):
         if framing == "length":  # refused at the head: the body is never sent
             writer.write(f"POST /b HTTP/1.1\r\nHost: d\r\nContent-Length: {LIMIT + 1}\r\n"
                          "Expect: 100-continue\r\n\r\n".encode())
@@ -188,8 +192,6 @@ async def test_a_body_over_the_limit_is_413_and_the_connection_closed(
         assert status.startswith(b"HTTP/1.1 413") and headers["connection"] == "close"
         assert json.loads(body) == {"error": "too large"}
         assert await reader.read() == b""  # closed
-    finally:
-        writer.close()
 
 
 @pytest.mark.parametrize(("raw", "code"), [
@@ -199,29 +201,23 @@ async def test_a_body_over_the_limit_is_413_and_the_connection_closed(
 ])
 async def test_a_malformed_request_is_refused_and_the_connection_closed(
         echo_port: int, raw: bytes, code: int) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-    try:
+    async with connected(echo_port) as (reader, writer):
         writer.write(raw)
         status, headers, body = await read_answer(reader)
         assert status.startswith(f"HTTP/1.1 {code}".encode())
         assert headers["connection"] == "close"
         assert json.loads(body)["error"]["type"] == "invalid_request_error"
         assert await reader.read() == b""
-    finally:
-        writer.close()
 
 
 async def test_http10_answers_close_unless_asked_to_keep_alive(echo_port: int) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-    try:
+    async with connected(echo_port) as (reader, writer):
         writer.write(b"GET /k HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
         _, headers, body = await read_answer(reader)
         assert headers["connection"] == "keep-alive" and not json.loads(body)["http11"]
         writer.write(b"GET /c HTTP/1.0\r\n\r\n")
         _, headers, _ = await read_answer(reader)
         assert headers["connection"] == "close" and await reader.read() == b""
-    finally:
-        writer.close()
 
 
 @settings(max_examples=60, deadline=None)
@@ -485,8 +481,7 @@ async def test_a_slow_client_holds_back_the_engine_through_the_pipe() -> None:
 async def test_an_upgrade_request_keeps_its_body_as_a_body(echo_port: int) -> None:
     """An ``Upgrade`` request's body is read as its body, never as a request of its own."""
     smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-    try:
+    async with connected(echo_port) as (reader, writer):
         writer.write(post("/outer", smuggled, "Connection: Upgrade\r\nUpgrade: h2c\r\n")
                      + b"GET /after HTTP/1.1\r\nHost: d\r\n\r\n")
         _, _, body = await read_answer(reader)
@@ -499,8 +494,6 @@ async def test_an_upgrade_request_keeps_its_body_as_a_body(echo_port: int) -> No
         for _ in range(3000):
             _, _, body = await read_answer(reader)
             assert json.loads(body)["body"] == "x"
-    finally:
-        writer.close()
 
 
 async def test_curl_http2_upgrade_with_a_body_keeps_the_body(echo_port: int) -> None:
@@ -546,27 +539,21 @@ async def test_a_client_that_does_not_read_does_not_grow_the_doors_buffers() -> 
 
 async def test_a_head_over_the_limit_is_431_even_when_it_comes_in_pieces(
         echo_port: int) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-    try:
+    async with connected(echo_port) as (reader, writer):
         writer.write(b"GET /" + b"a" * (40 << 10))
         await writer.drain()
         writer.write(b"b" * (40 << 10))  # the URL alone is over 64 KiB, never complete
         status, headers, _ = await read_answer(reader)
         assert status.startswith(b"HTTP/1.1 431") and headers["connection"] == "close"
-    finally:
-        writer.close()
 
 
 async def test_chunked_trailers_are_not_headers(echo_port: int) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-    try:
+    async with connected(echo_port) as (reader, writer):
         writer.write(b"POST /t HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\n\r\n"
                      b"3\r\nabc\r\n0\r\nAuthorization: Bearer sneaky\r\n\r\n")
         _, _, body = await read_answer(reader)
         doc = json.loads(body)
         assert doc["body"] == "abc" and "authorization" not in doc["headers"]
-    finally:
-        writer.close()
 
 
 async def test_a_refused_body_is_read_off_so_the_client_gets_the_413_not_a_reset(

@@ -70,25 +70,21 @@ def json_answer(doc: Any, status: int = 200, headers: dict[str, str] | None = No
                   {"Content-Type": "application/json", **(headers or {})}, close)
 
 
+@dataclass(slots=True, eq=False)
 class Request:
     """One request, its body read whole. ``headers``: lower-case names (repeated ones joined
     with ", "); ``path``: percent-decoded, without the query."""
 
-    __slots__ = ("method", "path", "query", "headers", "body", "remote", "http11", "keep_alive",
-                 "_conn", "_stream")
-
-    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
-                 remote: str, http11: bool, keep_alive: bool, conn: _Connection | None) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self.remote = remote
-        self.http11 = http11
-        self.keep_alive = keep_alive
-        self._conn = conn
-        self._stream: Stream | None = None
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    remote: str
+    http11: bool
+    keep_alive: bool
+    _conn: _Connection | None = field(default=None, repr=False)
+    _stream: Stream | None = field(default=None, repr=False)
 
     async def stream(self, status: int, headers: dict[str, str]) -> Stream:
         """Start a streamed answer (the handler then returns it)."""
@@ -121,14 +117,14 @@ class Stream:
         await self._conn.drain()
 
     async def write(self, data: bytes) -> None:
-        if not data:
-            return  # an empty chunk would end the answer
-        self._conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
-        await self._conn.drain()
+        if data:
+            self.send(data)
+            await self._conn.drain()  # ConnectionResetError once the client has gone
 
     def send(self, data: bytes, raw: bool = False) -> None:
         """Write ``data`` now, without waiting (for a caller that keeps to ``pressure``);
-        nothing once the client has gone."""
+        nothing once the client has gone, nor for no data (an empty chunk would end the
+        answer)."""
         conn = self._conn
         if data and not conn.closed and conn.transport is not None:
             chunk = self._chunked and not raw
@@ -188,6 +184,10 @@ def _error(status: int, message: str) -> Answer:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return json_answer({"error": {"message": message, "type": kind, "param": None,
                                   "code": None}}, status, close=True)
+
+
+def _head_too_large() -> Answer:
+    return _error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes.")
 
 
 class _Connection(asyncio.Protocol):
@@ -304,7 +304,7 @@ class _Connection(asyncio.Protocol):
                 self._refuse(answer or _error(400, f"A malformed HTTP request: {err}."))
                 return
             if self._in_head and self._head_raw > MAX_HEAD_BYTES:
-                self._refuse(_error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes."))
+                self._refuse(_head_too_large())
                 return
         if self._task is None and not self._queue:
             self._arm_idle()  # a request begun and not finished: the idle clock runs
@@ -353,7 +353,7 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_head, self._head_raw = False, 0
         if self._head_bytes > MAX_HEAD_BYTES:  # came whole in one read (else data_received)
-            self._refused = _error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes.")
+            self._refused = _head_too_large()
             raise httptools.HttpParserError("the head is too large")
         limit = self._server.max_body
         length = self._headers.get("content-length", "").strip()

@@ -140,7 +140,6 @@ async def _stream(request: Request, upstream: Response, outcome: Outcome) -> Str
         except UpstreamError as err:
             outcome.error = "upstream_broken"
             await out.write(stream_error_event(f"the model's engine broke off the stream: {err}"))
-        out.pressure(None)
         await out.end()
     except ConnectionResetError:  # the client went away while we wrote
         outcome.error = "client_disconnected"

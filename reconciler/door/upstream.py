@@ -15,7 +15,9 @@ idle pooled connection (or a new one) and returns once the answer's head is in; 
 connection the engine closed meanwhile (uvicorn closes idle ones after 5 s) is retried once on a
 new connection, which is safe because the engine never saw that request. The body is read with
 ``read()`` or ``chunks()``; more than ``limit`` bytes unread pause reading from the engine, so a
-slow client slows the engine's stream rather than filling the door's memory. ``release()`` puts a
+slow client slows the engine's stream rather than filling the door's memory. A stream is
+``pipe()``d instead: each piece goes to a sink in the protocol's callback, and ``hold()`` stops
+reading while the sink's client is full (the door's streams). ``release()`` puts a
 finished connection back in the pool and closes an unfinished one (a client that went away), so
 the engine sees the disconnect and aborts the request.
 """
@@ -320,8 +322,8 @@ class _Connection(asyncio.Protocol):
 
 
 class Response:
-    """An engine's answer: ``status``, ``headers``, then ``read()`` or ``chunks()``; always
-    ``release()`` it."""
+    """An engine's answer: ``status``, ``headers``, then ``read()``, ``chunks()`` or ``pipe()``;
+    always ``release()`` it."""
 
     def __init__(self, upstream: Upstream, key: tuple[str, int], conn: _Connection,
                  head: Head) -> None:
