@@ -9,6 +9,8 @@ sidecar's bodies (direct: ``lora_name`` + ``lora_path``; delegated: ``lora_name`
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -16,6 +18,7 @@ from pydantic import TypeAdapter
 
 from contract.engines import HF_SCHEMES
 from contract.phases import Phase
+from guard.paths import FILE_SCHEME, Refused, is_hub_repo_id, judge_local_path
 from runtime_agent.api.context import AGENT_KEY
 from runtime_agent.api.errors import BadRequest, parse_as
 from runtime_agent.api.models import (
@@ -25,7 +28,6 @@ from runtime_agent.api.models import (
     UnloadLoraAdapterRuntimeRequest,
 )
 from runtime_agent.api.replies import reply
-from runtime_agent.artifacts.urls import local_path_problem
 from runtime_agent.supervision.messages import LoadAdapter, UnloadAdapter
 
 # The sidecar's own unions: a body with artifact_url is delegated; for an unload, a plain
@@ -63,28 +65,45 @@ async def served_models(request: web.Request) -> web.Response:
 
 
 def adapter_path(url: str) -> str:
-    """Where an engine loads an adapter named by URL: a repo id or a local directory."""
+    """What the engine is told to load for an adapter named by URL: a Hub repo id, or the
+    ``file://`` URL itself (judged as a local path by ``engine_path``)."""
     for scheme in HF_SCHEMES:
         if url.startswith(scheme):
-            return url[len(scheme):]
-    if url.startswith("file://"):
-        return url[len("file://"):]
+            repo = url[len(scheme):]
+            if not is_hub_repo_id(repo):
+                raise BadRequest(f"{url!r} does not name a Hub repository; write "
+                                 f"{scheme}ORG/NAME")
+            return repo
+    if url.startswith(FILE_SCHEME):
+        return url
     scheme = url.split("://", 1)[0] if "://" in url else "a local path"
     raise BadRequest(f"artifact_url scheme {scheme!r} is not supported for adapters; use "
                      "hf://org/name, huggingface://org/name or file:///path")
 
 
+def engine_path(spelled: str, roots: tuple[Path, ...]) -> str:
+    """The ``lora_path`` the engine gets: a Hugging Face repo id as it is, anything else only
+    when the guard's local-path rule allows it (``guard.paths``: every spelling outside the
+    roots, ``~``, relative, ``file://``, links out, is the same 403). A path inside the roots
+    that does not exist goes on: the engine says so ("No adapter found"), as vLLM does.
+    Blocking (it resolves symlinks): call in a thread."""
+    if is_hub_repo_id(spelled):
+        return spelled
+    verdict = judge_local_path(spelled, roots)
+    if isinstance(verdict, Refused) and verdict.status == 403:
+        raise BadRequest(verdict.message, 403)
+    return spelled.removeprefix(FILE_SCHEME)
+
+
 async def load_adapter(request: web.Request) -> web.Response:
     req = await parse_as(request, _LOAD)
+    roots = request.app[AGENT_KEY].settings.artifact_local_roots
     if isinstance(req, LoadLoraAdapterRuntimeRequest):
-        intent = LoadAdapter(req.lora_name, adapter_path(req.artifact_url), req.artifact_url)
+        path = await asyncio.to_thread(engine_path, adapter_path(req.artifact_url), roots)
+        intent = LoadAdapter(req.lora_name, path, req.artifact_url)
     else:
-        intent = LoadAdapter(req.lora_name, req.lora_path)
-    if intent.path.startswith(("/", ".")):  # a local adapter: only inside the operator's roots
-        roots = request.app[AGENT_KEY].settings.artifact_local_roots
-        found = local_path_problem(intent.path, roots)
-        if found is not None and found[0] == 403:
-            raise BadRequest(found[1], 403)
+        intent = LoadAdapter(req.lora_name, await asyncio.to_thread(engine_path, req.lora_path,
+                                                                    roots))
     return reply(await request.app[AGENT_KEY].pool.load_adapter(req.model_name, intent))
 
 

@@ -3,7 +3,8 @@
 One artifact is one cache entry. ``hf://org/name`` and ``huggingface://org/name`` name the same
 entry, a trailing ``/`` changes nothing, and a Hub revision is part of the entry (``main`` and a
 pinned commit are two entries). Everything here is pure text work; whether a local path exists
-(and where its symlinks lead) is ``local_path_problem``'s question, answered on the disk.
+(and where its symlinks lead) is ``local_path_problem``'s question: the guard's one rule for
+local paths (``guard.paths``), answered on the disk.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+
+from guard.paths import Refused, judge_local_path
 
 SUPPORTED = ("huggingface://ORG/NAME, hf://ORG/NAME, s3://BUCKET/KEY-OR-PREFIX, "
              "file:///PATH or an absolute path inside the allowed local roots")
@@ -118,25 +121,9 @@ def _local(canon: str) -> ArtifactRef:
     return ArtifactRef(SourceKind.LOCAL, "file://" + path, path)
 
 
-def inside(path: Path, roots: tuple[Path, ...]) -> bool:
-    return any(path == root or root in path.parents for root in roots)
-
-
 def local_path_problem(path: str, roots: tuple[Path, ...]) -> tuple[int, str] | None:
-    """Why the cache will not copy ``path``: (status, message), or None when it may.
-
-    Blocking (it resolves symlinks): call in a thread. A path outside the roots gets the same
-    answer whether or not it exists, including one that a symlink inside a root leads out to,
-    so a refusal tells nothing about the disk outside the roots."""
-    named = ", ".join(str(r) for r in roots) or "none configured: start the agent with " \
-        "--artifact-local-root DIR"
-    refused = (403, f"local artifacts must lie inside the allowed roots ({named})")
-    real_roots = tuple(Path(os.path.realpath(r)) for r in roots)
-    if not roots or not inside(Path(path), tuple(Path(os.path.normpath(r)) for r in roots)):
-        return refused
-    resolved = Path(os.path.realpath(path))
-    if not inside(resolved, real_roots):
-        return refused
-    if not resolved.exists():
-        return 404, f"local path {path} does not exist"
-    return None
+    """Why the cache (or an engine) may not read ``path``: (status, message), or None when it
+    may. The rule is the guard's (``guard.paths``), shared by every input that names a local
+    file. Blocking (it resolves symlinks): call in a thread."""
+    verdict = judge_local_path(path, roots)
+    return (verdict.status, verdict.message) if isinstance(verdict, Refused) else None

@@ -1,7 +1,7 @@
 """A local path (a network mount, a volume) as a source: its files copied into the cache.
 
-Only paths inside the allowed roots are read (``urls.local_path_problem`` decides, before the
-download starts); every file is resolved again here, so a symlink inside the tree cannot lead
+Only paths inside the allowed roots are read (``guard.paths`` decides, through
+``urls.local_path_problem``, before the download starts); every file is resolved again here, so a symlink inside the tree cannot lead
 the copy outside the roots. Local files carry no checksum: sizes are checked.
 """
 
@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from guard.paths import inside
+
 from runtime_agent.artifacts.manifest import Plan, PlannedFile
 from runtime_agent.artifacts.sources.base import FetchError, FetchKind
-from runtime_agent.artifacts.urls import inside
 from runtime_agent.artifacts.verify import HashingWriter
 
 CHUNK = 4 << 20
