@@ -175,7 +175,7 @@ _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def adapter_name_problem(name: str) -> str | None:
     """A LoRA adapter name, as the AIBrix sidecar takes it and engines serve it."""
-    if not _ADAPTER_NAME.match(name):
+    if not _ADAPTER_NAME.fullmatch(name):
         return (f"lora_name {name!r} must be 1-128 letters, digits, '.', '_' or '-', starting "
                 "with a letter or digit")
     return None

@@ -4,6 +4,11 @@ Model names reach a file system (logs), an engine's command line (``--served-mod
 shared memory (the kvcached segment), so they are checked here, once, with the same rule on
 both sides. IPC names follow kvcached: every character outside ``[A-Za-z0-9_-]`` becomes ``-``,
 because kvcached rewrites a segment name the same way and the two must agree.
+
+Every name pattern here and elsewhere is applied with ``fullmatch``: Python's ``$`` also matches
+before a final newline, so ``.match`` with ``^...$`` once took ``"cxa\n"`` as a model name (listed
+beside ``cxa``, exported as a metric label). Pydantic's ``pattern=`` (Rust's regex) and
+Kubernetes' (Go's RE2) read ``$`` as the end of the text, so the same pattern is exact there.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ def model_name_problem(name: object, field: str = "model_name") -> str | None:
         return f"{field} must be a non-empty string"
     if len(name) > MAX_MODEL_NAME:
         return f"{field} is {len(name)} characters long; the limit is {MAX_MODEL_NAME}"
-    if not _MODEL_NAME.match(name):
+    if not _MODEL_NAME.fullmatch(name):
         return (f"{field} may contain only letters, digits and . _ : / @ + -, "
                 f"and must start with a letter or digit: {name!r}")
     if ".." in name or "//" in name or name.endswith("/"):

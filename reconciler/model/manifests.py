@@ -414,7 +414,7 @@ def _metadata(obj: Mapping[str, Any], max_name: int | None) -> ObjectMeta:
         raise ManifestError(INVALID_NAME, f"the name is {len(name)} characters long; a claim's "
                             f"name can be at most {max_name}, because it is part of "
                             "annotation keys on the Pod")
-    if not _DNS_LABEL.match(name):
+    if not _DNS_LABEL.fullmatch(name):
         raise ManifestError(INVALID_NAME, f"{name!r} is not a valid name: use lower-case letters, "
                             "digits, '-' and '.', starting and ending with a letter or digit")
     return meta

@@ -103,7 +103,7 @@ class ActivateRequest(_ModelRequest):
     @classmethod
     def _valid_credentials(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for key, secret in (value or {}).items():
-            if not _ENV_NAME.match(key):
+            if not _ENV_NAME.fullmatch(key):
                 raise ValueError(f"credential name {key!r} is not an environment variable name")
             if key.upper().startswith(_RESERVED_ENV_PREFIXES):
                 raise ValueError(f"credential name {key!r} is the agent's own setting")
