@@ -16,7 +16,7 @@ from contract.names import model_name_problem
 from reconciler.model.manifests import parse_manifests
 from tests.harness import AgentProcess, http_json
 
-CONTROL = st.characters(categories=("Cc",))
+CONTROL = st.characters(categories=["Cc"])
 NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True)
 
 
