@@ -115,6 +115,9 @@ class EngineRecord(BaseModel):
     kv_capacity_bytes: int | None = None
     kv_inode: int | None = None
     kv_applied_bytes: int | None = None
+    # The inode of the claim marker beside the segment (``runtime_agent.kv.ownership``): the
+    # proof that the segment name is this agent's engine's, taken before the first start.
+    kv_owner_inode: int | None = None
     # Lifetime counters kept with the record so metrics do not drop to zero on an agent restart.
     op_counts: dict[str, int] = Field(default_factory=dict)  # "sleep:success" -> n
     budget_exhausted: int = 0

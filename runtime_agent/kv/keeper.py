@@ -3,7 +3,9 @@
 It belongs to one owner and is only called from the owner's task, so it needs no lock. Every
 segment read and write is blocking flock I/O and runs in a worker thread. The watch helper
 looks for the segment every few milliseconds until it appears (so an initial limit is in force
-within milliseconds of the engine creating it), then reads it on the hold interval.
+within milliseconds of the engine creating it), then reads it on the hold interval. It writes
+to the segment, and removes it, only while the agent still holds the segment's name (the claim
+marker its record names, ``runtime_agent.kv.ownership``): never another's engine's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from runtime_agent.kv.hold import (
     on_reading,
     with_request,
 )
+from runtime_agent.kv.ownership import holds, release
 from runtime_agent.kv.segment import (
     SegmentError,
     SegmentInfo,
@@ -159,7 +162,20 @@ class KvKeeper:
         finally:
             self.writes += 1  # whatever came of it, readings taken before it are stale
 
+    def _holds(self) -> bool:
+        """The name is still this agent's (a stat on tmpfs: microseconds, fine on the loop)."""
+        record = self._record
+        if holds(self._ipc, self._shm_dir, record.kv_owner_inode, record.engine_id):
+            return True
+        _throttled.warning(f"kv-owner:{self._ipc}", "kv segment %s of %s is no longer claimed "
+                           "by this agent (its claim marker is gone or another's): it is "
+                           "neither written nor removed", self._ipc,
+                           self._record.spec.model_name)
+        return False
+
     async def _write_once(self, write: Write) -> None:
+        if not self._holds():
+            return
         try:
             readback = await asyncio.to_thread(self._writer, self._ipc, write.value,
                                                self._shm_dir, write.expected_inode)
@@ -182,11 +198,22 @@ class KvKeeper:
                    f"{write.value} bytes ({write.reason}); segment holds {readback.total_size}, "
                    f"uses {readback.mapped}")
 
-    async def remove_leftover(self) -> None:
+    async def remove_leftover(self, release_name: bool = False) -> None:
         """The engine is gone: remove its segment (kvcached leaves it behind on SIGKILL), but
         only one its engine made: the inode this agent saw it create, or, when the engine died
-        before a reading, a segment of that name made after the engine was spawned. A segment
-        of that name from before may be another's, and is never touched."""
+        before a reading, a segment of that name made after the engine was spawned (the claim
+        proved none was there before the first start). Nothing is removed once the name is no
+        longer this agent's. ``release_name``: the engine is stopped for good; the claim
+        marker goes too."""
+        if not self._holds():
+            self.state = replace(self.state, present=False, used=None, total=None, applied=None)
+            return
+        await self._remove_ours()
+        if release_name:
+            await asyncio.to_thread(release, self._ipc, self._shm_dir,
+                                    self._record.kv_owner_inode)
+
+    async def _remove_ours(self) -> None:
         inode = self.state.inode
         if inode is None and self._spawned_at is not None:
             inode = await asyncio.to_thread(self._made_since, self._spawned_at)

@@ -531,7 +531,7 @@ class EngineOwner:
             self.spawned.set_result("deactivated before it started")
         self._end_turn()
         self._deps.memory.stopped(self.name)
-        await self._kv.remove_leftover()
+        await self._kv.remove_leftover(release_name=True)  # stopped for good: the name too
         await self._transition(Phase.STOPPED, "Stopped", detail, persist=False)
         try:
             await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)

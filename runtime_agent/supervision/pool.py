@@ -3,7 +3,9 @@
 It turns an activation into a record and an owner, routes intents to the right owner, removes
 owners whose engines stopped, and keeps the latest view of every engine for readers. It holds
 no lock: the checks and inserts that must not interleave (one owner per model name, one port
-and one IPC name per engine) run without an await between them. It answers with outcomes
+and one IPC name per engine) run without an await between them. An IPC name is claimed on the
+machine (``runtime_agent.kv.ownership``) before memory is admitted and before any engine starts,
+so a name another process holds is refused with 409 and never written to. It answers with outcomes
 (``runtime_agent.supervision.outcomes``); the API decides what they look like on the wire.
 """
 
@@ -22,6 +24,7 @@ from contract.phases import Phase
 from contract.reasons import ENGINE_MISSING, INSUFFICIENT_GPU, INVALID_ENGINE_CONFIG
 from registry.record import EngineRecord, EngineSpec, PerGpu
 from runtime_agent.gpu.admission import Admit, Refuse
+from runtime_agent.kv.ownership import NameTaken, claim, holds, release
 from runtime_agent.supervision.engine_kinds import (
     engine_missing,
     gpus_needed,
@@ -73,6 +76,7 @@ class EnginePool:
         self._is_port_free = is_port_free
         self.owners: dict[str, EngineOwner] = {}
         self._admitting: set[str] = set()  # names waiting for memory before they get an owner
+        self._claiming: dict[str, str] = {}  # ipc name -> engine id, claimed, not yet an owner
 
     # ---- activation -----------------------------------------------------------------------
 
@@ -92,25 +96,36 @@ class EnginePool:
         if name in self._admitting:
             return Refused(Refusal.CONFLICT, f"model {name!r} is already being activated "
                            "(waiting for GPU memory)", model_name=name)
-        clash = next((o for o in self.owners.values() if o.spec.ipc_name == spec.ipc_name), None)
-        if clash is not None:
+        clash = next((o.name for o in self.owners.values() if o.spec.ipc_name == spec.ipc_name),
+                     None) or (spec.ipc_name in self._claiming and "being activated")
+        if clash:
             return Refused(Refusal.CONFLICT, f"ipc_name {spec.ipc_name!r} is already used by "
-                           f"model {clash.name!r}; pass a distinct ipc_name", model_name=name)
+                           f"model {clash!r}; pass a distinct ipc_name", model_name=name)
         port = self._pick_port(req.port, name)
         if isinstance(port, Refused):
             return port
-        admitted = await self._admit(spec, req)
-        if isinstance(admitted, Refused):
-            return admitted
-        if name in self.owners:  # activated by a concurrent call while we waited
-            self._deps.memory.release_claim(name)
+        engine_id = uuid.uuid4().hex
+        marker = self._claim(spec.ipc_name, engine_id)
+        if isinstance(marker, str):
+            return Refused(Refusal.CONFLICT, marker, model_name=name)
+        self._claiming[spec.ipc_name] = engine_id
+        try:
+            admitted = await self._admit(spec, req)
+        finally:
+            del self._claiming[spec.ipc_name]
+        if isinstance(admitted, Refused) or name in self.owners:
+            release(spec.ipc_name, self._settings.kv_shm_dir, marker)
+            if isinstance(admitted, Refused):
+                return admitted
+            self._deps.memory.release_claim(name)  # activated by a concurrent call meanwhile
             return await self._same_or_conflict(self.owners[name], spec, req.port,
                                                 req.kv_limit_bytes)
         now = self._deps.clock()
-        record = EngineRecord(engine_id=uuid.uuid4().hex, spec=spec, port=port,
+        record = EngineRecord(engine_id=engine_id, spec=spec, port=port,
                               phase=Phase.ACTIVATING, created_at=now, last_transition=now,
                               kv_limit_bytes=req.kv_limit_bytes, per_gpu=req.per_gpu,
-                              devices=list(admitted.devices), credentials=req.credentials)
+                              devices=list(admitted.devices), credentials=req.credentials,
+                              kv_owner_inode=marker)
         owner = self._add(record, StartMode.SPAWN)
         try:  # a start that waits for its turn on a busy card answers while it waits
             error = await asyncio.wait_for(asyncio.shield(owner.spawned), 2.0)
@@ -119,6 +134,22 @@ class EnginePool:
         if error is not None:
             return EngineFailed(name, error, owner.view.phase)
         return self._activated(owner)
+
+    def _ours(self, engine_id: str) -> bool:
+        return engine_id in self._claiming.values() or any(
+            o.record.engine_id == engine_id for o in self.owners.values())
+
+    def _claim(self, ipc_name: str, engine_id: str, segment_inode: int | None = None
+               ) -> int | str:
+        """Claim ``ipc_name`` on this machine: the marker's inode, or why it is another's.
+        On the loop: a few tmpfs calls, and no await may come between check and insert."""
+        try:
+            return claim(ipc_name, self._settings.kv_shm_dir, str(self._settings.state_dir),
+                         engine_id, self._ours, segment_inode)
+        except NameTaken as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"ipc_name {ipc_name!r} cannot be claimed in {self._settings.kv_shm_dir}: {exc}"
 
     async def _admit(self, spec: EngineSpec, req: Activation) -> Admit | Refused:
         """Claim GPU memory for the new engine, waiting for it if the request says so."""
@@ -271,5 +302,18 @@ class EnginePool:
     # ---- recovery -------------------------------------------------------------------------
 
     def adopt(self, steps: list[Step]) -> None:
+        """Supervise what the recovery found. A record from before claims, or one whose claim
+        marker is gone, claims its name now, proving the segment by the inode it recorded;
+        one whose name another holds keeps running, its segment left alone (``KvKeeper``)."""
         for step in steps:
-            self._add(step.record, step.mode, step.pid)
+            record = step.record
+            if not holds(record.spec.ipc_name, self._settings.kv_shm_dir,
+                         record.kv_owner_inode, record.engine_id) \
+                    or record.kv_owner_inode is None:
+                marker = self._claim(record.spec.ipc_name, record.engine_id, record.kv_inode)
+                if isinstance(marker, str):
+                    log.warning("%s: %s", record.spec.model_name, marker)
+                    record.kv_owner_inode = -1  # never an inode: held by no one here
+                else:
+                    record.kv_owner_inode = marker
+            self._add(record, step.mode, step.pid)
