@@ -142,8 +142,10 @@ def test_a_transfer_resumes_a_part_and_removes_a_file_that_fails_its_checksum(
         transfer(bad, bad.plan(), tmp_path, Progress(), threading.Event())
     assert err.value.kind is FetchKind.CHECKSUM
     assert not (tmp_path / "b.bin").exists() and not (tmp_path / f"b.bin{PART}").exists()
-    with pytest.raises(FetchError):
-        safe_path(tmp_path, "../escape")
+    for hostile in ("../escape", "a/../../escape", "/etc/passwd", "a\x00b", "a\nb"):
+        with pytest.raises(FetchError) as refused:
+            safe_path(tmp_path, hostile)
+        assert refused.value.kind is FetchKind.REFUSED, hostile
 
 
 def test_the_scan_keeps_whole_entries_and_drops_broken_ones(tmp_path: Path) -> None:

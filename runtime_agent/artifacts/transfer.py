@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import unicodedata
 from pathlib import Path
 
 from runtime_agent.artifacts.manifest import Plan, PlannedFile, fsync_dir
@@ -23,9 +24,12 @@ PART = ".part"
 
 
 def safe_path(root: Path, relative: str) -> Path:
-    """``root/relative``, refusing names that would leave ``root`` (a hostile listing)."""
+    """``root/relative``, refusing names that would leave ``root`` (a hostile listing), and
+    names with a NUL or another control character (no file system call would take a NUL: it
+    would end the download with a ValueError instead of a refusal)."""
     norm = os.path.normpath(relative)
-    if not relative or norm.startswith(("..", "/")) or os.path.isabs(relative) or norm == ".":
+    if not relative or norm.startswith(("..", "/")) or os.path.isabs(relative) or norm == "." \
+            or any(unicodedata.category(c) == "Cc" for c in relative):
         raise FetchError(FetchKind.REFUSED, f"the source lists a file named {relative!r}, which "
                          "would land outside the artifact's directory")
     return root / norm
