@@ -202,12 +202,25 @@ def resolve_executable(name: str) -> str:
     return found
 
 
+# posix_spawn has no "change directory" action (Python 3.11): a shell changes it and then
+# becomes the engine (the same PID), as the cgroup shim does.
+CHDIR_SHIM = 'cd -- "$0" && exec "$@"'
+
+
+def in_directory(argv: Sequence[str], executable: str, cwd: Path) -> tuple[str, list[str]]:
+    """The executable and argv that run ``argv`` with ``cwd`` as its working directory."""
+    if os.path.realpath(cwd) == os.path.realpath(os.getcwd()):
+        return executable, list(argv)
+    return "/bin/sh", ["/bin/sh", "-c", CHDIR_SHIM, os.fspath(cwd),
+                       os.path.abspath(executable), *argv[1:]]
+
+
 def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path,
                     shown: Sequence[str]) -> int:
-    """posix_spawn ``argv`` in a new session; the log's header names ``shown`` (the engine's
-    own command line, without the cgroup shim)."""
+    """posix_spawn ``argv`` in a new session, in ``cwd``; the log's header names ``shown``
+    (the engine's own command line, without the cgroup shim)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    executable = resolve_executable(argv[0])
+    executable, argv = in_directory(argv, resolve_executable(argv[0]), cwd)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     null_fd = os.open(os.devnull, os.O_RDONLY)
     try:
@@ -231,7 +244,9 @@ def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path,
 
 class ProcessLauncher:
     """Starts engine processes, attaches to running ones and ends what an engine leaves behind.
-    With ``cgroups`` each engine runs in its own cgroup (``engines/cgroups.py``). Tests use the
+    Engines run in ``cwd``: the agent gives them an empty directory of its own, because vLLM
+    takes a relative ``lora_path`` or ``--model`` that exists there as a local path. With
+    ``cgroups`` each engine runs in its own cgroup (``engines/cgroups.py``). Tests use the
     same class."""
 
     def __init__(self, cwd: Path | None = None, cgroups: EngineCgroups | None = None) -> None:

@@ -94,7 +94,8 @@ class Agent:
 
     async def start(self) -> None:
         s = self.settings
-        for path in (s.state_dir, s.engines_dir, s.logs_dir):
+        engine_cwd = s.state_dir.absolute() / "engine-cwd"  # empty: see ProcessLauncher
+        for path in (s.state_dir, s.engines_dir, s.logs_dir, engine_cwd):
             # Private: records hold activation credentials, logs hold what engines print.
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.chmod(0o700)
@@ -118,7 +119,7 @@ class Agent:
         self._session = aiohttp.ClientSession(connector=connector)
         session = self._session
         cgroups = await asyncio.to_thread(engine_cgroups, s)
-        deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(Path.cwd(), cgroups),
+        deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(engine_cwd, cgroups),
                          adapter_for=lambda record: make_adapter(s, session, record),
                          on_event=self._on_event, on_view=self._on_view, memory=self.memory,
                          stager=EngineStager(self.artifacts) if self.artifacts else None,

@@ -5,6 +5,7 @@ weight cache use it, tried against a real agent process with a LoRA-enabled simu
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,17 @@ def test_the_lora_route_loads_inside_the_roots_and_lists_nothing_it_refused(
     _, models = http_json(agent.url + "/v1/models")
     adapters = {m["id"]: m["root"] for m in models["data"] if m["parent"] == "base"}
     assert adapters == {"good": f"{root}/adapter"}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_an_engine_runs_in_an_empty_directory_so_a_relative_lora_path_names_nothing_local(
+        lora_agent: tuple[AgentProcess, Path, list[str]]) -> None:
+    """``etc/passwd`` is spelled like a Hub repo id, and vLLM loads it as a local path when it
+    exists relative to its working directory: the engine's is an empty one of the agent's."""
+    agent, _, _ = lora_agent
+    pid = agent.model(agent.client.snapshot(), "base")["pid"]
+    cwd = os.readlink(f"/proc/{pid}/cwd")
+    assert cwd == str(agent.state_dir.absolute() / "engine-cwd")
+    assert os.listdir(cwd) == [] and stat.S_IMODE(os.stat(cwd).st_mode) == 0o700
+    assert load(agent, {"lora_name": "hub", "lora_path": "etc/passwd"})[0] == 200  # a repo id

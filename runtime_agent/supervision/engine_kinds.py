@@ -149,11 +149,12 @@ def engine_command(settings: Settings, record: EngineRecord, adapter: EngineAdap
         identity["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         identity["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in record.devices)
     if settings.sim_gpu_dir is not None:  # simulated engines report their memory here
-        identity["AIBRIX_SIM_GPU_DIR"] = str(settings.sim_gpu_dir)
-    if str(settings.kv_shm_dir) != "/dev/shm":
-        identity["KVCACHED_SHM_DIR"] = str(settings.kv_shm_dir)  # the simulated engine's knob
+        identity["AIBRIX_SIM_GPU_DIR"] = str(settings.sim_gpu_dir.absolute())
+    if str(settings.kv_shm_dir) != "/dev/shm":  # the simulated engine's knob; absolute, as
+        # engines run in a directory of their own (ProcessLauncher)
+        identity["KVCACHED_SHM_DIR"] = str(settings.kv_shm_dir.absolute())
     ctx = LaunchContext(command=command, simulated=sim, bind_host=settings.engine_bind_host,
                         base_env=os.environ,
                         extra_env={**settings.extra_engine_env, **record.credentials, **identity},
-                        model_path=model_path)
+                        model_path=os.path.abspath(model_path) if model_path else None)
     return adapter.command(record, ctx)
