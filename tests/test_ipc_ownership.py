@@ -39,6 +39,7 @@ def test_a_claim_is_exclusive_and_an_existing_segment_is_never_claimed(tmp_path:
     # the same agent's marker of an engine it no longer has is its own leftover: taken over
     again = claim("kvc_a", tmp_path, "/state/one", "e3", lambda _: False)
     assert not holds("kvc_a", tmp_path, inode, "e1") and holds("kvc_a", tmp_path, again, "e3")
+    assert claim("kvc_a", tmp_path, "/state/one", "e3", lambda _: False) == again  # its own
     release("kvc_a", tmp_path, again)
     assert not os.path.exists(marker_path("kvc_a", tmp_path))
     (tmp_path / "kvc_b").write_bytes(b"not ours")

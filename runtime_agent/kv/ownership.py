@@ -17,7 +17,9 @@ with the same model set each other's segments back every second (``KVLimitSetBac
   id the marker names (tmpfs reuses inode numbers), and every write and removal is made only
   while the marker is still the recorded one;
 * a marker naming the agent's own state directory but an engine it no longer has is its own
-  leftover (one agent per state directory: ``runtime_agent.statelock``) and is taken over.
+  leftover (one agent per state directory: ``runtime_agent.statelock``) and is taken over; one
+  naming the very engine being claimed for (re-adopted with a record rebuilt from its process)
+  is that engine's claim, kept.
 
 Neither kvcached nor the simulated engine knows of the marker: kvcached opens an existing
 segment with ``O_CREAT`` and resets it in place (same inode), the simulator replaces it with a
@@ -95,14 +97,16 @@ def claim(ipc_name: str, shm_dir: str | os.PathLike[str], state_dir: str, engine
             fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o644)
         except FileExistsError:
-            holder = _holder(marker)
+            holder = _holder(marker) or {}
             inode = _inode(marker)
-            if (holder is not None and holder.get("state_dir") == state_dir
-                    and not ours(str(holder.get("engine_id"))) and inode is not None):
-                _unlink_if(marker, inode)  # our own leftover: no other agent has our state dir
-                continue
+            if holder.get("state_dir") == state_dir and inode is not None:
+                if holder.get("engine_id") == engine_id:
+                    return inode  # this engine's own claim (its record rebuilt, or lost it)
+                if not ours(str(holder.get("engine_id"))):
+                    _unlink_if(marker, inode)  # our leftover: no other agent has our state dir
+                    continue
             who = (f"the agent with state directory {holder.get('state_dir')!r} (pid "
-                   f"{holder.get('pid')})" if holder is not None else "another process")
+                   f"{holder.get('pid')})" if holder else "another process")
             raise NameTaken(f"ipc_name {ipc_name!r} is claimed by {who}: {marker} says another "
                             "process owns this KV segment name; pass a distinct ipc_name")
         try:
