@@ -1,8 +1,9 @@
 """A local path (a network mount, a volume) as a source: its files copied into the cache.
 
 Only paths inside the allowed roots are read (``guard.paths`` decides, through
-``urls.local_path_problem``, before the download starts); every file is resolved again here, so a symlink inside the tree cannot lead
-the copy outside the roots. Local files carry no checksum: sizes are checked.
+``urls.local_path_problem``, before the download starts); every file is resolved again here,
+so a symlink inside the tree cannot lead the copy outside the roots. Local files carry no
+checksum: sizes are checked.
 """
 
 from __future__ import annotations
