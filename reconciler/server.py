@@ -11,6 +11,12 @@
 
 Handlers are thin: they read the status store and the route table, or record a wake request
 and enqueue its claim. Errors are ``{"status": "error", "message": ...}`` with a 4xx.
+
+Access is the agent's rule (``guard.access``): with a token (``--token-file``; the embedded
+reconciler takes the agent's), the wake needs ``Authorization: Bearer <token>`` (a wake starts
+an engine and may put another to sleep), and claims and routes too with ``--auth-reads``;
+``/healthz`` and ``/metrics`` stay open for probes and scrapes. ``GET /openapi.json``
+describes the API (``reconciler.openapi``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from guard import access
+from guard.tokens import TokenSource
 from reconciler.context import Deps
 from reconciler.routes import route_of, route_table
 from reconciler.status import ACTIVE, ClaimStatus
@@ -130,8 +138,14 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_app(deps: Deps, registry: CollectorRegistry) -> web.Application:
+def make_app(deps: Deps, registry: CollectorRegistry, token: TokenSource | None = None,
+             protect_reads: bool = False, also_watch: tuple[object, ...] = ()
+             ) -> web.Application:
+    """The API; with ``token``, what changes state needs it (and reads with
+    ``protect_reads``); ``also_watch``: other token files this process keeps fresh."""
     app = web.Application(middlewares=[error_middleware(_render)])
+    access.install(app, access.Policy("reconciler", token, protect_reads,
+                                      also_watch=also_watch), _error)
     app[DEPS_KEY] = deps
     app[REGISTRY_KEY] = registry
     app.router.add_get("/healthz", healthz)
