@@ -8,6 +8,7 @@
 | ``GET /v1/routes`` | ``{"routes": [{model, claim, agent, host, port, state, reason, ...}]}`` |
 | ``POST /v1/routes/{model}/wake`` | records a wake request (202; repeats collapse) |
 | ``GET /metrics`` | Prometheus exposition: the ModelClaim and reconcile metrics |
+| ``GET /openapi.json`` | this table as OpenAPI 3.1 (``reconciler.openapi``) |
 
 Handlers are thin: they read the status store and the route table, or record a wake request
 and enqueue its claim. Errors are ``{"status": "error", "message": ...}`` with a 4xx.
@@ -32,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from guard import access
 from guard.tokens import TokenSource
 from reconciler.context import Deps
+from reconciler.openapi import openapi_document
 from reconciler.routes import route_of, route_table
 from reconciler.status import ACTIVE, ClaimStatus
 
@@ -154,6 +156,12 @@ def make_app(deps: Deps, registry: CollectorRegistry, token: TokenSource | None 
     app.router.add_get("/v1/routes", routes)
     app.router.add_post("/v1/routes/{model:.+}/wake", wake)
     app.router.add_get("/metrics", metrics)
+    described = openapi_document()
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.json_response(described)
+
+    app.router.add_get("/openapi.json", openapi)
     return app
 
 
