@@ -13,9 +13,10 @@ which has its own HTTP server and answers in OpenAI's error format, calls ``chec
 * **What is closed.** With a token configured, every request that is not a read (any method
   but GET, HEAD, OPTIONS) needs ``Authorization: Bearer <token>``, on a route or not (an unknown
   path is a 401, not a 404, to a caller without the token); reads too with ``protect_reads``
-  (``--auth-reads``). Anything else (no header, another scheme, two headers, a wrong token) is
-  one 401 with ``WWW-Authenticate: Bearer`` and a message that says what to send, naming no
-  part of any token. A known principal asking for a thing it may not use is one 403 shape.
+  (``--auth-reads``). A route asked with a method it does not take is its 405 (RFC 9110's
+  ``Allow`` says what it takes; nothing runs). Anything else (no header, another scheme, two
+  headers, a wrong token) is one 401 with ``WWW-Authenticate: Bearer`` and a message that
+  says what to send, naming no part of any token. A known principal asking for a thing it may not use is one 403 shape.
 * **The audit line.** Every refusal and every accepted request that changes state is one line
   on the ``audit`` logger: ``audit {"server", "method", "path", "client", "principal",
   "result", "reason"}``, JSON, so a path with a newline in it cannot forge a second line; the
@@ -163,7 +164,9 @@ def middleware(policy: Policy, render: Render, audit: Audit | None = None) -> Mi
         if creds:
             resource = request.match_info.route.resource
             is_open = resource is not None and resource.canonical in policy.open_routes
-            if not (is_open and not changes) and (changes or policy.protect_reads):
+            if _method_not_allowed(request):
+                pass  # a route asked with a method it has not: the 405 changes nothing
+            elif not (is_open and not changes) and (changes or policy.protect_reads):
                 found = check(creds, request.headers.getall("Authorization", []),
                               policy.server)
                 if isinstance(found, Refusal):
@@ -184,6 +187,11 @@ def middleware(policy: Policy, render: Render, audit: Audit | None = None) -> Mi
             audit.accepted(method, request.path, request.remote, principal, status)
 
     return access
+
+
+def _method_not_allowed(request: web.Request) -> bool:
+    error = getattr(request.match_info, "http_exception", None)
+    return error is not None and error.status == 405
 
 
 def install(app: web.Application, policy: Policy, render: Render) -> None:

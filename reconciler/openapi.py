@@ -20,7 +20,7 @@ _ROUTE = {"type": "object",
                          "port": {"type": "integer"},
                          "state": {"enum": ["active", "sleeping", "activating", "failed"]},
                          "reason": {"type": "string"}, "wakeByRequest": {"type": "boolean"},
-                         "wakeRequested": {"type": ["string", "null"]}}}
+                         "wakeRequested": {"type": "boolean"}}}
 _CLAIM = {"type": "object", "required": ["metadata", "spec", "status"],
           "properties": {"metadata": {"type": "object"}, "spec": {"type": "object"},
                          "status": {"type": "object"}, "events": {"type": "array"},

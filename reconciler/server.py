@@ -60,7 +60,10 @@ def error_middleware(render: Render) -> Middleware:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return render(request, exc.status, exc.text or exc.reason)
+            response = render(request, exc.status, exc.text or exc.reason)
+            if "Allow" in exc.headers:  # RFC 9110: a 405 says what is allowed
+                response.headers["Allow"] = exc.headers["Allow"]
+            return response
         except Exception as exc:
             log.exception("unhandled error in %s %s", request.method, request.path)
             return render(request, 500, f"internal error ({type(exc).__name__}); see the "
@@ -69,8 +72,11 @@ def error_middleware(render: Render) -> Middleware:
 
 
 def _render(request: web.Request, status: int, message: str) -> web.Response:
-    return _error(status, f"no such endpoint: {request.method} {request.path}"
-                  if status == 404 else message)
+    if status == 404:
+        message = f"no such endpoint: {request.method} {request.path}"
+    elif status == 405:
+        message = f"{request.method} is not allowed on {request.path}"
+    return _error(status, message)
 
 
 def _healthy(deps: Deps) -> Callable[[str], bool]:
