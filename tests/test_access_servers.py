@@ -253,3 +253,33 @@ def test_accepted_changes_and_refusals_leave_audit_lines_without_the_token(node:
     assert line["server"] == "agent" and line["method"] == "POST" and line["result"] == 200
     assert line["principal"].startswith("sha256:") and line["principal"] != "anonymous"
     assert TOKEN not in node.agent.log_path.read_text()
+
+
+def test_a_rotated_token_file_is_taken_by_the_agent_and_its_reconciler_without_a_restart(
+        tmp_path: Path, agent_factory: Callable[..., AgentProcess]) -> None:
+    token = tmp_path / "token"
+    token.write_text("first-token-000000\n")
+    (tmp_path / "claims").mkdir()
+    claims_port = free_port()
+    agent: AgentProcess = agent_factory(start=False, extra_args=[
+        "--claims", str(tmp_path / "claims"), "--claims-port", str(claims_port), "--no-door",
+        "--token-file", str(token)])
+    agent.start()
+    body = json.dumps({"model_name": "nope"}).encode()
+    assert ask(agent.port, "POST", "/v1/runtime/models/wake", ("Bearer first-token-000000",),
+               body)[0] == 404  # taken: there is no such model
+    token.write_text("second-token-11111\n")  # as a Secret's new version
+    until("the new token", lambda: ask(agent.port, "POST", "/v1/runtime/models/wake",
+                                       ("Bearer second-token-11111",), body)[0] == 404)
+    assert ask(agent.port, "POST", "/v1/runtime/models/wake", ("Bearer first-token-000000",),
+               body)[0] == 401
+    until("the reconciler to take it", lambda: ask(
+        claims_port, "POST", "/v1/routes/nope/wake", ("Bearer second-token-11111",))[0] == 404)
+    assert ask(claims_port, "POST", "/v1/routes/nope/wake",
+               ("Bearer first-token-000000",))[0] == 401
+    token.write_text("")  # a broken version keeps the last good token, never an open API
+    until("the broken version to be seen",
+          lambda: "keeping the previous --token-file" in agent.log_tail(200))
+    assert ask(agent.port, "POST", "/v1/runtime/models/wake", (), body)[0] == 401
+    assert ask(agent.port, "POST", "/v1/runtime/models/wake", ("Bearer second-token-11111",),
+               body)[0] == 404
