@@ -55,8 +55,13 @@ environment:
   RUNTIME_AGENT_TOKEN       the API's bearer token (serve: required of callers; clients: sent)
   RUNTIME_AGENT_TOKEN_FILE  a file holding that token (--token-file)
   RECONCILER_URL            the reconciler's address for `claims` (http://127.0.0.1:8081)
+  RECONCILER_TOKEN_FILE     the reconciler API's token file (reconcile: asked of callers;
+                            claims: sent); RECONCILER_TOKEN the token itself; default: the agents'
   AIBRIX_WEIGHT_CACHE_DIR   the weight cache's directory (serve --weight-cache-dir)
   HF_ENDPOINT, HF_TOKEN     the Hugging Face Hub the weight cache and engines use
+
+without a token, serve and reconcile listen on 127.0.0.1 only; another --host needs a token
+or --insecure-no-auth (exit 2 otherwise).
 
 exit codes: 0 ok; 1 the API refused or the operation failed; 2 a flag is wrong;
   3 another agent holds --state-dir; 4 a directory the agent writes cannot be used;
