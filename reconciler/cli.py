@@ -176,13 +176,13 @@ def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
     here, before anything listens: a broken one is a ``KeysError`` (one line to print)."""
     if getattr(args, "no_door", False) or args.door_port is None:
         return None
+    if args.door_api_keys:
+        check_keys_file(Path(args.door_api_keys))
     if args.door_max_held < 1 or args.door_max_wait <= 0:
         raise SystemExit("--door-max-held must be at least 1 and --door-max-wait positive")
-    keys = Path(args.door_api_keys) if args.door_api_keys else None
-    if keys is not None:
-        check_keys_file(keys)
     return DoorSettings(host=host, port=args.door_port, max_held=args.door_max_held,
-                        max_wait_s=args.door_max_wait, api_keys=keys,
+                        max_wait_s=args.door_max_wait,
+                        api_keys=Path(args.door_api_keys) if args.door_api_keys else None,
                         access_log=args.door_access_log)
 
 
