@@ -172,18 +172,24 @@ def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
 
 
 def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
-    """The door's settings from the command line; None when it is off. Its keys file is read
-    here, before anything listens: a broken one is a ``KeysError`` (one line to print)."""
+    """The door's settings from the command line; None when it is off."""
     if getattr(args, "no_door", False) or args.door_port is None:
         return None
-    if args.door_api_keys:
-        check_keys_file(Path(args.door_api_keys))
     if args.door_max_held < 1 or args.door_max_wait <= 0:
         raise SystemExit("--door-max-held must be at least 1 and --door-max-wait positive")
     return DoorSettings(host=host, port=args.door_port, max_held=args.door_max_held,
                         max_wait_s=args.door_max_wait,
                         api_keys=Path(args.door_api_keys) if args.door_api_keys else None,
                         access_log=args.door_access_log)
+
+
+def checked_door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
+    """``door_settings``, with its keys file read now, before anything listens: a broken one
+    is a ``KeysError`` (one line to print)."""
+    door = door_settings(args, host)
+    if door is not None and door.api_keys is not None:
+        check_keys_file(door.api_keys)
+    return door
 
 
 async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
@@ -240,7 +246,7 @@ def _reconcile(args: argparse.Namespace) -> int:
         api_token, token = _sources(args)
         host = listen_host(args.host, api_token is not None, args.insecure_no_auth,
                            "--token-file (or RECONCILER_TOKEN)")
-        door = door_settings(args, host)  # its keys file read before anything listens
+        door = checked_door_settings(args, host)
     except (TokenError, ExposureError) as exc:
         print(f"runtime-agent reconcile: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE if isinstance(exc, TokenError) else EXIT_USAGE

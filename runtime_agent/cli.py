@@ -262,11 +262,11 @@ def _door(args: argparse.Namespace, host: str) -> DoorSettings | None:
     that cannot be used is a StartupError."""
     if not args.claims:
         return None
-    from reconciler.cli import door_settings
+    from reconciler.cli import checked_door_settings
     from reconciler.door.keys import KeysError
 
     try:
-        return door_settings(args, host)
+        return checked_door_settings(args, host)
     except KeysError as exc:
         raise StartupError(EXIT_UNREADABLE, f"--door-api-keys: {exc}") from None
 
