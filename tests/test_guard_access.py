@@ -142,3 +142,16 @@ def test_another_address_without_a_token_is_refused_with_what_to_do(host: str) -
     with pytest.raises(ExposureError) as err:
         listen_host(host, False, False)
     assert "--insecure-no-auth" in str(err.value) and "--token-file" in str(err.value)
+
+
+def test_a_known_principal_asking_for_what_it_may_not_use_is_the_one_403() -> None:
+    from aiohttp import web
+
+    from guard.access import forbidden, refusal_response
+    from guard.tokens import Principal
+
+    refusal = forbidden(Principal("sha256:1a2b3c4d", frozenset({"a"})), "b", "door")
+    assert refusal.status == 403 and refusal.reason == "not_allowed"
+    assert "sha256:1a2b3c4d" in refusal.message and "'b'" in refusal.message
+    answer = refusal_response(refusal, "door", lambda s, m: web.json_response({"m": m}, status=s))
+    assert answer.status == 403 and "WWW-Authenticate" not in answer.headers
