@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from guard.tokens import TokenSource
 from reconciler.context import Timings
 from reconciler.core import DEFAULT_PORT, Core, CoreSettings, scaled_timings
 from reconciler.desired import DesiredState
@@ -65,14 +66,16 @@ class Settings:
     kv_workers: int = 2
     snapshot_ttl: float = 0.1
     feed_wait: int = 30
-    agent_token: str | None = field(default=None, repr=False)  # the agents' bearer token
+    agent_token: TokenSource | None = field(default=None, repr=False)  # the agents' token
     timings: Timings = field(default_factory=scaled_timings)
     door: DoorSettings | None = None  # the front door (None: off)
+    api_token: TokenSource | None = field(default=None, repr=False)  # asked of our callers
+    auth_reads: bool = False
 
     def core(self) -> CoreSettings:
         return CoreSettings(self.host, self.port, self.resync_interval, self.workers,
                             self.kv_workers, self.snapshot_ttl, self.feed_wait,
-                            self.agent_token, self.timings)
+                            self.agent_token, self.timings, self.api_token, self.auth_reads)
 
 
 class ReconcilerApp(Core):
@@ -157,15 +160,17 @@ def local_agent(agent_url: str, name: str | None = None) -> AgentRef:
 
 async def start_embedded(agent_url: str, claims_dir: Path | str, listen_host: str = "127.0.0.1",
                          listen_port: int = DEFAULT_PORT,
-                         agent_token: str | None = None,
+                         agent_token: TokenSource | None = None,
                          door: DoorSettings | None = None,
-                         status_dir: Path | None = None) -> ReconcilerApp:
+                         status_dir: Path | None = None,
+                         auth_reads: bool = False) -> ReconcilerApp:
     """Start a reconciler whose pool is the one agent at ``agent_url`` (and its front door,
     with ``door``); ``await handle.stop()`` stops it. The agent may still be starting: the
-    reconciler waits for it."""
+    reconciler waits for it. Its API asks for the agent's token (``agent_token``)."""
     app = ReconcilerApp(Settings(Path(claims_dir), host=listen_host, port=listen_port,
                                  local_agent=local_agent(agent_url), agent_token=agent_token,
-                                 door=door, status_dir=status_dir))
+                                 door=door, status_dir=status_dir, api_token=agent_token,
+                                 auth_reads=auth_reads))
     await app.start()
     return app
 
@@ -185,10 +190,12 @@ async def serve_until_signalled(settings: Settings) -> None:
         await app.stop()
 
 
-def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: str = "0.0.0.0",
-                   port: int = DEFAULT_PORT, agent_token: str | None = None,
-                   door: DoorSettings | None = None, status_dir: Path | None = None) -> None:
+def run_reconciler(claims_dir: Path | str, pool_file: Path | str | None, host: str = "127.0.0.1",
+                   port: int = DEFAULT_PORT, agent_token: TokenSource | None = None,
+                   door: DoorSettings | None = None, status_dir: Path | None = None,
+                   api_token: TokenSource | None = None, auth_reads: bool = False) -> None:
     """Blocking: reconcile ``claims_dir`` against the agents of ``pool_file`` until SIGTERM."""
     run_on_uvloop(serve_until_signalled(Settings(
         Path(claims_dir), Path(pool_file) if pool_file else None, host, port,
-        agent_token=agent_token, door=door, status_dir=status_dir)))
+        agent_token=agent_token, door=door, status_dir=status_dir, api_token=api_token,
+        auth_reads=auth_reads)))

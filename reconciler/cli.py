@@ -34,13 +34,19 @@ from typing import Any
 import aiohttp
 
 from contract.endpoints import AGENT_PORT, base_url
+from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_loopback, \
+    listen_host
+from guard.tokens import TokenError, TokenSource, token_source
 from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
 from reconciler.client import AgentUnreachable, JsonApi, Refusal, ok_body
+from reconciler.door.keys import KeysError, check_keys_file
 from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 EXIT_UNREACHABLE = 8  # as the agent's client commands (README, "Exit codes")
 EXIT_DIRECTORY = 4  # a directory it writes cannot be used, as the agent's serve
+EXIT_USAGE = 2  # a flag is wrong (a non-loopback --host without a token), as the agent's serve
+EXIT_UNREADABLE = 7  # a token file cannot be used, as the agent's serve
 DEFAULT_STATE_DIR = "/var/run/aibrix/reconciler"
 
 
@@ -81,12 +87,26 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--retry-period", type=float, default=2.0)
     r.add_argument("--agent-token-file", default=os.environ.get("RUNTIME_AGENT_TOKEN_FILE"),
                    help="file holding the agents' bearer token (a mounted Secret; or set "
-                        "RUNTIME_AGENT_TOKEN); sent as Authorization: Bearer on every agent call")
+                        "RUNTIME_AGENT_TOKEN); sent as Authorization: Bearer on every agent "
+                        "call (default: --token-file's)")
+    r.add_argument("--token-file", default=os.environ.get("RECONCILER_TOKEN_FILE"),
+                   help="file holding this API's bearer token, asked of every call that "
+                   "changes something (a wake) (env RECONCILER_TOKEN_FILE, or the token in "
+                   "RECONCILER_TOKEN; default: the agents' token, one Secret for both)")
+    r.add_argument("--auth-reads", action="store_true",
+                   help="reading claims and routes needs the token too (/healthz and /metrics "
+                   "stay open)")
+    r.add_argument(INSECURE_FLAG, action="store_true",
+                   help="let the API listen beyond loopback without a token (anyone who "
+                   "reaches it can wake models); default address with it: every interface")
     r.add_argument("--state-dir", default=os.environ.get("RECONCILER_STATE_DIR",
                                                         DEFAULT_STATE_DIR),
                    help="local mode: where claim statuses are kept, outside the manifests "
                    "(env RECONCILER_STATE_DIR; default %(default)s)")
-    r.add_argument("--host", default="0.0.0.0")
+    r.add_argument("--host", default=None,
+                   help="address of the API and the door (default: 127.0.0.1 without a "
+                   f"token, every interface with one; another without a token needs "
+                   f"{INSECURE_FLAG})")
     r.add_argument("--port", type=int, default=DEFAULT_PORT)
     r.add_argument("--log-level", default="info")
     _door_options(r, None)
@@ -98,12 +118,23 @@ def add_commands(sub: Any) -> None:
     g.add_argument("-n", "--namespace")
     g.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     g.add_argument("--url", type=_url, default=_url_default(), help=_URL_HELP)
+    _client_token_option(g)
     g.set_defaults(func=_claims)
     d = csub.add_parser("describe", help="one claim's conditions and events")
     d.add_argument("name")
     d.add_argument("-n", "--namespace", default="default")
     d.add_argument("--url", type=_url, default=_url_default(), help=_URL_HELP)
+    _client_token_option(d)
     d.set_defaults(func=_claims)
+
+
+def _client_token_option(parser: argparse.ArgumentParser) -> None:
+    env = os.environ
+    parser.add_argument("--token-file", default=env.get("RECONCILER_TOKEN_FILE")
+                        or env.get("RUNTIME_AGENT_TOKEN_FILE"),
+                        help="a file holding the reconciler's bearer token, sent with each "
+                        "call (env RECONCILER_TOKEN_FILE or RUNTIME_AGENT_TOKEN_FILE; or the "
+                        "token in RECONCILER_TOKEN or RUNTIME_AGENT_TOKEN)")
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
@@ -152,20 +183,33 @@ def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
                         access_log=args.door_access_log)
 
 
+def checked_door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
+    """``door_settings``, with its keys file read now, before anything listens: a broken one
+    is a ``KeysError`` (one line to print)."""
+    door = door_settings(args, host)
+    if door is not None and door.api_keys is not None:
+        check_keys_file(door.api_keys)
+    return door
+
+
 async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
                             claims_dir: str, listen_host: str, listen_port: int,
-                            agent_token: str | None = None,
+                            agent_token: TokenSource | None = None,
                             door: DoorSettings | None = None,
-                            status_dir: Path | None = None) -> None:
+                            status_dir: Path | None = None, auth_reads: bool = False) -> None:
     """Run ``agent_main`` (the agent's ``serve`` coroutine) with an embedded reconciler whose
     pool is that agent (and its front door, with ``door``); the reconciler stops when the agent
-    does (its engines keep running)."""
+    does (its engines keep running). Its API asks for the agent's token, as the agent's does."""
     agent = asyncio.ensure_future(agent_main)
     host = "127.0.0.1" if agent_host in ("", "0.0.0.0", "::") else agent_host
     host = f"[{host}]" if ":" in host else host
     try:
         handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
-                                      listen_port, agent_token, door, status_dir)
+                                      listen_port, agent_token, door, status_dir,
+                                      auth_reads)
+    except KeysError as err:  # broken since the command line read it: one line
+        agent.cancel()
+        raise SystemExit(f"runtime-agent: the front door cannot start: {err}") from err
     except OSError as err:  # a port in use: say which, without a stack trace
         agent.cancel()
         raise SystemExit(f"runtime-agent: the embedded reconciler (port {listen_port}) or its "
@@ -181,22 +225,34 @@ async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_
         await handle.stop()
 
 
-def _token(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        token = open(path, encoding="utf-8").read().strip()
-    except OSError as err:
-        raise SystemExit(f"cannot read the agent token from {path}: {err.strerror}") from None
-    if not token:
-        raise SystemExit(f"the agent token file {path} is empty")
-    return token
+def _sources(args: argparse.Namespace) -> tuple[TokenSource | None, TokenSource | None]:
+    """(this API's token, the agents' token): each from its file or variable, the other's
+    when not given (one Secret for the pool and its controller); a ``TokenError`` for a file
+    that cannot be used."""
+    env = os.environ
+    agents = token_source(args.agent_token_file, env.get("RUNTIME_AGENT_TOKEN"),
+                          "--agent-token-file")
+    if args.token_file and args.token_file == args.agent_token_file:
+        return agents, agents
+    own = token_source(args.token_file, env.get("RECONCILER_TOKEN"), "--token-file",
+                       "RECONCILER_TOKEN")
+    return own or agents, agents or own
 
 
 def _reconcile(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    token = _token(args.agent_token_file) or os.environ.get("RUNTIME_AGENT_TOKEN") or None
+    try:
+        api_token, token = _sources(args)
+        host = listen_host(args.host, api_token is not None, args.insecure_no_auth,
+                           "--token-file (or RECONCILER_TOKEN)")
+        door = checked_door_settings(args, host)
+    except (TokenError, ExposureError) as exc:
+        print(f"runtime-agent reconcile: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE if isinstance(exc, TokenError) else EXIT_USAGE
+    if api_token is None and not is_loopback(host):
+        logging.getLogger("reconciler.cli").warning(
+            insecure_warning("reconciler API", host, args.port))
     if args.kubernetes:
         if args.claims or args.pool:
             raise SystemExit("--kubernetes reads claims and pools from the API server; "
@@ -205,13 +261,13 @@ def _reconcile(args: argparse.Namespace) -> int:
         from reconciler.kube.app import KubeSettings, run_kubernetes
         identity = args.identity or os.environ.get("POD_NAME") or KubeSettings().identity
         settings = KubeSettings(
-            CoreSettings(host=args.host, port=args.port, resync_interval=1800.0,
-                         feed_wait=55, kv_workers=16, agent_token=token),
+            CoreSettings(host=host, port=args.port, resync_interval=1800.0,
+                         feed_wait=55, kv_workers=16, agent_token=token, api_token=api_token,
+                         auth_reads=args.auth_reads),
             kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
             lease_namespace=args.lease_namespace, leader_election=not args.no_leader_election,
             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period, identity=identity,
-            door=door_settings(args, args.host))
+            retry_period=args.retry_period, identity=identity, door=door)
         return run_kubernetes(settings)
     if not args.claims:
         raise SystemExit("reconcile needs --claims DIR (local mode) or --kubernetes")
@@ -223,8 +279,9 @@ def _reconcile(args: argparse.Namespace) -> int:
               f"{exc.strerror}; choose a directory you can write (--state-dir or "
               "RECONCILER_STATE_DIR)", file=sys.stderr)
         return EXIT_DIRECTORY
-    run_reconciler(args.claims, args.pool, args.host, args.port, agent_token=token,
-                   door=door_settings(args, args.host), status_dir=status_dir)
+    run_reconciler(args.claims, args.pool, host, args.port, agent_token=token,
+                   door=door, status_dir=status_dir,
+                   api_token=api_token, auth_reads=args.auth_reads)
     return 0
 
 
@@ -238,8 +295,15 @@ def _claims(args: argparse.Namespace) -> int:
 
 async def _claims_from(args: argparse.Namespace) -> int:
     """``claims get`` and ``claims describe``, on the client the reconciler uses for agents."""
+    env = os.environ
+    try:
+        source = token_source(args.token_file, env.get("RECONCILER_TOKEN")
+                              or env.get("RUNTIME_AGENT_TOKEN"))
+    except TokenError as exc:
+        print(f"runtime-agent claims: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
     async with aiohttp.ClientSession() as session:
-        api = JsonApi(args.url, session)
+        api = JsonApi(args.url, session, token=source.token() if source else None)
         try:
             return await _show_claims(api, args)
         except Refusal as exc:

@@ -9,8 +9,9 @@ exception: every control call returns a ``Reply`` (HTTP status and JSON body, wi
 agent that cannot be reached (connection refused, timeout) raises ``AgentUnreachable``; one
 that answers with a body that is not a JSON object raises its kind ``NotTheApi``.
 
-With a ``token`` (the agents' bearer token, read from a Secret-mounted file by the app), every
-call carries ``Authorization: Bearer <token>``.
+With a ``token`` (a command line's), every call carries ``Authorization: Bearer <token>``; the
+reconciler's session instead carries ``bearer_middleware``, which sends the agents' token as it
+is now (a rotated Secret is re-read by ``guard.tokens``) on every call, feeds included.
 
 This module knows the agent's wire format (README, "The API") and nothing of claims.
 """
@@ -24,6 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
+from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+from aiohttp.client_middlewares import ClientMiddlewareType
+
+from guard.tokens import TokenSource
 
 
 class AgentUnreachable(Exception):
@@ -132,6 +137,21 @@ class AgentApi(Protocol):
     async def kv_limit(self, model_name: str, limit_bytes: int) -> Reply: ...
 
     async def download(self, artifact_url: str) -> Reply: ...
+
+
+def bearer_middleware(source: TokenSource | None) -> tuple[ClientMiddlewareType, ...]:
+    """Client middlewares that put ``source``'s current token on every request (none
+    without a source)."""
+    if source is None:
+        return ()
+
+    async def bearer(request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
+        token = source.token()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        return await handler(request)
+
+    return (bearer,)
 
 
 class JsonApi:

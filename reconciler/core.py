@@ -32,7 +32,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from reconciler.claims import ClaimReconciler
-from reconciler.client import AgentApi, HttpAgentClient
+from guard.tokens import TokenSource
+from reconciler.client import AgentApi, HttpAgentClient, bearer_middleware
 from reconciler.context import Deps, Timings
 from reconciler.desired import ClaimKey, Desired
 from reconciler.door.ledger import Ledger
@@ -71,8 +72,10 @@ class CoreSettings:
     kv_workers: int = 2
     snapshot_ttl: float = 0.1
     feed_wait: int = 30
-    agent_token: str | None = field(default=None, repr=False)  # a bearer token on every agent call
+    agent_token: TokenSource | None = field(default=None, repr=False)  # sent on every agent call
     timings: Timings = field(default_factory=scaled_timings)
+    api_token: TokenSource | None = field(default=None, repr=False)  # asked of this API's callers
+    auth_reads: bool = False  # reads of claims and routes need api_token too
 
 
 class Core:
@@ -126,8 +129,7 @@ class Core:
         key = (ref.name, ref.url)
         client = self._clients.get(key)
         if client is None and self._session is not None:
-            client = self._clients[key] = HttpAgentClient(
-                ref.url, self._session, token=self.core_settings.agent_token)
+            client = self._clients[key] = HttpAgentClient(ref.url, self._session)
         return client
 
     def sync_feeds(self) -> None:
@@ -142,13 +144,11 @@ class Core:
             if key[0] not in {n for n, _ in wanted}:
                 self.cache.forget(key[0])
             asyncio.get_running_loop().create_task(feed.stop())
-        token = self.core_settings.agent_token
-        headers = {"Authorization": f"Bearer {token}"} if token else None
         for name, url in sorted(wanted - self._feeds.keys()):
             feed = EventFeedSource(url, self._event_keys_for(name),
                                    on_connect=self._resync_for(name),
                                    wait=self.core_settings.feed_wait, clock=self.clock,
-                                   session=self._session, headers=headers)
+                                   session=self._session)
             self._feeds[(name, url)] = feed
             feed.start(self.claim_queue)
             self.kv_queue.add(name)
@@ -192,8 +192,9 @@ class Core:
 
     async def start_core(self) -> None:
         """Sessions, resync, feeds and controllers (the mode's sources are watched first)."""
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        s = self.core_settings
+        s = self.core_settings  # every call to an agent carries the agents' token, as it is now
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                              middlewares=bearer_middleware(s.agent_token))
         self.claim_controller.watch(TimerSource(self.clock, s.resync_interval, self.all_keys,
                                                 spread=True))
         self.kv_controller.watch(TimerSource(
@@ -205,7 +206,9 @@ class Core:
         self.kv_controller.start()
 
     async def serve_http(self, extra: Callable[[web.Application], None] | None = None) -> None:
-        app = make_app(self.deps, self.registry)
+        s = self.core_settings
+        app = make_app(self.deps, self.registry, s.api_token, s.auth_reads,
+                       (s.agent_token,) if s.agent_token is not s.api_token else ())
         if extra is not None:
             extra(app)
         self._runner, self.port = await serve(app, self.core_settings.host,

@@ -8,9 +8,16 @@
 | ``GET /v1/routes`` | ``{"routes": [{model, claim, agent, host, port, state, reason, ...}]}`` |
 | ``POST /v1/routes/{model}/wake`` | records a wake request (202; repeats collapse) |
 | ``GET /metrics`` | Prometheus exposition: the ModelClaim and reconcile metrics |
+| ``GET /openapi.json`` | this table as OpenAPI 3.1 (``reconciler.openapi``) |
 
 Handlers are thin: they read the status store and the route table, or record a wake request
 and enqueue its claim. Errors are ``{"status": "error", "message": ...}`` with a 4xx.
+
+Access is the agent's rule (``guard.access``): with a token (``--token-file``; the embedded
+reconciler takes the agent's), the wake needs ``Authorization: Bearer <token>`` (a wake starts
+an engine and may put another to sleep), and claims and routes too with ``--auth-reads``;
+``/healthz`` and ``/metrics`` stay open for probes and scrapes. ``GET /openapi.json``
+describes the API (``reconciler.openapi``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from guard import access
+from guard.tokens import TokenSource
 from reconciler.context import Deps
+from reconciler.openapi import openapi_document
 from reconciler.routes import route_of, route_table
 from reconciler.status import ACTIVE, ClaimStatus
 
@@ -50,7 +60,10 @@ def error_middleware(render: Render) -> Middleware:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return render(request, exc.status, exc.text or exc.reason)
+            response = render(request, exc.status, exc.text or exc.reason)
+            if "Allow" in exc.headers:  # RFC 9110: a 405 says what is allowed
+                response.headers["Allow"] = exc.headers["Allow"]
+            return response
         except Exception as exc:
             log.exception("unhandled error in %s %s", request.method, request.path)
             return render(request, 500, f"internal error ({type(exc).__name__}); see the "
@@ -59,8 +72,11 @@ def error_middleware(render: Render) -> Middleware:
 
 
 def _render(request: web.Request, status: int, message: str) -> web.Response:
-    return _error(status, f"no such endpoint: {request.method} {request.path}"
-                  if status == 404 else message)
+    if status == 404:
+        message = f"no such endpoint: {request.method} {request.path}"
+    elif status == 405:
+        message = f"{request.method} is not allowed on {request.path}"
+    return _error(status, message)
 
 
 def _healthy(deps: Deps) -> Callable[[str], bool]:
@@ -130,8 +146,14 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_app(deps: Deps, registry: CollectorRegistry) -> web.Application:
+def make_app(deps: Deps, registry: CollectorRegistry, token: TokenSource | None = None,
+             protect_reads: bool = False, also_watch: tuple[object, ...] = ()
+             ) -> web.Application:
+    """The API; with ``token``, what changes state needs it (and reads with
+    ``protect_reads``); ``also_watch``: other token files this process keeps fresh."""
     app = web.Application(middlewares=[error_middleware(_render)])
+    access.install(app, access.Policy("reconciler", token, protect_reads,
+                                      also_watch=also_watch), _error)
     app[DEPS_KEY] = deps
     app[REGISTRY_KEY] = registry
     app.router.add_get("/healthz", healthz)
@@ -140,6 +162,12 @@ def make_app(deps: Deps, registry: CollectorRegistry) -> web.Application:
     app.router.add_get("/v1/routes", routes)
     app.router.add_post("/v1/routes/{model:.+}/wake", wake)
     app.router.add_get("/metrics", metrics)
+    described = openapi_document()
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.json_response(described)
+
+    app.router.add_get("/openapi.json", openapi)
     return app
 
 

@@ -17,18 +17,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from reconciler.door.settings import DoorSettings
 from reconciler.runtime.loop import run as run_on_uvloop
 from runtime_agent import __version__
 from runtime_agent.console.commands import size_type as _size
 from runtime_agent.console.output import quiet_on_closed_pipe
 from runtime_agent.logs import setup_logging
+from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_loopback, \
+    listen_host
 from runtime_agent.preflight import (
     EXIT_PORT,
     EXIT_STATE_DIR_BUSY,
+    EXIT_UNREADABLE,
     EXIT_USAGE,
     StartupError,
     check,
-    read_token_file,
+    token_source_of,
 )
 from runtime_agent.settings import DEFAULT_STATE_DIR, Settings
 
@@ -51,8 +55,13 @@ environment:
   RUNTIME_AGENT_TOKEN       the API's bearer token (serve: required of callers; clients: sent)
   RUNTIME_AGENT_TOKEN_FILE  a file holding that token (--token-file)
   RECONCILER_URL            the reconciler's address for `claims` (http://127.0.0.1:8081)
+  RECONCILER_TOKEN_FILE     the reconciler API's token file (reconcile: asked of callers;
+                            claims: sent); RECONCILER_TOKEN the token itself; default: the agents'
   AIBRIX_WEIGHT_CACHE_DIR   the weight cache's directory (serve --weight-cache-dir)
   HF_ENDPOINT, HF_TOKEN     the Hugging Face Hub the weight cache and engines use
+
+without a token, serve and reconcile listen on 127.0.0.1 only; another --host needs a token
+or --insecure-no-auth (exit 2 otherwise).
 
 exit codes: 0 ok; 1 the API refused or the operation failed; 2 a flag is wrong;
   3 another agent holds --state-dir; 4 a directory the agent writes cannot be used;
@@ -154,9 +163,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
     cache = args.weight_cache_dir
     env = os.environ
     low, high = args.engine_ports
+    token = token_source_of(args.token_file, env.get("RUNTIME_AGENT_TOKEN"))
+    try:
+        host = listen_host(args.host, token is not None, args.insecure_no_auth)
+    except ExposureError as exc:
+        raise StartupError(EXIT_USAGE, str(exc)) from None
     return Settings(
-        host=args.host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
-        port_high=high, engine_bind_host=args.engine_host or _default_engine_host(args),
+        host=host, port=args.port, state_dir=Path(args.state_dir), port_low=low,
+        port_high=high, engine_bind_host=args.engine_host or _default_engine_host(args, host),
         health_probe_port=args.health_probe_port, restart_delays=args.restart_delays,
         engine_cgroups=args.engine_cgroups == "auto",
         stop_grace_s=args.stop_grace, probe_max_s=max(args.probe_max, 0.005),
@@ -171,7 +185,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                                                           and (gpu_present() or simulate))),
         simulate_engines=simulate,
         weight_cache_dir=Path(cache) if cache else None,
-        api_token=read_token_file(args.token_file, env.get("RUNTIME_AGENT_TOKEN")),
+        api_token=token,
         auth_reads=args.auth_reads,
         health_interval_s=args.health_interval, unresponsive_after=args.unresponsive_after,
         unresponsive_grace_s=args.unresponsive_grace, budget_reset_s=args.budget_reset,
@@ -183,12 +197,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
-def _default_engine_host(args: argparse.Namespace) -> str:
+def _default_engine_host(args: argparse.Namespace, api_host: str = "0.0.0.0") -> str:
     """Loopback when the embedded front door is the way in (``--claims`` without
-    ``--no-door``); every address otherwise."""
+    ``--no-door``) or the API itself listens on loopback only (engines answer anyone who
+    reaches them: a node closed to the network keeps them closed too); every address
+    otherwise."""
     door = getattr(args, "claims", None) and not getattr(args, "no_door", False) \
         and getattr(args, "door_port", None) is not None
-    return "127.0.0.1" if door else "0.0.0.0"
+    return "127.0.0.1" if door or is_loopback(api_host) else "0.0.0.0"
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -203,6 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
     try:
         settings = settings_from(args)
+        door = _door(args, settings.host)  # its keys file read before anything listens
         checked = check(settings, claims_dir=args.claims,
                         claims_port=args.claims_port if args.claims else None)
     except StartupError as exc:
@@ -210,18 +227,21 @@ def _serve(args: argparse.Namespace) -> int:
         return exc.code
     settings = replace(settings, engine_problems=tuple(checked.engine_problems.items()))
     _say_what_is_real(settings, args.engines)
+    if settings.api_token is None and not is_loopback(settings.host):
+        log.warning(insecure_warning("control API", settings.host, settings.port))
     for warning in checked.warnings:
         log.warning(warning)
     try:
         if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
-            from reconciler.cli import door_settings, serve_with_claims
+            from reconciler.cli import serve_with_claims
 
             run_loop(serve_with_claims(serve(settings, checked.sockets, checked.probe_sockets),
-                                       args.host,
-                                       settings.port, args.claims, args.host,
+                                       settings.host,
+                                       settings.port, args.claims, settings.host,
                                        args.claims_port, settings.api_token,
-                                       door_settings(args, args.host),
-                                       settings.state_dir / "reconciler"))
+                                       door,
+                                       settings.state_dir / "reconciler",
+                                       auth_reads=settings.auth_reads))
         else:
             run_loop(serve(settings, checked.sockets, checked.probe_sockets))
     except StateDirBusy as exc:
@@ -235,6 +255,20 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         checked.close()
     return 0
+
+
+def _door(args: argparse.Namespace, host: str) -> DoorSettings | None:
+    """The embedded door's settings (None without --claims, or with --no-door); a keys file
+    that cannot be used is a StartupError."""
+    if not args.claims:
+        return None
+    from reconciler.cli import checked_door_settings
+    from reconciler.door.keys import KeysError
+
+    try:
+        return checked_door_settings(args, host)
+    except KeysError as exc:
+        raise StartupError(EXIT_UNREADABLE, f"--door-api-keys: {exc}") from None
 
 
 def _is_bind_error(exc: OSError) -> bool:
@@ -269,9 +303,15 @@ def serve_parser(sub: Any) -> None:
                        "--help), before it takes over any engine.", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     api = s.add_argument_group("the control API")
-    api.add_argument("--host", default="0.0.0.0",
-                     help="address of the control API (default %(default)s: every interface; "
-                     "set a token then)")
+    api.add_argument("--host", default=None,
+                     help="address of the control API, the embedded reconciler and its door "
+                     "(default: 127.0.0.1 without a token, every interface with one; any other "
+                     f"address without a token needs {INSECURE_FLAG})")
+    api.add_argument(INSECURE_FLAG, action="store_true",
+                     help="let the API listen beyond loopback without a token: anyone who "
+                     "reaches it can start, stop and wake engines (the AIBrix controller "
+                     "sends no token; restrict who reaches the port, e.g. a NetworkPolicy). "
+                     "Default address with it: every interface")
     api.add_argument("--port", type=_port, default=8080, help="its port (default %(default)s)")
     api.add_argument("--health-probe-port", type=_port, default=None,
                      help="also answer /healthz and /ready on this port, from a process of "
@@ -304,7 +344,8 @@ def serve_parser(sub: Any) -> None:
                      "(default 20000-20999)")
     eng.add_argument("--engine-host", default=None,
                      help="the address engines listen on (default 0.0.0.0; 127.0.0.1 with "
-                     "--claims and its front door, the only way in)")
+                     "--claims and its front door, the only way in, or when the API listens "
+                     "on loopback)")
     eng.add_argument("--vllm-command", default="vllm serve",
                      help="how to run vLLM, before MODEL and its flags (default '%(default)s')")
     eng.add_argument("--sglang-command", default="python3 -m sglang.launch_server",

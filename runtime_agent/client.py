@@ -9,22 +9,19 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import Any
+
+from guard.tokens import TokenError, token_source
 
 
 def read_token(token_file: str | None) -> str | None:  # scripts; the CLI uses preflight's
-    """The API token from ``--token-file`` or ``RUNTIME_AGENT_TOKEN``; None when neither."""
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise SystemExit(f"runtime-agent: cannot read the token file {token_file}: "
-                             f"{exc.strerror}") from None
-        if not token:
-            raise SystemExit(f"runtime-agent: the token file {token_file} is empty")
-        return token
-    return os.environ.get("RUNTIME_AGENT_TOKEN") or None
+    """The API token from ``--token-file`` or ``RUNTIME_AGENT_TOKEN`` (``guard.tokens``' rule);
+    None when neither."""
+    try:
+        source = token_source(token_file, os.environ.get("RUNTIME_AGENT_TOKEN"))
+    except TokenError as exc:
+        raise SystemExit(f"runtime-agent: {exc}") from None
+    return source.token() if source is not None else None
 
 
 class AgentError(RuntimeError):

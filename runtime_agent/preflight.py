@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from guard.tokens import TokenError, TokenSource, token_source
 from runtime_agent.settings import Settings
 from runtime_agent.statelock import StateDirBusy, StateLock
 from runtime_agent.supervision.engine_kinds import command_prefix, executable_problem
@@ -152,17 +153,17 @@ def readable_dir(path: Path, flag: str) -> None:
 
 def read_token_file(path: str | None, env_token: str | None) -> str | None:
     """The API token from ``--token-file`` (or ``RUNTIME_AGENT_TOKEN``); None when neither."""
-    if not path:
-        return env_token or None
+    source = token_source_of(path, env_token)
+    return source.token() if source is not None else None
+
+
+def token_source_of(path: str | None, env_token: str | None) -> TokenSource | None:
+    """The token of ``--token-file`` (re-read when it changes) or ``RUNTIME_AGENT_TOKEN``, by
+    ``guard.tokens``' one rule; None when neither."""
     try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise StartupError(EXIT_UNREADABLE, f"--token-file {path} cannot be read: "
-                           f"{exc.strerror or exc}") from None
-    if not token:
-        raise StartupError(EXIT_UNREADABLE, f"--token-file {path} is empty; write the token "
-                           "into it (one line)")
-    return token
+        return token_source(path, env_token)
+    except TokenError as exc:
+        raise StartupError(EXIT_UNREADABLE, str(exc)) from None
 
 
 # ---- ports ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from guard.tokens import TokenSource
 from runtime_agent.supervision.backoff import DEFAULT_RESTART_DELAYS
 
 DEFAULT_STATE_DIR = Path("/var/run/aibrix")
@@ -87,7 +88,7 @@ class Settings:
     # /ready waits this long at most for re-adopted engines to show their first state.
     settle_timeout_s: float = 60.0
     # Access: a bearer token for every call that changes something (and reads, if asked).
-    api_token: str | None = field(default=None, repr=False)
+    api_token: TokenSource | None = field(default=None, repr=False)  # guard.tokens
     auth_reads: bool = False
     # --trust-remote-code runs a model repository's code on this node: off unless allowed.
     allow_trust_remote_code: bool = False

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.door.keys import KeyFile, KeysError, bearer, parse_keys
+from guard.access import bearer
+from reconciler.door.keys import KeyFile, KeysError, parse_keys
 from reconciler.door.ledger import Changes, Ledger
 from reconciler.door.proxy import usage_of
 from reconciler.door.window import (
@@ -73,10 +74,10 @@ def test_the_declared_context_comes_from_the_engine_kinds_own_flag() -> None:
 
 def test_keys_are_read_with_their_model_lists_and_comments() -> None:
     keys = parse_keys("# the team keys\nsk-team-a-0001\n\nsk-team-b-0002 qwen3 minilm  # two\n")
-    assert len(keys) == 2
-    by_models = {k.models for k in keys.values()}
+    assert len(keys.by_digest) == 2
+    by_models = {k.scopes for k in keys.by_digest.values()}
     assert by_models == {None, frozenset({"qwen3", "minilm"})}
-    assert all(k.id.startswith("sha256:") and len(k.id) == 15 for k in keys.values())
+    assert all(k.id.startswith("sha256:") and len(k.id) == 15 for k in keys.by_digest.values())
 
 
 @pytest.mark.parametrize(("text", "why"), [("short", "at least 8"),
@@ -87,8 +88,10 @@ def test_a_bad_keys_file_says_which_line(text: str, why: str) -> None:
 
 
 def test_the_bearer_header_gives_the_key() -> None:
-    assert bearer("Bearer sk-abc") == "sk-abc" and bearer("bearer  sk-abc ") == "sk-abc"
-    assert bearer(None) is None and bearer("Basic xyz") is None and bearer("Bearer") is None
+    assert bearer(["Bearer sk-abc"])[0] == "sk-abc" and bearer(["bearer  sk-abc "])[0] == "sk-abc"
+    assert bearer([]) == (None, "no_token") and bearer(["Basic xyz"]) == (None, "not_bearer")
+    assert bearer(["Bearer"]) == (None, "no_token")
+    assert bearer(["Bearer a1234567", "Bearer a1234567"]) == (None, "two_headers")
 
 
 def test_a_changed_keys_file_is_taken_and_a_broken_one_keeps_the_last_keys(
@@ -111,7 +114,7 @@ def test_a_changed_keys_file_is_taken_and_a_broken_one_keeps_the_last_keys(
 
 
 def test_an_unreadable_keys_file_stops_the_start(tmp_path: Path) -> None:
-    with pytest.raises(KeysError, match="cannot read"):
+    with pytest.raises(KeysError, match="cannot be read"):
         KeyFile(tmp_path / "missing").load()
 
 

@@ -91,7 +91,7 @@ def test_a_port_in_use_is_exit_5_before_the_registry_is_read(tmp_path: Path) -> 
 
 
 def test_a_host_that_is_not_this_machines_is_exit_5(tmp_path: Path) -> None:
-    one_line(serve(tmp_path, "--host", "203.0.113.7"), 5, "203.0.113.7",
+    one_line(serve(tmp_path, "--host", "203.0.113.7", "--insecure-no-auth"), 5, "203.0.113.7",
              "not an address of this machine")
 
 

@@ -49,8 +49,8 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 def pod_agent(factory: Callable[..., AgentProcess]) -> AgentProcess:
     """A pool Pod's agent: it and its engines listen on every address, as in a cluster."""
-    return factory(restart_delays="0.05", extra_args=[*CARD, "--host", "0.0.0.0"],
-                   engine_host="0.0.0.0")
+    return factory(restart_delays="0.05", engine_host="0.0.0.0",
+                   extra_args=[*CARD, "--host", "0.0.0.0", "--insecure-no-auth"])
 
 
 async def chat(port: int, model: str) -> tuple[int, Any, Mapping[str, str]]:

@@ -5,44 +5,29 @@ One key per line, optionally followed by the models it may use; ``#`` starts a c
     sk-team-a                      # any model
     sk-team-b  qwen3-0.6b  minilm  # only these two
 
-Clients send ``Authorization: Bearer KEY`` (OpenAI's header). Keys are held as SHA-256 digests and
-compared by digest, so a lookup does not take longer for a near miss; the access log names a key
-by ``sha256:`` and the first eight hex digits of its digest, never by the key. ``KeyFile``
-re-reads the file when its modification time or size changes (``check``, called every couple of
-seconds), so keys are rotated without a restart; a file that cannot be read keeps the last good
-keys and is logged.
+Clients send ``Authorization: Bearer KEY`` (OpenAI's header). The file is read, watched and
+checked by the same code as every server's token (``guard.tokens``, ``guard.access``): keys are
+held as SHA-256 digests and looked up by digest, a key is named in logs by ``sha256:`` and the
+first eight hex digits of its digest (``Key.id``), never by the key, and a changed file (its
+inode, modification time or size) is re-read without a restart, a broken version keeping the
+last good keys. A file that cannot be used at start-up is a ``KeysError``, one line naming the
+line to fix; the command line reads the file before anything listens
+(``reconciler.cli.door_settings``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("reconciler.door.keys")
+from guard.tokens import MIN_LENGTH, Credentials, Principal, TokenError, WatchedFile, digest, \
+    principal_id
+
+Key = Principal  # a key's id and the models it may use (scopes; None: any model)
+KeysError = TokenError  # the keys file is unusable: str() is the one line to print
+WHAT = "the API keys file"
 
 
-class KeysError(ValueError):
-    """The keys file is unusable."""
-
-
-@dataclass(frozen=True)
-class Key:
-    id: str  # "sha256:" + first 8 hex digits: what logs show
-    models: frozenset[str] | None  # None: any model
-
-    def may_use(self, model: str) -> bool:
-        return self.models is None or model in self.models
-
-
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def parse_keys(text: str, source: str = "keys file") -> dict[str, Key]:
+def parse_keys(text: str, source: str = "keys file") -> Credentials:
     """Keys by digest; a line with a space inside a key cannot happen (the first word is it)."""
     keys: dict[str, Key] = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -50,70 +35,48 @@ def parse_keys(text: str, source: str = "keys file") -> dict[str, Key]:
         if not line:
             continue
         key, *models = line.split()
-        if len(key) < 8:
-            raise KeysError(f"{source} line {number}: a key must have at least 8 characters")
+        if len(key) < MIN_LENGTH:
+            raise KeysError(f"{source} line {number}: a key must have at least {MIN_LENGTH} "
+                            "characters")
         d = digest(key)
         if d in keys:
             raise KeysError(f"{source} line {number}: the key is listed twice")
-        keys[d] = Key(f"sha256:{d[:8]}", frozenset(models) if models else None)
-    return keys
+        keys[d] = Key(principal_id(key), frozenset(models) if models else None)
+    return Credentials(keys)
 
 
-def bearer(header: str | None) -> str | None:
-    """The key of an ``Authorization: Bearer KEY`` header (None when absent or malformed)."""
-    if not header:
-        return None
-    scheme, _, value = header.strip().partition(" ")
-    value = value.strip()
-    return value if scheme.lower() == "bearer" and value else None
+def check_keys_file(path: Path) -> None:
+    """Blocking: read ``path`` as the door would, for the command line before it listens;
+    a ``KeysError`` says what is wrong."""
+    KeyFile(path).load()
 
 
 class KeyFile:
-    """The keys of ``path``, re-read when it changes. Without a path the door is open."""
+    """The keys of ``path``, re-read when it changes (``check``). Without a path the door is
+    open."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._keys: Mapping[str, Key] = {}
-        self._stamp: tuple[float, int] | None = None
+        self._file = WatchedFile(path, parse_keys, WHAT) if path is not None else None
 
     @property
     def enabled(self) -> bool:
-        return self.path is not None
+        return self._file is not None
+
+    def credentials(self) -> Credentials:
+        if self._file is None or self._file.value is None:
+            return Credentials()
+        return self._file.value
 
     def lookup(self, key: str | None) -> Key | None:
-        if key is None:
-            return None
-        return self._keys.get(digest(key))
+        return self.credentials().match(key)
 
     def load(self) -> None:
-        """Blocking: read the file now (at start; a broken file then is an error)."""
-        if self.path is None:
-            return
-        try:
-            stat = os.stat(self.path)
-            self._keys = parse_keys(self.path.read_text("utf-8"), str(self.path))
-        except OSError as err:
-            raise KeysError(f"cannot read the API keys file {self.path}: {err}") from err
-        self._stamp = (stat.st_mtime, stat.st_size)
-        log.info("door: %d API keys from %s", len(self._keys), self.path)
+        """Blocking: read the file now (at start; a broken file then is a ``KeysError``)."""
+        if self._file is not None:
+            self._file.load()
 
     def check(self) -> None:
         """Blocking (a stat, and a read when it changed): take a changed file's keys."""
-        if self.path is None:
-            return
-        try:
-            stat = os.stat(self.path)
-        except OSError:
-            stamp = None
-        else:
-            stamp = (stat.st_mtime, stat.st_size)
-        if stamp == self._stamp:
-            return
-        self._stamp = stamp  # a broken version is reported once, not at every check
-        try:
-            keys = parse_keys(self.path.read_text("utf-8"), str(self.path))
-        except (OSError, KeysError) as err:
-            log.error("door: keeping the previous API keys: %s", err)
-            return
-        self._keys = keys
-        log.info("door: %d API keys from %s (changed)", len(keys), self.path)
+        if self._file is not None:
+            self._file.refresh()

@@ -30,7 +30,8 @@ from reconciler.door import errors
 from reconciler.door.access import AccessLog, AccessRecord
 from reconciler.door.door import Door, Refused, Ticket
 from reconciler.door.http1 import Answer, Request, Server, Stream, json_answer
-from reconciler.door.keys import Key, KeyFile, bearer
+from guard.access import Audit, Refusal, check
+from reconciler.door.keys import Key, KeyFile
 from reconciler.door.proxy import Outcome, usage_of
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
@@ -47,6 +48,7 @@ class DoorRoutes:
         self.door = door
         self.keys = keys
         self.access_log = access_log
+        self.audit = Audit("door")  # refusals; accepted requests are in the access log
 
     async def handle(self, request: Request) -> Answer | Stream:
         path, method = request.path, request.method
@@ -84,12 +86,11 @@ class DoorRoutes:
         keys = self.keys
         if not keys.enabled:
             return None
-        given = bearer(request.headers.get("authorization"))
-        found = keys.lookup(given)
-        if found is None:
-            raise Refused(errors.unauthorized(
-                "No API key given: send 'Authorization: Bearer KEY'." if given is None else
-                "The API key given is not valid here."), "unauthorized")
+        header = request.headers.get("authorization")  # repeats arrive joined: refused
+        found = check(keys.credentials(), [header] if header is not None else [], "door")
+        if isinstance(found, Refusal):  # guard.access's check and audit line, OpenAI's shape
+            self.audit.refused(request.method, request.path, request.remote, found)
+            raise Refused(errors.unauthorized(found.message), "unauthorized")
         return found
 
     async def infer(self, request: Request, endpoint: str) -> Answer | Stream:

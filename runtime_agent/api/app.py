@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from runtime_agent.api import artifacts, routes, sidecar
-from runtime_agent.api.auth import bearer_auth
+from runtime_agent.api.auth import install_auth
 from runtime_agent.api.context import AGENT_KEY
 from runtime_agent.api.errors import MAX_BODY, errors
 from runtime_agent.api.openapi import openapi_document
@@ -15,10 +15,9 @@ from runtime_agent.api.openapi import openapi_document
 
 def make_app(agent: Any) -> web.Application:
     settings = getattr(agent, "settings", None)
-    middlewares: list[Any] = [errors]
-    if settings is not None and settings.api_token:
-        middlewares.append(bearer_auth(settings.api_token, settings.auth_reads))
-    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
+    if settings is not None:  # every request passes the access rule (guard.access)
+        install_auth(app, settings.api_token, settings.auth_reads)
     app[AGENT_KEY] = agent
     routes.add_routes(app)
     sidecar.add_routes(app)
