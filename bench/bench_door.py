@@ -54,6 +54,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ from typing import Any
 import aiohttp
 import psutil
 
-from bench.common import Result, log, percentile, run_main, session
+from bench.common import Result, Session, log, percentile, run_main, session
 from tests.harness import AgentProcess, engine_port, free_port, port_is_open, wait_until
 from tests.reconciler_fakes import claim_yaml
 
@@ -86,6 +87,8 @@ class Slice:
     seconds: float = 0.0
     errors: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
+    cpu_wall: float = 0.0  # the seconds over which ``cpu`` was taken (the whole slice)
+    served: int = 0  # every answer in those seconds, measured or not: what ``cpu`` paid for
 
     def add(self, other: Slice) -> None:
         self.latency += other.latency
@@ -93,6 +96,8 @@ class Slice:
         self.own += other.own
         self.seconds += other.seconds
         self.errors += other.errors
+        self.cpu_wall += other.cpu_wall
+        self.served += other.served
         for k, v in other.cpu.items():
             self.cpu[k] = self.cpu.get(k, 0.0) + v
 
@@ -104,7 +109,7 @@ class Slice:
         return percentile(self.ttft if ttft else self.latency, p) * 1000
 
     def cpu_ms(self, who: str) -> float:
-        return self.cpu.get(who, 0.0) * 1000 / max(1, len(self.latency))
+        return self.cpu.get(who, 0.0) * 1000 / max(1, self.served)
 
 
 def _cpu(proc: psutil.Process) -> float:
@@ -115,10 +120,12 @@ def _cpu(proc: psutil.Process) -> float:
 async def load(http: aiohttp.ClientSession, url: str, c: int, seconds: float, stream: bool,
                tokens: int, procs: dict[str, psutil.Process], spread: float = 0.0) -> Slice:
     """``c`` closed-loop clients for ``seconds``; client i starts ``i * spread / c`` late (0: all
-    at once, a burst), and only requests sent after the last one started are measured."""
-    body = json.dumps({"model": url.rsplit("#", 1)[1], "prompt": "the warm pool",
-                       "max_tokens": tokens, "stream": stream}).encode()
-    target = url.rsplit("#", 1)[0]
+    at once, a burst), and only requests sent after the last one started are measured. ``url``
+    ends in ``#model``; a ``/chat/completions`` URL gets messages, any other a prompt."""
+    target, model = url.rsplit("#", 1)
+    text: dict[str, Any] = {"messages": [{"role": "user", "content": "the warm pool"}]} \
+        if target.endswith("/chat/completions") else {"prompt": "the warm pool"}
+    body = json.dumps({"model": model, **text, "max_tokens": tokens, "stream": stream}).encode()
     out = Slice()
     headers = {"Content-Type": "application/json"}
     begin = time.perf_counter()
@@ -139,6 +146,7 @@ async def load(http: aiohttp.ClientSession, url: str, c: int, seconds: float, st
                     await resp.read()
                 ok = resp.status == 200
             t1 = time.perf_counter()
+            out.served += 1
             if t0 < measured_from:
                 continue
             if not ok:
@@ -152,6 +160,7 @@ async def load(http: aiohttp.ClientSession, url: str, c: int, seconds: float, st
     own = os.times()
     await asyncio.gather(*(worker(i) for i in range(c)))
     out.seconds = stop - measured_from
+    out.cpu_wall = time.perf_counter() - begin
     after = os.times()
     out.cpu = {k: _cpu(p) - before[k] for k, p in procs.items()}
     out.cpu["loadgen"] = (after.user + after.system) - (own.user + own.system)
@@ -256,46 +265,66 @@ async def until(http: aiohttp.ClientSession, claims: str, model: str, state: str
         await asyncio.sleep(0.05)
 
 
+@dataclass
+class Door:
+    """The agent in the embedded mode with its door, every claimed engine active."""
+    agent: AgentProcess
+    url: str  # the door
+    claims: str  # the reconciler's API
+    access: Path  # the door's access log
+    routes: dict[str, dict[str, Any]]  # model -> its route (the engine's port)
+    procs: dict[str, psutil.Process]  # "agent+door" and "engine <model>"
+
+
+async def start_door(s: Session, http: aiohttp.ClientSession,
+                     engines: dict[str, dict[str, str]]) -> Door:
+    """``runtime-agent serve --claims DIR --door-port P`` with one claim per engine (its flags),
+    once every route is active."""
+    claims = s.tmp / "claims"
+    claims.mkdir()
+    for name, flags in engines.items():
+        (claims / f"{name}.yaml").write_text(claim(name, flags))
+    door_port, claims_port = free_port(), free_port()
+    access = s.tmp / "access.log"
+    agent = s.agent(engine_host=None, extra_args=[
+        *AGENT_ARGS, "--claims", str(claims), "--claims-port", str(claims_port),
+        "--door-port", str(door_port), "--door-access-log", str(access)])
+    assert agent.proc is not None
+    claims_url = f"http://127.0.0.1:{claims_port}"
+    routes = {m: await until(http, claims_url, m, "active") for m in engines}
+    procs = {"agent+door": psutil.Process(agent.proc.pid)}
+    for m in agent.client.snapshot()["models"]:
+        procs[f"engine {m['model_name']}"] = psutil.Process(m["pid"])
+    door = Door(agent, f"http://127.0.0.1:{door_port}", claims_url, access, routes, procs)
+    log(f"agent pid {agent.proc.pid}, door {door.url}, engines "
+        f"{ {m: r['port'] for m, r in routes.items()} }")
+    return door
+
+
 async def measure(args: argparse.Namespace) -> Result:
     realistic = {"--sim-request-seconds": str(args.engine_request_seconds),
                  "--sim-token-seconds": str(args.engine_token_seconds)}
     sleeper = {**realistic, "--sim-wake-seconds": str(args.wake_seconds)}
     with session("door") as s:
-        claims = s.tmp / "claims"
-        claims.mkdir()
-        for name, flags in (("m", realistic), ("f", {}), ("s", sleeper)):
-            (claims / f"{name}.yaml").write_text(claim(name, flags))
-        door_port, claims_port = free_port(), free_port()
-        access = s.tmp / "access.log"
-        agent = s.agent(engine_host=None, extra_args=[
-            *AGENT_ARGS, "--claims", str(claims), "--claims-port", str(claims_port),
-            "--door-port", str(door_port), "--door-access-log", str(access)])
-        door = f"http://127.0.0.1:{door_port}"
-        claims_url = f"http://127.0.0.1:{claims_port}"
-        assert agent.proc is not None
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
-            routes = {m: await until(http, claims_url, m, "active") for m in ("m", "f", "s")}
-            snap = agent.client.snapshot()
-            procs = {"agent+door": psutil.Process(agent.proc.pid)}
-            for m in snap["models"]:
-                procs[f"engine {m['model_name']}"] = psutil.Process(m["pid"])
-            log(f"agent pid {agent.proc.pid}, door {door}, engines "
-                f"{ {m: r['port'] for m, r in routes.items()} }")
+            door = await start_door(s, http, {"m": realistic, "f": {}, "s": sleeper})
+            routes, procs = door.routes, door.procs
             relay_ports = {m: free_port() for m in ("m", "f")}
             relays = {m: relay(port, routes[m]["port"]) for m, port in relay_ports.items()}
             try:
                 for m, proc in relays.items():
                     procs[f"relay {m}"] = psutil.Process(proc.pid)
-                table = await side_by_side(http, args, door, routes, procs, relay_ports,
-                                           AccessTail(access))
+                table = await side_by_side(http, args, door.url, routes, procs, relay_ports,
+                                           AccessTail(door.access))
             finally:
                 for proc in relays.values():
                     os.killpg(proc.pid, 9)
                     proc.wait()
             log("sleeping-model wake rounds")
             wake_direct, ttft_awake = await direct_wake(http, sleeper, args.wake_rounds, s.tmp)
-            ttft_sleeping = await door_wake(http, agent, door, claims_url, args.wake_rounds)
+            ttft_sleeping = await door_wake(http, door.agent, door.url, door.claims,
+                                            args.wake_rounds)
         return report(args, table, wake_direct, ttft_awake, ttft_sleeping)
 
 
@@ -322,38 +351,56 @@ class AccessTail:
         return out
 
 
+Table = dict[tuple[str, int, str, str], Slice]  # (engine, c, mode, target): pooled slices
+Run = tuple[str, int, bool, bool]  # engine, concurrency, streamed, clients spread out
+
+
+async def interleave(http: aiohttp.ClientSession, args: argparse.Namespace, runs: list[Run],
+                     urls: Callable[[str], dict[str, str]], order: tuple[str, ...],
+                     procs: dict[str, psutil.Process], tail: AccessTail | None) -> Table:
+    """Each run against every target of ``urls(engine)`` (one is ``direct``): a warm-up slice
+    each, then ``order`` (a palindrome, so drift hits every target alike) ``args.rounds`` times,
+    ``args.seconds`` a slice; a ``door`` slice gets the door's own times from ``tail``."""
+    table: Table = {}
+    for model, c, stream, spread_out in runs:
+        targets = urls(model)
+        warm = {t: await load(http, u, c, 0.5, stream, args.max_tokens, procs)
+                for t, u in targets.items()}  # warms the connections, and times one request
+        if tail is not None:
+            await tail.take()
+        spread = warm["direct"].ms(50) / 1000 if spread_out else 0.0
+        mode = ("stream" if stream else "json") + ("" if spread_out else " burst")
+        for target in order * args.rounds:
+            got = await load(http, targets[target], c, args.seconds, stream, args.max_tokens,
+                             procs, spread)
+            if target == "door" and tail is not None:
+                got.own = await tail.take()
+            table.setdefault((model, c, mode, target), Slice()).add(got)
+        log(f"{model} c={c} {mode}: " + ", ".join(
+            f"{t} p50 {table[(model, c, mode, t)].ms(50):.2f} ms "
+            f"{table[(model, c, mode, t)].rate:.0f}/s" for t in targets))
+    return table
+
+
 async def side_by_side(http: aiohttp.ClientSession, args: argparse.Namespace, door: str,
                        routes: dict[str, dict[str, Any]], procs: dict[str, psutil.Process],
-                       relays: dict[str, int],
-                       tail: AccessTail) -> dict[tuple[str, int, str, str], Slice]:
-    table: dict[tuple[str, int, str, str], Slice] = {}
-    runs = [("m", c, stream, True) for stream in (False, True) for c in CONCURRENCY]
+                       relays: dict[str, int], tail: AccessTail) -> Table:
+    runs: list[Run] = [("m", c, stream, True) for stream in (False, True) for c in CONCURRENCY]
     runs += [("m", 16, stream, False) for stream in (False, True)]  # bursts of 16
     runs += [("f", c, False, True) for c in CONCURRENCY]
     if args.only:
         runs = [r for r in runs if f"{r[0]}:{r[1]}" in args.only.split(",")]
-    for model, c, stream, spread_out in runs:
-        urls = {"direct": f"http://127.0.0.1:{routes[model]['port']}/v1/completions#{model}",
+
+    def urls(model: str) -> dict[str, str]:
+        return {"direct": f"http://127.0.0.1:{routes[model]['port']}/v1/completions#{model}",
                 "relay": f"http://127.0.0.1:{relays[model]}/v1/completions#{model}",
                 "door": f"{door}/v1/completions#{model}"}
-        warm = {t: await load(http, u, c, 0.5, stream, args.max_tokens, procs)
-                for t, u in urls.items()}  # warms the connections, and times one request
-        await tail.take()
-        spread = warm["direct"].ms(50) / 1000 if spread_out else 0.0
-        mode = ("stream" if stream else "json") + ("" if spread_out else " burst")
-        for target in ("direct", "door", "relay", "relay", "door", "direct") * args.rounds:
-            got = await load(http, urls[target], c, args.seconds, stream, args.max_tokens, procs,
-                             spread)
-            if target == "door":
-                got.own = await tail.take()
-            table.setdefault((model, c, mode, target), Slice()).add(got)
-        d, g, r = (table[(model, c, mode, t)] for t in ("direct", "door", "relay"))
-        log(f"{model} c={c} {mode}: direct p50 {d.ms(50):.2f} ms {d.rate:.0f}/s, relay "
-            f"{r.ms(50):.2f} ms {r.rate:.0f}/s, door p50 {g.ms(50):.2f} ms {g.rate:.0f}/s")
-    return table
+
+    return await interleave(http, args, runs, urls, ("direct", "door", "relay", "relay", "door",
+                                                     "direct"), procs, tail)
 
 
-def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slice],
+def report(args: argparse.Namespace, table: Table,
            wake_direct: list[float], ttft_awake: list[float],
            ttft_sleeping: list[float]) -> Result:
     lines = [f"engine m: {args.engine_request_seconds * 1000:g} ms to the first token, "
