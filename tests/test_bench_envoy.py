@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from bench.bench_door import ROOT, engine_argv
+from bench.sidebyside import ROOT, engine_argv
 from bench.envoy_proxy import envoy, envoy_config
 from tests.harness import SimProcess, engine_port, free_port, wait_until
 
