@@ -49,12 +49,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,101 +60,12 @@ import aiohttp
 import psutil
 
 from bench.common import Result, log, percentile, run_main, session
+from bench.sidebyside import (ROOT, AccessTail, Run, Table, engine_argv, interleave, start_door,
+                              until)
 from tests.harness import AgentProcess, engine_port, free_port, port_is_open, wait_until
-from tests.reconciler_fakes import claim_yaml
 
 CONCURRENCY = (1, 16, 64)
 GOAL_ADDED_P50_MS, GOAL_ADDED_P99_MS, GOAL_THROUGHPUT, GOAL_WAKE_MS = 0.5, 2.0, 0.5, 50.0
-AGENT_ARGS = ["--simulate-gpus", "1x80GiB", "--scrape-interval", "2", "--kv-hold-interval", "1",
-              "--gpu-sample-interval", "1"]
-BASE = {"--sim-startup-seconds": "0.2", "--sim-memory-bytes": str(1 << 30),
-        "--max-model-len": "4096"}
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def claim(name: str, args: dict[str, str]) -> str:
-    return claim_yaml(name, footprint="4Gi", args={**BASE, **args})
-
-
-@dataclass
-class Slice:
-    latency: list[float] = field(default_factory=list)
-    ttft: list[float] = field(default_factory=list)
-    own: list[float] = field(default_factory=list)  # the door's own time (its access log)
-    seconds: float = 0.0
-    errors: int = 0
-    cpu: dict[str, float] = field(default_factory=dict)
-
-    def add(self, other: Slice) -> None:
-        self.latency += other.latency
-        self.ttft += other.ttft
-        self.own += other.own
-        self.seconds += other.seconds
-        self.errors += other.errors
-        for k, v in other.cpu.items():
-            self.cpu[k] = self.cpu.get(k, 0.0) + v
-
-    @property
-    def rate(self) -> float:
-        return len(self.latency) / self.seconds if self.seconds else 0.0
-
-    def ms(self, p: float, ttft: bool = False) -> float:
-        return percentile(self.ttft if ttft else self.latency, p) * 1000
-
-    def cpu_ms(self, who: str) -> float:
-        return self.cpu.get(who, 0.0) * 1000 / max(1, len(self.latency))
-
-
-def _cpu(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
-
-
-async def load(http: aiohttp.ClientSession, url: str, c: int, seconds: float, stream: bool,
-               tokens: int, procs: dict[str, psutil.Process], spread: float = 0.0) -> Slice:
-    """``c`` closed-loop clients for ``seconds``; client i starts ``i * spread / c`` late (0: all
-    at once, a burst), and only requests sent after the last one started are measured."""
-    body = json.dumps({"model": url.rsplit("#", 1)[1], "prompt": "the warm pool",
-                       "max_tokens": tokens, "stream": stream}).encode()
-    target = url.rsplit("#", 1)[0]
-    out = Slice()
-    headers = {"Content-Type": "application/json"}
-    begin = time.perf_counter()
-    measured_from = begin + spread
-    stop = measured_from + seconds
-
-    async def worker(i: int) -> None:
-        await asyncio.sleep(i * spread / c)
-        while time.perf_counter() < stop:
-            t0 = time.perf_counter()
-            first = None
-            async with http.post(target, data=body, headers=headers) as resp:
-                if stream:
-                    async for _ in resp.content.iter_any():
-                        if first is None:
-                            first = time.perf_counter()
-                else:
-                    await resp.read()
-                ok = resp.status == 200
-            t1 = time.perf_counter()
-            if t0 < measured_from:
-                continue
-            if not ok:
-                out.errors += 1
-                continue
-            out.latency.append(t1 - t0)
-            if first is not None:
-                out.ttft.append(first - t0)
-
-    before = {k: _cpu(p) for k, p in procs.items()}
-    own = os.times()
-    await asyncio.gather(*(worker(i) for i in range(c)))
-    out.seconds = stop - measured_from
-    after = os.times()
-    out.cpu = {k: _cpu(p) - before[k] for k, p in procs.items()}
-    out.cpu["loadgen"] = (after.user + after.system) - (own.user + own.system)
-    return out
-
 
 RELAY = """
 import asyncio, sys
@@ -184,13 +93,6 @@ def relay(listen: int, engine: int) -> subprocess.Popen[bytes]:
                             start_new_session=True)
     assert wait_until(lambda: port_is_open(listen), 10), "the relay did not start"
     return proc
-
-
-def engine_argv(port: int, args: dict[str, str]) -> list[str]:
-    flat = [x for k, v in {**BASE, **args}.items() for x in (k, v)]
-    return [sys.executable, "-m", "engines.sim", "serve", "bench/w", "--served-model-name", "w",
-            "--host", "127.0.0.1", "--port", str(port), "--enable-sleep-mode",
-            "--disable-uvicorn-access-log", *flat]
 
 
 async def direct_wake(http: aiohttp.ClientSession, args: dict[str, str], rounds: int,
@@ -242,118 +144,52 @@ async def door_wake(http: aiohttp.ClientSession, agent: AgentProcess, door: str,
     return out
 
 
-async def until(http: aiohttp.ClientSession, claims: str, model: str, state: str,
-                timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        async with http.get(claims + "/v1/routes") as resp:
-            routes = {r["model"]: r for r in (await resp.json())["routes"]}
-        route: dict[str, Any] | None = routes.get(model)
-        if route is not None and route["state"] == state:
-            return route
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{model} not {state}: {route}")
-        await asyncio.sleep(0.05)
-
-
 async def measure(args: argparse.Namespace) -> Result:
     realistic = {"--sim-request-seconds": str(args.engine_request_seconds),
                  "--sim-token-seconds": str(args.engine_token_seconds)}
     sleeper = {**realistic, "--sim-wake-seconds": str(args.wake_seconds)}
     with session("door") as s:
-        claims = s.tmp / "claims"
-        claims.mkdir()
-        for name, flags in (("m", realistic), ("f", {}), ("s", sleeper)):
-            (claims / f"{name}.yaml").write_text(claim(name, flags))
-        door_port, claims_port = free_port(), free_port()
-        access = s.tmp / "access.log"
-        agent = s.agent(engine_host=None, extra_args=[
-            *AGENT_ARGS, "--claims", str(claims), "--claims-port", str(claims_port),
-            "--door-port", str(door_port), "--door-access-log", str(access)])
-        door = f"http://127.0.0.1:{door_port}"
-        claims_url = f"http://127.0.0.1:{claims_port}"
-        assert agent.proc is not None
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
-            routes = {m: await until(http, claims_url, m, "active") for m in ("m", "f", "s")}
-            snap = agent.client.snapshot()
-            procs = {"agent+door": psutil.Process(agent.proc.pid)}
-            for m in snap["models"]:
-                procs[f"engine {m['model_name']}"] = psutil.Process(m["pid"])
-            log(f"agent pid {agent.proc.pid}, door {door}, engines "
-                f"{ {m: r['port'] for m, r in routes.items()} }")
+            door = await start_door(s, http, {"m": realistic, "f": {}, "s": sleeper})
+            routes, procs = door.routes, door.procs
             relay_ports = {m: free_port() for m in ("m", "f")}
             relays = {m: relay(port, routes[m]["port"]) for m, port in relay_ports.items()}
             try:
                 for m, proc in relays.items():
                     procs[f"relay {m}"] = psutil.Process(proc.pid)
-                table = await side_by_side(http, args, door, routes, procs, relay_ports,
-                                           AccessTail(access))
+                table = await side_by_side(http, args, door.url, routes, procs, relay_ports,
+                                           AccessTail(door.access))
             finally:
                 for proc in relays.values():
                     os.killpg(proc.pid, 9)
                     proc.wait()
             log("sleeping-model wake rounds")
             wake_direct, ttft_awake = await direct_wake(http, sleeper, args.wake_rounds, s.tmp)
-            ttft_sleeping = await door_wake(http, agent, door, claims_url, args.wake_rounds)
+            ttft_sleeping = await door_wake(http, door.agent, door.url, door.claims,
+                                            args.wake_rounds)
         return report(args, table, wake_direct, ttft_awake, ttft_sleeping)
-
-
-class AccessTail:
-    """The door's own time per request, from the lines its access log gained: the request's
-    time in the door less the engine's (``upstream_ms``) and any hold."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-
-    async def take(self) -> list[float]:
-        await asyncio.sleep(0.3)  # the door writes its lines within 0.2 s
-        with open(self.path, "rb") as fh:
-            fh.seek(self.offset)
-            data = fh.read()
-        self.offset += len(data)
-        out = []
-        for line in data.decode().splitlines():
-            doc = json.loads(line)
-            if doc.get("upstream_ms") is not None and doc["status"] == 200:
-                out.append((doc["duration_ms"] - doc["upstream_ms"] - (doc["held_ms"] or 0.0))
-                           / 1000)
-        return out
 
 
 async def side_by_side(http: aiohttp.ClientSession, args: argparse.Namespace, door: str,
                        routes: dict[str, dict[str, Any]], procs: dict[str, psutil.Process],
-                       relays: dict[str, int],
-                       tail: AccessTail) -> dict[tuple[str, int, str, str], Slice]:
-    table: dict[tuple[str, int, str, str], Slice] = {}
-    runs = [("m", c, stream, True) for stream in (False, True) for c in CONCURRENCY]
+                       relays: dict[str, int], tail: AccessTail) -> Table:
+    runs: list[Run] = [("m", c, stream, True) for stream in (False, True) for c in CONCURRENCY]
     runs += [("m", 16, stream, False) for stream in (False, True)]  # bursts of 16
     runs += [("f", c, False, True) for c in CONCURRENCY]
     if args.only:
         runs = [r for r in runs if f"{r[0]}:{r[1]}" in args.only.split(",")]
-    for model, c, stream, spread_out in runs:
-        urls = {"direct": f"http://127.0.0.1:{routes[model]['port']}/v1/completions#{model}",
+
+    def urls(model: str) -> dict[str, str]:
+        return {"direct": f"http://127.0.0.1:{routes[model]['port']}/v1/completions#{model}",
                 "relay": f"http://127.0.0.1:{relays[model]}/v1/completions#{model}",
                 "door": f"{door}/v1/completions#{model}"}
-        warm = {t: await load(http, u, c, 0.5, stream, args.max_tokens, procs)
-                for t, u in urls.items()}  # warms the connections, and times one request
-        await tail.take()
-        spread = warm["direct"].ms(50) / 1000 if spread_out else 0.0
-        mode = ("stream" if stream else "json") + ("" if spread_out else " burst")
-        for target in ("direct", "door", "relay", "relay", "door", "direct") * args.rounds:
-            got = await load(http, urls[target], c, args.seconds, stream, args.max_tokens, procs,
-                             spread)
-            if target == "door":
-                got.own = await tail.take()
-            table.setdefault((model, c, mode, target), Slice()).add(got)
-        d, g, r = (table[(model, c, mode, t)] for t in ("direct", "door", "relay"))
-        log(f"{model} c={c} {mode}: direct p50 {d.ms(50):.2f} ms {d.rate:.0f}/s, relay "
-            f"{r.ms(50):.2f} ms {r.rate:.0f}/s, door p50 {g.ms(50):.2f} ms {g.rate:.0f}/s")
-    return table
+
+    return await interleave(http, args, runs, urls, ("direct", "door", "relay", "relay", "door",
+                                                     "direct"), procs, tail)
 
 
-def report(args: argparse.Namespace, table: dict[tuple[str, int, str, str], Slice],
+def report(args: argparse.Namespace, table: Table,
            wake_direct: list[float], ttft_awake: list[float],
            ttft_sleeping: list[float]) -> Result:
     lines = [f"engine m: {args.engine_request_seconds * 1000:g} ms to the first token, "
