@@ -1,0 +1,56 @@
+"""Figures that must hold in a given phase (docs/fields.md), checked on real agent processes.
+
+Each test here reproduces a figure that went wrong on the default path while every piece's own
+test passed (issue 22): it drives a real agent with simulated engines and polls the snapshot
+the way the seed's users and AIBrix's controller read it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.harness import AgentProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+SAMPLE_S = 0.4  # --gpu-sample-interval: polls between samples see what the last one left
+
+
+def poll_models(agent: AgentProcess, seconds: float, every_s: float = 0.05
+                ) -> list[dict[str, dict]]:
+    """The snapshot's models by name, polled for ``seconds`` (a figure that flickers between
+    GPU samples is caught only by reading it between them)."""
+    seen = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen.append({m["model_name"]: m for m in agent.client.snapshot()["models"]})
+        time.sleep(every_s)
+    return seen
+
+
+def test_a_sleeping_engines_footprint_stays_measured_between_gpu_samples(agent_factory) -> None:
+    # Health probes far more often than GPU samples: each probe of a sleeping engine used to
+    # forget its footprint until the next sample, so most polls read null.
+    agent: AgentProcess = agent_factory(extra_args=[
+        "--gpu-sample-interval", str(SAMPLE_S), "--health-interval", "0.05"])
+    for name in ("a", "b"):
+        agent.activate_sim(name)
+    for name in ("a", "b"):
+        agent.wait_phase(name, "active")
+        agent.client.sleep(name, 1)
+    agent.wait_for(lambda s: all(m["sleeping_footprint_bytes"] is not None
+                                 for m in s["models"]),
+                   what="both footprints measured", poll_s=0.05)
+    polls = poll_models(agent, 5 * SAMPLE_S)
+    for name in ("a", "b"):
+        figures = [(p[name]["sleeping_footprint_bytes"], p[name]["hbm_bytes"]) for p in polls]
+        assert all(fp is not None and fp == hbm for fp, hbm in figures), (name, figures)
+    # Awake again: the figure is its last sleep's (docs/fields.md), never cleared by a probe.
+    asleep_fp = polls[-1]["a"]["sleeping_footprint_bytes"]
+    agent.client.wake("a")
+    agent.wait_phase("a", "active")
+    polls = poll_models(agent, 3 * SAMPLE_S)
+    assert {p["a"]["sleeping_footprint_bytes"] for p in polls} == {asleep_fp}
+    assert all(p["a"]["hbm_bytes"] > asleep_fp for p in polls[-3:])
