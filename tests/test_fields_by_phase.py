@@ -54,3 +54,27 @@ def test_a_sleeping_engines_footprint_stays_measured_between_gpu_samples(agent_f
     polls = poll_models(agent, 3 * SAMPLE_S)
     assert {p["a"]["sleeping_footprint_bytes"] for p in polls} == {asleep_fp}
     assert all(p["a"]["hbm_bytes"] > asleep_fp for p in polls[-3:])
+
+
+def test_request_figures_are_observed_only_while_the_engine_is_active(agent: AgentProcess) -> None:
+    # AIBrix's e2e test (test/e2e/modelclaim_lifecycle_test.go) asserts, for one pod:
+    # the idle model "sleeping" with request_metrics_observed false, the busy one "active"
+    # with true. Its sidecar reads request figures only for an active engine.
+    for name in ("busy", "idle"):
+        agent.activate_sim(name)
+    for name in ("busy", "idle"):
+        agent.wait_for(lambda s, n=name: agent.model(s, n)["request_metrics_observed"],
+                       what=f"{name}'s figures read", poll_s=0.05)
+    agent.client.sleep("idle", 1)
+    polls = poll_models(agent, 1.0)  # five scrape intervals of the harness (0.2 s)
+    for p in polls:
+        idle, busy = p["idle"], p["busy"]
+        assert idle["phase"] == "sleeping" and busy["phase"] == "active"
+        assert (idle["request_metrics_observed"], idle["requests_running"],
+                idle["requests_waiting"], idle["request_success_total"]) == (False, 0, 0, None)
+        assert busy["request_metrics_observed"] is True
+    agent.client.wake("idle")
+    model = agent.model(agent.wait_for(
+        lambda s: agent.model(s, "idle")["request_metrics_observed"],
+        what="idle's figures read again", poll_s=0.05), "idle")
+    assert model["phase"] == "active" and model["request_success_total"] is not None
