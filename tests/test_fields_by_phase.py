@@ -7,11 +7,15 @@ the way the seed's users and AIBrix's controller read it.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 
 import pytest
 
+from runtime_agent.client import AgentError
 from tests.harness import AgentProcess
+from tests.test_readoption import restart_agent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -78,3 +82,34 @@ def test_request_figures_are_observed_only_while_the_engine_is_active(agent: Age
         lambda s: agent.model(s, "idle")["request_metrics_observed"],
         what="idle's figures read again", poll_s=0.05), "idle")
     assert model["phase"] == "active" and model["request_success_total"] is not None
+
+
+def sleep_in_background(agent: AgentProcess, name: str, level: int) -> threading.Thread:
+    """A sleep call the test does not wait for (the agent may die under it)."""
+    def call() -> None:
+        with contextlib.suppress(OSError, AgentError):
+            agent.client.sleep(name, level)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    return caller
+
+
+def test_a_level_one_sleep_keeps_its_level_through_an_agent_sigkill_mid_sleep(
+    agent_factory,
+) -> None:
+    agent: AgentProcess = agent_factory()
+    agent.activate_sim("m", "--sim-sleep-seconds=1.5")
+    agent.wait_phase("m", "active")
+    caller = sleep_in_background(agent, "m", 1)
+    agent.wait_for(lambda s: agent.model(s, "m")["operation"] == "sleep", what="sleep in flight",
+                   poll_s=0.02)
+    new = restart_agent(agent_factory, agent)  # SIGKILL, then a new agent on the same state
+    caller.join(10)
+    new.wait_for(lambda s: new.model(s, "m")["phase"] == "sleeping"
+                 and new.model(s, "m")["operation"] is None
+                 and new.model(s, "m")["sleep_level"] is not None,
+                 what="the sleep seen through", timeout_s=20, poll_s=0.05)
+    for p in poll_models(new, 1.0):  # and kept by every probe after it
+        m = p["m"]
+        assert (m["phase"], m["sleep_level"], m["desired"]) == ("sleeping", 1, "asleep"), m

@@ -59,6 +59,8 @@ async def _answered(owner: EngineOwner, probe: Health) -> None:
                                or now - op.started_at > s.lifecycle_timeout_s):
             owner.record.operation = None
             owner.record.desired = "asleep" if probe.sleeping else "awake"
+            if probe.sleeping and op.action == "sleep":
+                owner.record.sleep_level = op.level  # the call's own level, not a guess
             changed = True
         if probe.sleeping and owner.record.sleep_level is None:
             owner.record.sleep_level = 2  # a level not known: wake the way that reloads weights
