@@ -8,6 +8,7 @@ the way the seed's users and AIBrix's controller read it.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import time
@@ -143,3 +144,24 @@ def test_agent_sigkills_during_activations_spend_no_engines_restart_budget(
                for m in snap["models"] if m["restart_count"] or m["phase"] != "active"}
     assert crashed == {}
     assert len(snap["models"]) >= 10  # most activations were accepted before their kill
+
+
+def test_a_level_one_sleep_keeps_its_level_when_its_record_is_rebuilt_from_the_process(
+    agent_factory,
+) -> None:
+    agent: AgentProcess = agent_factory()
+    agent.activate_sim("m")
+    agent.wait_phase("m", "active")
+    agent.client.sleep("m", 1)
+    agent.kill()
+    for path in (agent.state_dir / "engines").glob("*.json"):
+        path.unlink()  # the record is lost: the process's environment knows its start only
+    new = restart_agent(agent_factory, agent)
+    new.wait_for(lambda s: new.model(s, "m")["phase"] == "sleeping"
+                 and new.model(s, "m")["sleep_level"] == 1,
+                 what="level 1 from the engine's word", timeout_s=10, poll_s=0.05)
+    for p in poll_models(new, 1.0):
+        assert (p["m"]["sleep_level"], p["m"]["desired"]) == (1, "asleep"), p["m"]
+    # and durable: the rebuilt record says level 1 too
+    [path] = (new.state_dir / "engines").glob("*.json")
+    assert json.loads(path.read_text())["sleep_level"] == 1

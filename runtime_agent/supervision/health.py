@@ -7,6 +7,7 @@ probed every ``health_interval_s`` (``watchers.watch_health``). Each answer:
   engine for longer than one probe interval, also after a sleep or wake that a previous agent
   started and never saw end (``record.operation``: resolved here, by observation, once the
   engine is where the call was going or the call can no longer be running);
+- takes the level of a sleep from the engine when it says it (``on_sleep_level``);
 - starts the restart budget again once the engine has served ``budget_reset_s`` without a crash
   (the kubelet's habit).
 
@@ -80,6 +81,17 @@ async def _answered(owner: EngineOwner, probe: Health) -> None:
         changed = True
     if changed:
         await owner._persist()
+
+
+async def on_sleep_level(owner: EngineOwner, level: int | None) -> None:
+    """The engine's own word on the level of its sleep (vLLM's ``vllm:engine_sleep_state``,
+    read with its request figures) beats the record's: a record rebuilt from the process
+    carries the level of its start only, and a level no record held was guessed as 2."""
+    if (level not in (1, 2) or owner.view.phase is not Phase.SLEEPING or owner._op is not None
+            or owner.record.operation is not None or owner.record.sleep_level == level):
+        return
+    owner.record.sleep_level = level
+    await owner._persist()
 
 
 def _missed(owner: EngineOwner, misses: int) -> None:

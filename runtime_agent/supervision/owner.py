@@ -294,6 +294,7 @@ class EngineOwner:
                     await self._persist()
             case Figures(observation=observation):
                 self._figures, self._figures_at = observation, self._deps.clock()
+                await health.on_sleep_level(self, observation.sleep_level)
             case OpDone():
                 await intents.on_op_done(self, message)
             case AdapterDone():
