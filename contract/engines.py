@@ -5,7 +5,8 @@ flags are the agent's own, which are forbidden, which spellings are one flag, an
 an engine needs are answered here once, so the two sides cannot disagree (they did: for
 ``{"-tp": "2"}`` the reconciler counted 2 GPUs while the agent counted 1).
 
-Everything here is pure: no I/O, no clock. Whether a local path exists is the agent's question.
+Everything here is pure: no I/O, no clock (the engines' flag tables, ``contract/flags/``, are package
+data read once). Whether a local path exists is the agent's question.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import enum
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
+
+from contract.flags import arity_of, flag_problem, known_flags
 
 
 class EngineKind(enum.StrEnum):
@@ -134,6 +137,9 @@ def engine_args_problem(engine: str, args: Mapping[str, str], *, simulated: bool
                 return f"{flag} must be a positive whole number, got {value!r}"
             if norm == DATA and int(value) != 1:
                 return f"{flag} must be 1: data parallelism is not supported"
+        if (refused := _table_problem(flag, norm, value, kind)) is not None:
+            return f"{field}: {refused}; the engine would exit at start (its own parser's flags: " \
+                   f"contract/flags/{kind}.tsv)"
     if kind != "ollama":
         seen: dict[str, str] = {}
         for flag in args:
@@ -142,6 +148,18 @@ def engine_args_problem(engine: str, args: Mapping[str, str], *, simulated: bool
                 return f"{seen[norm]} and {flag} are the same flag; give it once"
             seen[norm] = flag
     return None
+
+
+def _table_problem(flag: str, norm: str, value: str, kind: str) -> str | None:
+    """What the engine's own parser would refuse in ``flag`` and ``value``, by its flag table:
+    an unknown flag (one spelling of ours above counts as the flag it names) or a value where
+    it takes none, or none where it needs one. Without the check it answered 200 and then
+    exited with code 2 at every start until its restart budget was spent."""
+    known = known_flags(kind)
+    if not known:
+        return None
+    listed = arity_of(flag, known) is not None or arity_of(norm, known) is None
+    return flag_problem(flag if listed else norm, value, known, kind)
 
 
 def gpus_needed(engine: str, args: Mapping[str, str]) -> int:

@@ -24,6 +24,7 @@ class Observation:
     success_total: int | None = None  # requests finished successfully, ever (a counter)
     footprint_bytes: int | None = None  # Ollama's size_vram of the loaded model
     context_length: int | None = None  # Ollama's context_length of the loaded model
+    sleep_level: int | None = None  # vLLM's vllm:engine_sleep_state: 0 awake, 1 or 2 asleep
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,28 @@ def parse_request_figures(text: str,
     return RequestFigures(**{k: int(round(v)) for k, v in sums.items()})
 
 
+# vLLM's ``vllm:engine_sleep_state`` series: the one at 1 says the sleep level (0: awake).
+_SLEEP_STATES: Mapping[str, int] = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}
+
+
+def parse_sleep_level(text: str) -> int | None:
+    """The sleep level vLLM's /metrics says it is at (0 awake, 1, 2); None when it does not say.
+
+    ``/is_sleeping`` only says whether; this gauge says which, so a sleep whose level no
+    record holds (a record rebuilt from the process) is still known."""
+    lines = [line for line in text.splitlines() if line.startswith("vllm:engine_sleep_state")]
+    levels = set()
+    try:
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+            for sample in family.samples:
+                level = _SLEEP_STATES.get(sample.labels.get("sleep_state", ""))
+                if level is not None and sample.value == 1:
+                    levels.add(level)
+    except ValueError:
+        return None
+    return levels.pop() if len(levels) == 1 else None
+
+
 class EngineClient:
     def __init__(self, session: aiohttp.ClientSession, host: str, port: int) -> None:
         self._session = session
@@ -134,7 +156,12 @@ class EngineClient:
 
     async def request_figures(self, timeout_s: float,
                               names: Mapping[str, str] = VLLM_FIGURES) -> RequestFigures | None:
+        return (await self.metrics_page(timeout_s, names))[0]
+
+    async def metrics_page(self, timeout_s: float, names: Mapping[str, str] = VLLM_FIGURES
+                           ) -> tuple[RequestFigures | None, int | None]:
+        """One read of /metrics: the request figures and the sleep level it says."""
         answer = await self._get("/metrics", timeout_s)
         if answer is None or answer[0] != 200:
-            return None
-        return parse_request_figures(answer[1], names)
+            return None, None
+        return parse_request_figures(answer[1], names), parse_sleep_level(answer[1])

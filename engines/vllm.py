@@ -112,11 +112,11 @@ class VllmAdapter:
             await self._client.post("/wake_up", timeout_s)
 
     async def observe(self, timeout_s: float) -> Observation | None:
-        figures = await self._client.request_figures(timeout_s)
+        figures, sleep_level = await self._client.metrics_page(timeout_s)
         if figures is None:
-            return None
+            return None if sleep_level is None else Observation(sleep_level=sleep_level)
         return Observation(running=figures.running, waiting=figures.waiting,
-                           success_total=figures.success_total)
+                           success_total=figures.success_total, sleep_level=sleep_level)
 
     async def load_adapter(self, name: str, path: str, timeout_s: float) -> None:
         await self._client.post("/v1/load_lora_adapter", timeout_s,

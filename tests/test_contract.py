@@ -206,7 +206,8 @@ def test_sent_ipc_names_are_sanitised_unless_unsafe(sent: str, ok: bool) -> None
 _FLAGS = ["--tensor-parallel-size", "-tp", "--tensor_parallel_size", "--pipeline-parallel-size",
           "-pp", "--data-parallel-size", "-dp", "--max-model-len", "--model", "--port",
           "--gpu-memory-utilization", "--enforce-eager", "--trust-remote-code", "--tp-size",
-          "--mem-fraction-static", "--context-length", "--num-parallel", "--model-path"]
+          "--mem-fraction-static", "--context-length", "--num-parallel", "--model-path",
+          "--bogus-flag", "--PORT"]
 _VALUES = ["", "1", "2", "4", "0", "x", "--y", "2048"]
 
 

@@ -158,8 +158,8 @@ async def test_a_sleep_and_the_sleep_question_are_bounded_by_their_timeout(stuck
 
 
 async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:
-    from engines.flags import known_flags
-    from engines.flags import unrecognized
+    from contract.flags import known_flags
+    from contract.flags import unrecognized
 
     async with aiohttp.ClientSession() as session:
         adapter = vllm.VllmAdapter(session, "127.0.0.1", 20005, sleep_mode=True)

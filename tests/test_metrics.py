@@ -55,8 +55,10 @@ def test_metrics_follow_the_lifecycle_and_pass_promtool(agent_factory) -> None:
                  result="success") == 2
     assert value(samples, "lifecycle_operations_total", model="dozy", action="wake",
                  result="success") == 1
-    assert value(samples, "lifecycle_operation_duration_seconds_count", action="sleep") == 2
-    assert value(samples, "lifecycle_operation_duration_seconds_count", action="wake") == 1
+    assert value(samples, "lifecycle_operation_duration_seconds_count", model="dozy",
+                 action="sleep", result="success") == 2
+    assert value(samples, "lifecycle_operation_duration_seconds_count", model="dozy",
+                 action="wake", result="success") == 1
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: install Debian's prometheus package"
     check = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
@@ -92,3 +94,38 @@ def test_a_crash_moves_the_restart_counter_and_resident_count(agent: AgentProces
     agent.client.deactivate("m1")
     _, gone = scrape(agent)
     assert value(gone, "models_resident") == 0
+
+
+# From AIBrix's runtime dashboard (vllm-project/aibrix,
+# observability/grafana/AIBrix_ModelClaim_Runtime_Dashboard.json, panels "Sleep / Wake Outcomes
+# / s" and "Sleep / Wake Average Duration"): both filter by model=~"$model" and group by these
+# labels; pod comes from the scrape (its ServiceMonitor), the rest from the agent.
+AIBRIX_LIFECYCLE_GROUP = ("model", "pod", "action", "result")
+AIBRIX_LIFECYCLE_FAMILIES = ("aibrix:modelclaim_lifecycle_operations_total",
+                             "aibrix:modelclaim_lifecycle_operation_duration_seconds_sum",
+                             "aibrix:modelclaim_lifecycle_operation_duration_seconds_count")
+
+
+def test_sleep_and_wake_durations_carry_the_labels_aibrixs_dashboard_selects(
+    agent: AgentProcess,
+) -> None:
+    agent.activate_sim("dozy")
+    agent.activate_sim("awake")
+    agent.wait_phase("dozy", "active")
+    agent.wait_phase("awake", "active")
+    agent.client.sleep("dozy", 1)
+    agent.client.wake("dozy")
+    _, samples = scrape(agent)
+    agent_labels = set(AIBRIX_LIFECYCLE_GROUP) - {"pod"}
+    for family in AIBRIX_LIFECYCLE_FAMILIES:
+        series = [dict(labels) for name, labels in samples if name == family]
+        assert series and all(set(s) == agent_labels for s in series), (family, series)
+        # With model "dozy" picked, each panel has a series per action and result.
+        picked = {(s["action"], s["result"]) for s in series if s["model"] == "dozy"}
+        assert picked == {("sleep", "success"), ("wake", "success")}, (family, series)
+        assert not any(s["model"] == "awake" for s in series if "duration" in family)
+    # A stopped model's series go with it, as its counters do.
+    agent.client.deactivate("dozy")
+    _, after = scrape(agent)
+    assert not any(dict(labels).get("model") == "dozy" for name, labels in after
+                   if name.startswith("aibrix:modelclaim_lifecycle_operation"))

@@ -15,8 +15,8 @@ import pytest
 
 from engines import sglang
 from engines.adapter import LaunchContext
-from engines.flags import known_flags
-from engines.flags import unrecognized
+from contract.flags import known_flags
+from contract.flags import unrecognized
 from registry.record import EngineRecord, EngineSpec
 from runtime_agent.client import AgentError
 from tests.harness import AgentProcess, complete

@@ -3,7 +3,7 @@
 The agent launches engines with the command line real vLLM expects (``vllm serve MODEL
 --served-model-name NAME --host H --port P --enable-sleep-mode ...``). The simulator accepts that
 exact command line and refuses what the real engine would refuse: every flag is checked against the
-real parser's list (``engines/flags/<kind>.tsv``, read with ``engines.flags.known_flags``), and a flag
+real parser's list (``contract/flags/<kind>.tsv``, read with ``contract.flags.known_flags``), and a flag
 the engine does not have ends the process with exit code 2 and argparse's "unrecognized arguments",
 as ``vllm serve`` does. So a spec that works in the simulator works on the real engine. It models a
 few of those flags, accepts the rest (``ignored_args``), and adds its own ``--sim-*`` knobs for tuning
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from engines.flags import known_flags, unrecognized
+from contract.flags import known_flags, unrecognized
 from engines.sim.kvcache import DEFAULT_SHM_DIR, ipc_name_from_env, round_up_to_pages
 from engines.sim.ollama_config import (
     OllamaSettings,

@@ -12,12 +12,15 @@ sleep keeps the weights in host memory, a level-2 sleep *discards* them: waking 
 only maps empty memory, and ``reload_weights`` (``POST /collective_rpc``) must load them in place
 before the engine can serve again. An engine woken without that reload answers inference with HTTP 500
 (a real engine would silently produce garbage), so a supervisor that skips the reload is caught.
+``vllm:engine_sleep_state`` says the level as vLLM's does (1 on ``awake``, ``weights_offloaded`` or
+``discard_all``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -107,6 +110,16 @@ class EngineState:
             registry=self.registry,
         )
         self._success = {reason: success.labels(finished_reason=reason, **labels) for reason in FINISHED_REASONS}
+        # vLLM's sleep gauge: 1 on the series of the state it is in (a level-1 sleep offloads the
+        # weights, a level-2 sleep discards them), read at scrape time.
+        sleep_state = Gauge("vllm:engine_sleep_state", "The engine's sleep state (1 on the current one).",
+                            ["engine", "model_name", "sleep_state"], registry=self.registry)
+        for level, name in enumerate(("awake", "weights_offloaded", "discard_all")):
+            sleep_state.labels(engine="0", sleep_state=name, **labels).set_function(
+                functools.partial(self._in_sleep_level, level))
+
+    def _in_sleep_level(self, level: int) -> float:
+        return float(self.sleep_level == level)
 
     def _init_sglang_metrics(self) -> None:
         """SGLang's names and labels (``--enable-metrics``): scheduler gauges per rank, and a

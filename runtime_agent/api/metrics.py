@@ -118,16 +118,24 @@ class AgentMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = AgentCollector(views, extra)
         self.registry.register(self.collector)
+        # The sidecar's labels (model, action, result): AIBrix's runtime dashboard filters this
+        # family by model and groups it by model, pod, action and result.
         self.durations = Histogram(P + "lifecycle_operation_duration_seconds",
-                                   "How long sleep and wake calls took.", ["action"],
+                                   "How long sleep and wake calls took.",
+                                   ["model", "action", "result"],
                                    buckets=DURATION_BUCKETS, registry=self.registry)
-        for action in ("sleep", "wake"):
-            self.durations.labels(action)  # start at zero, so the series exist before use
+        self._timed: set[tuple[str, str, str]] = set()
 
     def on_event(self, event: EngineEvent) -> None:
         op = _OP_REASONS.get(event.reason)
         if op is not None and event.duration_s is not None:
-            self.durations.labels(op[0]).observe(event.duration_s)
+            key = (event.model_name, *op)
+            self.durations.labels(*key).observe(event.duration_s)
+            self._timed.add(key)
+        elif event.dst == Phase.STOPPED.value:  # gone: its series go with it, as its counters do
+            for key in [k for k in self._timed if k[0] == event.model_name]:
+                self.durations.remove(*key)
+                self._timed.discard(key)
 
     def count_readoptions(self, modes: Iterable[str]) -> None:
         self.collector.readoptions.update(modes)

@@ -12,6 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from contract.phases import Phase
 from runtime_agent.gpu.broker import EngineHbm, MemoryBroker
 from runtime_agent.kv.hold import capped_by
 from runtime_agent.supervision.views import EngineView
@@ -28,8 +29,7 @@ def model_entry(view: EngineView) -> dict[str, Any]:
     not observed is null (a counter) or 0 with ``request_metrics_observed: false`` (the gauges
     the controller takes as int64)."""
     spec = view.spec
-    observed = (view.requests_running is not None and view.requests_waiting is not None
-                and view.request_success_total is not None)
+    observed = request_figures_observed(view)
     return {
         "model_name": spec.model_name,
         "engine": spec.engine,
@@ -75,6 +75,18 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "lora_adapters": [{"name": n, "path": p, "loaded": loaded} for n, p, loaded in view.adapters],
         "log_path": view.log_path,
     }
+
+
+def request_figures_observed(view: EngineView) -> bool:
+    """Request figures count only while the engine is active, from a scrape since it became so.
+
+    AIBrix's sidecar reads them only for an active engine (its e2e test expects ``false`` for a
+    sleeping one); a sleeping, booting or restarting engine's last figures are history, and the
+    pool policy must not judge an engine's idleness by them."""
+    return (view.phase is Phase.ACTIVE and view.figures_at is not None
+            and view.figures_at >= view.last_transition
+            and view.requests_running is not None and view.requests_waiting is not None
+            and view.request_success_total is not None)
 
 
 def short_entry(view: EngineView) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import aiohttp
 
 from contract.endpoints import AGENT_PORT, RECONCILER_PORT, base_url
 from contract.quantity import QuantityError, parse_size
-from engines.flags import known_flags
+from contract.flags import known_flags
 from reconciler.client import AgentUnreachable, HttpAgentClient, NotTheApi, Refusal, ok_body
 from runtime_agent.console.output import add_output_flag, render
 from runtime_agent.console.tables import snapshot_table
@@ -221,7 +221,7 @@ def engine_flags(items: Sequence[str]) -> dict[str, str]:
 def join_arg_values(argv: Sequence[str]) -> list[str]:
     """``activate ... --arg --flag value`` as ``--arg=--flag=value`` (argparse would read
     ``--flag`` as an option of its own). Whether the next word is the flag's value comes from
-    the engine's own flag list (``engines/flags``): a flag that takes no value never takes it;
+    the engine's own flag list (``contract/flags``): a flag that takes no value never takes it;
     one the list does not know takes it unless it starts with ``--``."""
     words = list(argv)
     if "activate" not in words:

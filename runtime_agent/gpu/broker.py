@@ -120,6 +120,7 @@ class MemoryBroker:
         self.host_available = 0
         self.figures: dict[str, EngineHbm] = {}
         self._peaks: dict[str, tuple[int | None, int]] = {}
+        self._asleep: set[str] = set()  # engines told asleep (a sleep began or was observed)
         self._changed = asyncio.Event()
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -278,6 +279,7 @@ class MemoryBroker:
         self.host = host_release(self.host, key)
         self.figures.pop(key, None)
         self._peaks.pop(key, None)
+        self._asleep.discard(key)
         self._signal()
 
     def admit_sleep(self, key: str, level: int) -> Refuse | None:
@@ -294,12 +296,22 @@ class MemoryBroker:
         return None
 
     def set_sleeping(self, key: str, sleeping: bool) -> None:
+        """The engine is asleep (a sleep began, or a probe or readiness says so) or awake.
+
+        Only a new sleep forgets the footprint: an earlier sleep's is not this one's, so it is
+        unknown until the next steady sample measures it. A health probe that confirms an
+        engine still asleep (every probe interval) changes nothing: clearing the figure there
+        left it null until the next sample, at most polls when probes follow samples."""
         if key in self.ledger.holdings:
             self.ledger = set_sleeping(self.ledger, key, sleeping)
         if not sleeping:
+            self._asleep.discard(key)
             self.host = host_release(self.host, key)
-        elif (figures := self.figures.get(key)) is not None:
-            # An earlier sleep's footprint is not this one's: unknown until measured again.
+            return
+        if key in self._asleep:
+            return
+        self._asleep.add(key)
+        if (figures := self.figures.get(key)) is not None:
             self.figures[key] = replace(figures, sleeping_footprint_bytes=None)
 
     # ---- readers ----------------------------------------------------------------------------

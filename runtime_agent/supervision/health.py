@@ -7,6 +7,7 @@ probed every ``health_interval_s`` (``watchers.watch_health``). Each answer:
   engine for longer than one probe interval, also after a sleep or wake that a previous agent
   started and never saw end (``record.operation``: resolved here, by observation, once the
   engine is where the call was going or the call can no longer be running);
+- takes the level of a sleep from the engine when it says it (``on_sleep_level``);
 - starts the restart budget again once the engine has served ``budget_reset_s`` without a crash
   (the kubelet's habit).
 
@@ -59,6 +60,8 @@ async def _answered(owner: EngineOwner, probe: Health) -> None:
                                or now - op.started_at > s.lifecycle_timeout_s):
             owner.record.operation = None
             owner.record.desired = "asleep" if probe.sleeping else "awake"
+            if probe.sleeping and op.action == "sleep":
+                owner.record.sleep_level = op.level  # the call's own level, not a guess
             changed = True
         if probe.sleeping and owner.record.sleep_level is None:
             owner.record.sleep_level = 2  # a level not known: wake the way that reloads weights
@@ -78,6 +81,17 @@ async def _answered(owner: EngineOwner, probe: Health) -> None:
         changed = True
     if changed:
         await owner._persist()
+
+
+async def on_sleep_level(owner: EngineOwner, level: int | None) -> None:
+    """The engine's own word on the level of its sleep (vLLM's ``vllm:engine_sleep_state``,
+    read with its request figures) beats the record's: a record rebuilt from the process
+    carries the level of its start only, and a level no record held was guessed as 2."""
+    if (level not in (1, 2) or owner.view.phase is not Phase.SLEEPING or owner._op is not None
+            or owner.record.operation is not None or owner.record.sleep_level == level):
+        return
+    owner.record.sleep_level = level
+    await owner._persist()
 
 
 def _missed(owner: EngineOwner, misses: int) -> None:

@@ -229,6 +229,14 @@ class EngineOwner:
         match mode:
             case StartMode.ADOPT if pid is not None:
                 await self._adopt(pid)
+            case StartMode.RESTART if self.record.pid is None and self.record.phase in (
+                    Phase.ACTIVATING, Phase.RESTARTING):
+                # No process of it ever ran under the previous agent's eyes: that agent died
+                # before the start, or while a restart it had already counted was due. The
+                # start it owed is made now and counts nothing: an agent's restart never
+                # spends an engine's restart budget.
+                await self._spawn("activated" if self.record.phase is Phase.ACTIVATING
+                                  else f"restart {self.record.restart_count}")
             case StartMode.RESTART:
                 await self._after_exit(None, "its process was gone when the agent started",
                                        restart_now=True)
@@ -286,6 +294,7 @@ class EngineOwner:
                     await self._persist()
             case Figures(observation=observation):
                 self._figures, self._figures_at = observation, self._deps.clock()
+                await health.on_sleep_level(self, observation.sleep_level)
             case OpDone():
                 await intents.on_op_done(self, message)
             case AdapterDone():

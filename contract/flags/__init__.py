@@ -2,14 +2,17 @@
 
 Each ``<kind>.tsv`` lists every option string of that engine's argument parser with its arity
 (``value``, ``no-value``, ``values*``, ``values+``, ``optional-value``); the file's header says
-which release and how it was read. The simulator refuses flags its engine does not have, and the
-tests check the agent's own command lines against these lists, so a spec that works in the
-simulator works on the real engine.
+which release and how it was read. The simulator refuses flags its engine does not have, an
+activation (agent) or claim (reconciler) naming one is refused up front (``contract.engines``,
+through ``flag_problem``), and the tests check the agent's own command lines against these
+lists, so a spec that works in the simulator works on the real engine. They sit in ``contract``
+because the reconciler must judge a claim's flags as the agent does, and imports no engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from difflib import get_close_matches
 from functools import cache
 from pathlib import Path
 
@@ -29,6 +32,31 @@ def known_flags(kind: str) -> dict[str, str]:
         flag, _, arity = line.partition("\t")
         flags[flag] = arity.strip()
     return flags
+
+
+def arity_of(flag: str, known: Mapping[str, str]) -> str | None:
+    """A flag's arity in ``known``, taking ``--flag_name`` for ``--flag-name`` as vLLM reads it;
+    None when the parser has no such flag."""
+    arity = known.get(flag)
+    if arity is None and flag.startswith("--"):
+        arity = known.get(flag.replace("_", "-"))
+    return arity
+
+
+def flag_problem(flag: str, value: str, known: Mapping[str, str], kind: str) -> str | None:
+    """Why the engine's parser would refuse ``flag`` given ``value`` (``""``: no value), or None.
+
+    Arity only: the lists carry no value types, so a value of the wrong kind is the engine's to
+    refuse."""
+    arity = arity_of(flag, known)
+    if arity is None:
+        near = get_close_matches(flag.lower().replace("_", "-"), list(known), n=1)
+        return f"{flag} is not a {kind} flag" + (f" (did you mean {near[0]}?)" if near else "")
+    if arity == "no-value" and value != "":
+        return f"{flag} takes no value, got {value!r}; give it \"\""
+    if arity in ("value", "values+") and value == "":
+        return f"{flag} needs a value"
+    return None
 
 
 def _looks_like_flag(word: str) -> bool:
@@ -53,9 +81,7 @@ def unrecognized(words: Sequence[str], known: Mapping[str, str], positionals: in
                 refused.append(word)
             continue
         name, eq, _ = word.partition("=")
-        arity = known.get(name)
-        if arity is None and name.startswith("--"):
-            arity = known.get(name.replace("_", "-"))
+        arity = arity_of(name, known)
         if arity is None:
             refused.append(word)
             continue
