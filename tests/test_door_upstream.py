@@ -12,7 +12,8 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.door.upstream import ResponseParser, Upstream, UpstreamError, authority
+from reconciler.door.framing import ResponseParser, UpstreamError
+from reconciler.door.upstream import Upstream, authority
 
 pytestmark = pytest.mark.timeout(30)
 

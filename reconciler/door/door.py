@@ -108,7 +108,7 @@ class Door:
         self.changes = changes
         self.catalog = Catalog(deps.desired, self.endpoint)
         self.session: aiohttp.ClientSession | None = None  # the engines' other routes
-        self.upstream = Upstream()  # requests forwarded to engines
+        self.upstream = Upstream(timeout=settings.upstream_timeout_s)  # requests to engines
         self._urls: tuple[object, dict[str, str]] | None = None
         self._targets: dict[tuple[str, int, str], URL] = {}
         self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
