@@ -1,7 +1,8 @@
 """Hostile engine answers against the door's response framing (llhttp), as properties: valid
 answers (a JSON one by length, an SSE stream in chunks) mutated in every length, chunk size,
 header, status line and cut, and split at arbitrary points. Each either yields the body its
-framing declares or a clean ``UpstreamError``, the same however the bytes arrive, never another
+framing declares or a clean ``UpstreamError``, the same however the bytes arrive and whether or
+not the parser read an answer before (one parser a kept-alive connection), never another
 exception and never a hang (the hand-written parser this replaced looped forever on a negative
 length; the module's timeout fails such a test). Then the same through real sockets: the door's
 client returns the body or an ``UpstreamError`` within a bounded time, and never pools a
@@ -50,9 +51,13 @@ def sse_answer(sizes: dict[int, bytes] | None = None, trailer: bytes = b"") -> b
     return b"".join(out)
 
 
-def framed(raw: bytes, cuts: Sequence[int] = ()) -> tuple[str, bytes]:
-    """("ok", body) or ("error", b""): ``raw`` fed in pieces cut at ``cuts``, then its end."""
+def framed(raw: bytes, cuts: Sequence[int] = (), kept: bool = False) -> tuple[str, bytes]:
+    """("ok", body) or ("error", b""): ``raw`` fed in pieces cut at ``cuts``, then its end;
+    ``kept``: to a parser that read a whole answer before (a connection kept alive)."""
     parser = ResponseParser()
+    if kept:
+        assert parser.feed(json_answer()) == [BODY] and parser.done and not parser.spent
+        parser.expect()
     body: list[bytes] = []
     bounds = sorted({c for c in cuts if 0 < c < len(raw)}) + [len(raw)]
     start = 0
@@ -71,9 +76,9 @@ def framed(raw: bytes, cuts: Sequence[int] = ()) -> tuple[str, bytes]:
 
 
 def alike(raw: bytes, cuts: Sequence[int]) -> tuple[str, bytes]:
-    """``framed``, checked to be the same whole and in pieces."""
+    """``framed``, checked to be the same whole, in pieces, and after another answer."""
     whole = framed(raw)
-    assert framed(raw, cuts) == whole
+    assert framed(raw, cuts) == whole == framed(raw, cuts, kept=True)
     return whole
 
 

@@ -6,7 +6,7 @@ sends is framed by llhttp (``httptools.HttpResponseParser``, strict, as uvicorn 
 by hand: the hand-written parser this replaced looped forever on ``Content-Length: -5`` or a
 chunk size of ``-5`` (``int()`` took the sign, and a step that took nothing ran again).
 
-``ResponseParser`` is pure (bytes in, body pieces out), one per answer, and refuses with
+``ResponseParser`` is pure (bytes in, body pieces out), one a connection, and refuses with
 ``UpstreamError``: what does not begin ``HTTP/`` (llhttp also takes RTSP and ICE) or is not
 HTTP/1.0 or 1.1 with a status of 100-599; a bad, signed, duplicated or overflowing
 ``Content-Length``, or one beside ``Transfer-Encoding``; a bad chunk size or chunk end; a header
@@ -22,8 +22,7 @@ of the headers is its choice (``proxy.PASS_RESPONSE``: never a hop-by-hop one).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import httptools
 
@@ -39,8 +38,7 @@ class UpstreamTimeout(UpstreamError):
     """The engine sent nothing for the upstream timeout while it owed an answer."""
 
 
-@dataclass(frozen=True)
-class Head:
+class Head(NamedTuple):  # made once an answer: a tuple is the cheapest record
     status: int
     headers: Mapping[str, str]  # lower-case names (the first of repeated ones)
     keep_alive: bool
@@ -48,11 +46,20 @@ class Head:
 
 
 class ResponseParser:
-    """One HTTP/1.1 answer's framing: ``feed`` bytes, get body pieces; the head, once in, is
-    ``head``; ``done`` at its end; ``eof()`` when the connection closes."""
+    """HTTP/1.1 answers' framing: ``feed`` bytes, get body pieces; the head, once in, is
+    ``head``; ``done`` at its end; ``eof()`` when the connection closes; ``expect()`` before
+    the next answer on a connection kept alive."""
+
+    __slots__ = ("_parser", "_pieces", "_headers", "_codings", "_lead", "_fed", "_body",
+                 "_allowance", "_head_bytes", "_until_close", "head", "done", "spent")
 
     def __init__(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
+        self.expect()
+
+    def expect(self) -> None:
+        """Ready for the next answer: on a connection whose last answer ended cleanly, llhttp
+        reads on from where that one ended (one parser a connection, not one a request)."""
         self._pieces: list[bytes] = []
         self._headers: dict[str, str] = {}
         self._codings: list[str] = []  # Transfer-Encoding, every one given
@@ -73,7 +80,7 @@ class ResponseParser:
             self.spent = True
             return []
         if self._lead is not None:
-            self._check_lead(data)
+            self._check_lead(data)  # once, mostly: the first read holds "HTTP/"
         self._fed += len(data)
         try:
             self._parser.feed_data(data)
@@ -102,6 +109,9 @@ class ResponseParser:
             self.done = True
 
     def _check_lead(self, data: bytes) -> None:
+        if not self._lead and data.startswith(b"HTTP/"):
+            self._lead = None
+            return
         lead = cast(bytes, self._lead) + data[:5]
         if not b"HTTP/".startswith(lead[:5]):
             raise UpstreamError(f"not an HTTP answer: {lead[:40]!r}")
@@ -120,8 +130,8 @@ class ResponseParser:
         if self.head is not None:
             return  # a trailer: never taken for a header
         self._head_bytes += len(name) + len(value) + 4
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1").strip()
+        key = name.lower().decode("latin-1")
+        text = value.rstrip().decode("latin-1")  # llhttp strips what leads
         if key == "transfer-encoding":
             self._codings.append(text)
         self._headers.setdefault(key, text)
@@ -143,7 +153,8 @@ class ResponseParser:
             return  # interim (100 Continue): the real head follows
         length = headers.get("content-length")
         bodiless = status in (204, 304)
-        chunked = ",".join(self._codings).rsplit(",", 1)[-1].strip().lower() == "chunked"
+        chunked = bool(self._codings) \
+            and ",".join(self._codings).rsplit(",", 1)[-1].strip().lower() == "chunked"
         self._until_close = not bodiless and length is None and not chunked
         self._allowance = 2 * MAX_HEAD_BYTES + 1024  # the head is in: trailers get as much
         self.head = Head(status, headers, parser.should_keep_alive(),

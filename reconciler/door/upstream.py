@@ -153,7 +153,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, request: bytes) -> None:
         assert self.transport is not None
-        self.parser = ResponseParser()
+        self.parser.expect()  # a pooled connection's last answer ended cleanly (reusable)
         self.received = False
         self.transport.write(request)
         self._arm()
