@@ -1,5 +1,6 @@
 """The door's HTTP/1.1 client to engines: framing by length, chunks or close; keep-alive reuse,
-a stale pooled connection retried, an unfinished answer never reused, backpressure."""
+a stale pooled connection retried, an unfinished answer never reused, backpressure, and a stall
+clock that the door's own holding back never trips (hostile answers: ``test_door_framing``)."""
 
 from __future__ import annotations
 
@@ -230,3 +231,27 @@ async def test_an_engine_on_an_ipv6_pod_address_is_reached_with_a_valid_host_hea
     finally:
         pool.close()
         await runner.cleanup()
+
+
+async def test_an_answer_the_door_holds_back_past_the_timeout_is_not_taken_for_a_stall(
+        engine: tuple[int, list[str]]) -> None:
+    port, _ = engine
+    pool = Upstream(limit=4096, timeout=0.3)
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"2000")  # ~2 MB
+    await asyncio.sleep(1.0)  # a slow reader: reading from the engine paused meanwhile
+    assert len(await asyncio.wait_for(resp.read(), 10)) == sum(1024 + len(str(i))
+                                                               for i in range(2000))
+    resp.release()
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"200")
+    got: list[bytes] = []
+
+    def full_client(piece: bytes) -> None:  # full for a second after the first piece
+        if not got:
+            resp.hold(True)
+            asyncio.get_running_loop().call_later(1.0, resp.hold, False)
+        got.append(piece)
+
+    await asyncio.wait_for(resp.pipe(full_client), 10)
+    assert b"".join(got) == b"".join(b"x" * 1024 + str(i).encode() for i in range(200))
+    resp.release()
+    pool.close()
