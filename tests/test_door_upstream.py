@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -255,3 +257,43 @@ async def test_an_answer_the_door_holds_back_past_the_timeout_is_not_taken_for_a
     assert b"".join(got) == b"".join(b"x" * 1024 + str(i).encode() for i in range(200))
     resp.release()
     pool.close()
+
+
+def test_an_answer_that_came_while_the_loop_was_blocked_is_read_before_the_clock_runs_out(
+) -> None:
+    uvloop = pytest.importorskip("uvloop")  # it runs timers before it reads: the case here
+    asked, blocked = threading.Event(), threading.Event()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def engine() -> None:  # in its own thread: answers while the client's loop is blocked
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                asked.set()
+                blocked.wait(5)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                conn.recv(1)  # until the client closes
+
+        thread = threading.Thread(target=engine, daemon=True)
+        thread.start()
+
+        async def main() -> bytes:
+            pool = Upstream(timeout=0.2)
+            answer = asyncio.ensure_future(pool.post("127.0.0.1", port, "/", {}, b"{}"))
+            while not asked.is_set():
+                await asyncio.sleep(0.01)
+            blocked.set()
+            time.sleep(0.5)  # the loop blocked past the timeout; the answer came meanwhile
+            resp = await answer
+            try:
+                return await resp.read()
+            finally:
+                resp.release()
+                pool.close()
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            assert runner.run(main()) == b"ok"
+        thread.join(5)
