@@ -150,6 +150,17 @@ async def test_each_malformed_answer_fails_its_own_request_while_another_model_i
     assert status == 200 and body.startswith(b'{"id":"cmpl-1"')
 
 
+async def test_only_the_headers_the_door_names_are_passed_on_never_hop_by_hop_ones(
+        door: tuple[FrontDoor, aiohttp.ClientSession]) -> None:
+    _, http = door
+    body = {"model": "bad", "messages": CHAT, "shape": "hop_by_hop"}
+    async with http.post("/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200 and (await resp.read()).startswith(b'{"id":"cmpl-1"')
+        names = {name.lower() for name in resp.headers}
+    assert names == {"content-type", "content-length", "date", "x-request-id", "cache-control"}
+    assert resp.headers["X-Request-Id"] == "r-1" and resp.headers["Cache-Control"] == "no-store"
+
+
 async def test_a_stalled_engine_is_given_up_after_the_upstream_timeout_not_before(
         door: tuple[FrontDoor, aiohttp.ClientSession]) -> None:
     _, http = door
@@ -158,3 +169,16 @@ async def test_a_stalled_engine_is_given_up_after_the_upstream_timeout_not_befor
     took = time.monotonic() - started
     assert status == 504 and is_openai_error(body, status)
     assert TIMEOUT_S <= took < TIMEOUT_S * 2 + 2, took
+
+
+def test_the_upstream_timeout_is_an_operators_flag_and_must_be_positive() -> None:
+    from reconciler.cli import door_settings
+    from runtime_agent.cli import parser
+
+    argv = ["reconcile", "--claims", "c", "--pool", "p", "--door-port", "0"]
+    args = parser().parse_args([*argv, "--door-upstream-timeout", "30"])
+    settings = door_settings(args, "127.0.0.1")
+    assert settings is not None and settings.upstream_timeout_s == 30.0
+    assert door_settings(parser().parse_args(argv), "h").upstream_timeout_s == 600.0  # type: ignore[union-attr]
+    with pytest.raises(SystemExit, match="--door-upstream-timeout positive"):
+        door_settings(parser().parse_args([*argv, "--door-upstream-timeout", "0"]), "h")
