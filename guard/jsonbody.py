@@ -14,8 +14,9 @@ against 0.75 ms, 26,000 small messages 12 against 25 ms, arrays of token ids 15 
 eight-deep arrays alike (175 against 167 ms). A bracket-depth scan before ``json.loads`` (strings
 cut out with ``re``, then brackets counted with ``bytes`` methods, all in C) cost up to 2x
 ``json.loads`` on top of it, and a crafted 1 MiB body kept it 380 ms (the decoders refuse that
-body in 0.2 ms); catching ``RecursionError`` bounds nothing below the interpreter's limit. Unlike ``json``, it
-refuses an unpaired surrogate escape (``"\\ud800"``), which no engine could tokenize anyway.
+body in 0.2 ms); catching ``RecursionError`` bounds nothing below the interpreter's limit.
+Unlike ``json``, it refuses an unpaired surrogate escape (``"\\ud800"``), which no engine could
+tokenize anyway.
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ class Engine:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = 0
                 for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
+                    field, _, value = line.partition(b":")
+                    if field.strip().lower() == b"content-length":
                         length = int(value)
                 doc = json.loads(await reader.readexactly(length) or b"{}")
                 name = str(doc.get("shape", "ok"))

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reconciler.door.framing import MAX_HEAD_BYTES, ResponseParser, UpstreamError
-from reconciler.door.upstream import Upstream, UpstreamTimeout
+from reconciler.door.framing import MAX_HEAD_BYTES, ResponseParser, UpstreamError, UpstreamTimeout
+from reconciler.door.upstream import Upstream
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -179,6 +179,7 @@ def test_the_upstream_timeout_is_an_operators_flag_and_must_be_positive() -> Non
     args = parser().parse_args([*argv, "--door-upstream-timeout", "30"])
     settings = door_settings(args, "127.0.0.1")
     assert settings is not None and settings.upstream_timeout_s == 30.0
-    assert door_settings(parser().parse_args(argv), "h").upstream_timeout_s == 600.0  # type: ignore[union-attr]
+    default = door_settings(parser().parse_args(argv), "h")
+    assert default is not None and default.upstream_timeout_s == 600.0
     with pytest.raises(SystemExit, match="--door-upstream-timeout positive"):
         door_settings(parser().parse_args([*argv, "--door-upstream-timeout", "0"]), "h")

@@ -46,7 +46,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text()
 
 
 @given(JSON)
-def test_documents_within_the_bound_decode_as_the_standard_library_decodes_them(doc: object) -> None:
+def test_documents_within_the_bound_decode_as_the_standard_library_decodes_them(
+        doc: object) -> None:
     body = json.dumps(doc).encode()
     assert loads(body) == json.loads(body)
 
