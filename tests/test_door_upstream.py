@@ -297,3 +297,19 @@ def test_an_answer_that_came_while_the_loop_was_blocked_is_read_before_the_clock
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             assert runner.run(main()) == b"ok"
         thread.join(5)
+
+
+async def test_an_answer_read_whole_past_its_bound_is_an_error_and_its_connection_dropped(
+        engine: tuple[int, list[str]]) -> None:
+    port, peers = engine
+    pool = Upstream()
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"2000")  # ~2 MB, no length
+    with pytest.raises(UpstreamError, match="over 100000 bytes"):
+        await resp.read(most=100_000)
+    resp.release()
+    resp = await pool.post("127.0.0.1", port, "/echo", {}, b"x" * 200)  # says its length
+    with pytest.raises(UpstreamError, match="says it has 200 bytes"):
+        await resp.read(most=100)
+    resp.release()
+    assert len(set(peers)) == 2 and not pool._idle.get(("127.0.0.1", port))
+    pool.close()
