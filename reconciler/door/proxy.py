@@ -11,10 +11,12 @@ connections (``upstream``). The answer comes back untouched:
   engine stops until it drains (backpressure: a slow reader slows the engine's stream instead of
   growing the door's memory). If the engine breaks off mid-stream (or breaks HTTP, or falls
   silent past the upstream timeout) the client gets an error event and ``[DONE]`` (vLLM's own
-  shape for an error inside a stream), never a silent cut. A client
-  that goes away cancels the handler (``reconciler.door.http1``), which closes the engine
-  connection (an unfinished answer's connection is never reused), and the engine aborts the
-  request.
+  shape for an error inside a stream), never a silent cut. A client that goes away cancels the
+  handler (``reconciler.door.http1``), which closes the engine connection (an unfinished
+  answer's connection is never reused), and the engine aborts the request;
+* an engine that cannot be reached, or whose answer breaks HTTP before a stream has begun, is a
+  502 in OpenAI's error shape (one silent for the upstream timeout, a 504), for that request
+  alone: its connection is closed, never pooled.
 
 Usage (``prompt_tokens``, ``completion_tokens``) is read from the answer's last ``"usage"``
 object, found by searching the bytes (the answer is not parsed): the whole body of a JSON answer,
@@ -104,7 +106,7 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
         return upstream_timed_out(f"the model's engine did not answer: {err}")
     except UpstreamError as err:
         outcome.status, outcome.error = 502, "upstream_unreachable"
-        return upstream_failed(f"the model's engine did not answer: {err}")
+        return upstream_failed(f"the model's engine gave no usable answer: {err}")
     try:
         outcome.status = upstream.status
         if upstream.content_type == "text/event-stream":
