@@ -166,6 +166,11 @@ def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
     parser.add_argument("--door-max-wait", type=float, default=DoorSettings.max_wait_s,
                         help="seconds a request is held at most before a 503 "
                         "(default %(default)s)")
+    parser.add_argument("--door-upstream-timeout", type=float,
+                        default=DoorSettings.upstream_timeout_s, metavar="SECONDS",
+                        help="an engine that sends nothing this long while it owes an answer "
+                        "(a non-streamed one is silent until it is done) is given up: 504 "
+                        "(default %(default)s)")
     parser.add_argument("--door-access-log", default="-", metavar="-|off|FILE",
                         help="the door's JSON access log: stderr (-), off, or a file "
                         "(default %(default)s)")
@@ -175,10 +180,12 @@ def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
     """The door's settings from the command line; None when it is off."""
     if getattr(args, "no_door", False) or args.door_port is None:
         return None
-    if args.door_max_held < 1 or args.door_max_wait <= 0:
-        raise SystemExit("--door-max-held must be at least 1 and --door-max-wait positive")
+    if args.door_max_held < 1 or args.door_max_wait <= 0 or args.door_upstream_timeout <= 0:
+        raise SystemExit("--door-max-held must be at least 1, --door-max-wait and "
+                         "--door-upstream-timeout positive")
     return DoorSettings(host=host, port=args.door_port, max_held=args.door_max_held,
                         max_wait_s=args.door_max_wait,
+                        upstream_timeout_s=args.door_upstream_timeout,
                         api_keys=Path(args.door_api_keys) if args.door_api_keys else None,
                         access_log=args.door_access_log)
 

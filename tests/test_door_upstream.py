@@ -1,10 +1,13 @@
 """The door's HTTP/1.1 client to engines: framing by length, chunks or close; keep-alive reuse,
-a stale pooled connection retried, an unfinished answer never reused, backpressure."""
+a stale pooled connection retried, an unfinished answer never reused, backpressure, and a stall
+clock that the door's own holding back never trips (hostile answers: ``test_door_framing``)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,7 +15,8 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.door.upstream import ResponseParser, Upstream, UpstreamError, authority
+from reconciler.door.framing import ResponseParser, UpstreamError
+from reconciler.door.upstream import Upstream, authority
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -229,3 +233,83 @@ async def test_an_engine_on_an_ipv6_pod_address_is_reached_with_a_valid_host_hea
     finally:
         pool.close()
         await runner.cleanup()
+
+
+async def test_an_answer_the_door_holds_back_past_the_timeout_is_not_taken_for_a_stall(
+        engine: tuple[int, list[str]]) -> None:
+    port, _ = engine
+    pool = Upstream(limit=4096, timeout=0.3)
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"2000")  # ~2 MB
+    await asyncio.sleep(1.0)  # a slow reader: reading from the engine paused meanwhile
+    assert len(await asyncio.wait_for(resp.read(), 10)) == sum(1024 + len(str(i))
+                                                               for i in range(2000))
+    resp.release()
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"200")
+    got: list[bytes] = []
+
+    def full_client(piece: bytes) -> None:  # full for a second after the first piece
+        if not got:
+            resp.hold(True)
+            asyncio.get_running_loop().call_later(1.0, resp.hold, False)
+        got.append(piece)
+
+    await asyncio.wait_for(resp.pipe(full_client), 10)
+    assert b"".join(got) == b"".join(b"x" * 1024 + str(i).encode() for i in range(200))
+    resp.release()
+    pool.close()
+
+
+def test_an_answer_that_came_while_the_loop_was_blocked_is_read_before_the_clock_runs_out(
+) -> None:
+    uvloop = pytest.importorskip("uvloop")  # it runs timers before it reads: the case here
+    asked, blocked = threading.Event(), threading.Event()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def engine() -> None:  # in its own thread: answers while the client's loop is blocked
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                asked.set()
+                blocked.wait(5)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                conn.recv(1)  # until the client closes
+
+        thread = threading.Thread(target=engine, daemon=True)
+        thread.start()
+
+        async def main() -> bytes:
+            pool = Upstream(timeout=0.2)
+            answer = asyncio.ensure_future(pool.post("127.0.0.1", port, "/", {}, b"{}"))
+            while not asked.is_set():
+                await asyncio.sleep(0.01)
+            blocked.set()
+            time.sleep(0.5)  # the loop blocked past the timeout; the answer came meanwhile
+            resp = await answer
+            try:
+                return await resp.read()
+            finally:
+                resp.release()
+                pool.close()
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            assert runner.run(main()) == b"ok"
+        thread.join(5)
+
+
+async def test_an_answer_read_whole_past_its_bound_is_an_error_and_its_connection_dropped(
+        engine: tuple[int, list[str]]) -> None:
+    port, peers = engine
+    pool = Upstream()
+    resp = await pool.post("127.0.0.1", port, "/stream", {}, b"2000")  # ~2 MB, no length
+    with pytest.raises(UpstreamError, match="over 100000 bytes"):
+        await resp.read(most=100_000)
+    resp.release()
+    resp = await pool.post("127.0.0.1", port, "/echo", {}, b"x" * 200)  # says its length
+    with pytest.raises(UpstreamError, match="says it has 200 bytes"):
+        await resp.read(most=100)
+    resp.release()
+    assert len(set(peers)) == 2 and not pool._idle.get(("127.0.0.1", port))
+    pool.close()

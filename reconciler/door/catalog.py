@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from contract.engines import ollama_tag
+from guard import jsonbody
 from reconciler.desired import ClaimKey, Desired
 from reconciler.door.upstream import authority
 from reconciler.door.window import context_from_args
@@ -178,7 +179,7 @@ async def _get(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=LEARN_TIMEOUT_S)
     async with session.get(url, timeout=timeout) as resp:
         resp.raise_for_status()
-        doc = await resp.json(content_type=None)
+        doc = jsonbody.loads(await resp.read())  # an engine's nesting bounded too
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     return doc

@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from guard import jsonbody
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, key_text
 from reconciler.door import errors, plan, proxy, window
@@ -108,7 +109,7 @@ class Door:
         self.changes = changes
         self.catalog = Catalog(deps.desired, self.endpoint)
         self.session: aiohttp.ClientSession | None = None  # the engines' other routes
-        self.upstream = Upstream()  # requests forwarded to engines
+        self.upstream = Upstream(timeout=settings.upstream_timeout_s)  # requests to engines
         self._urls: tuple[object, dict[str, str]] | None = None
         self._targets: dict[tuple[str, int, str], URL] = {}
         self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
@@ -293,7 +294,7 @@ class Door:
                                          timeout=timeout) as resp:
                 if resp.status != 200:
                     return None
-                doc = await resp.json(content_type=None)
+                doc = jsonbody.loads(await resp.read())  # an engine's nesting bounded too
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
         count = doc.get("count") if isinstance(doc, dict) else None

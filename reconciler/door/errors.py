@@ -75,6 +75,10 @@ def upstream_failed(message: str) -> Answer:
     return error_response(502, message, "upstream_error", "upstream_error")
 
 
+def upstream_timed_out(message: str) -> Answer:
+    return error_response(504, message, "upstream_error", "upstream_timeout")
+
+
 def stream_error_event(message: str) -> bytes:
     """The Server-Sent Event that ends a stream whose engine broke off (vLLM's own shape for an
     error in a stream: an ``error`` document, then ``[DONE]``)."""

@@ -3,7 +3,7 @@
 | metric | labels | what |
 |---|---|---|
 | ``aibrix:door_requests_total`` | model, endpoint, code | answered requests by HTTP status |
-| ``aibrix:door_request_errors_total`` | model, reason | why a request failed (``queue_full``, ``wait_timeout``, ``context_length_exceeded``, ``upstream_error``, ``upstream_broken``, ``client_disconnected``, ...) |
+| ``aibrix:door_request_errors_total`` | model, reason | why a request failed (``queue_full``, ``wait_timeout``, ``context_length_exceeded``, ``upstream_error``, ``upstream_broken``, ``upstream_timeout``, ``client_disconnected``, ...) |
 | ``aibrix:door_request_duration_seconds`` | model, endpoint | arrival to the last byte |
 | ``aibrix:door_time_to_first_token_seconds`` | model | arrival to the first byte of a stream |
 | ``aibrix:door_held_seconds`` | model, cause | time held before forwarding: ``wake``, ``room``, ``start``, ``move``, ``settle`` |

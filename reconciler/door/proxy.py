@@ -9,11 +9,14 @@ connections (``upstream``). The answer comes back untouched:
   written to the client in the engine connection's own callback (``Response.pipe``), with no
   task switch between the two sockets. When the client's socket buffer fills, reading from the
   engine stops until it drains (backpressure: a slow reader slows the engine's stream instead of
-  growing the door's memory). If the engine breaks off mid-stream the client gets an error event
-  and ``[DONE]`` (vLLM's own shape for an error inside a stream), never a silent cut. A client
-  that goes away cancels the handler (``reconciler.door.http1``), which closes the engine
-  connection (an unfinished answer's connection is never reused), and the engine aborts the
-  request.
+  growing the door's memory). If the engine breaks off mid-stream (or breaks HTTP, or falls
+  silent past the upstream timeout) the client gets an error event and ``[DONE]`` (vLLM's own
+  shape for an error inside a stream), never a silent cut. A client that goes away cancels the
+  handler (``reconciler.door.http1``), which closes the engine connection (an unfinished
+  answer's connection is never reused), and the engine aborts the request;
+* an engine that cannot be reached, or whose answer breaks HTTP before a stream has begun, is a
+  502 in OpenAI's error shape (one silent for the upstream timeout, a 504), for that request
+  alone: its connection is closed, never pooled.
 
 Usage (``prompt_tokens``, ``completion_tokens``) is read from the answer's last ``"usage"``
 object, found by searching the bytes (the answer is not parsed): the whole body of a JSON answer,
@@ -28,9 +31,10 @@ import json
 import time
 from dataclasses import dataclass
 
-from reconciler.door.errors import stream_error_event, upstream_failed
+from reconciler.door.errors import stream_error_event, upstream_failed, upstream_timed_out
+from reconciler.door.framing import UpstreamError, UpstreamTimeout
 from reconciler.door.http1 import Answer, Request, Stream
-from reconciler.door.upstream import Response, Upstream, UpstreamError
+from reconciler.door.upstream import Response, Upstream
 
 TAIL_BYTES = 4096
 PASS_REQUEST = (("content-type", "Content-Type"), ("accept", "Accept"),
@@ -97,9 +101,12 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
     sent = time.monotonic()
     try:
         upstream = await upstream_pool.post(host, port, path, _request_headers(request), body)
+    except UpstreamTimeout as err:
+        outcome.status, outcome.error = 504, "upstream_timeout"
+        return upstream_timed_out(f"the model's engine did not answer: {err}")
     except UpstreamError as err:
         outcome.status, outcome.error = 502, "upstream_unreachable"
-        return upstream_failed(f"the model's engine did not answer: {err}")
+        return upstream_failed(f"the model's engine gave no usable answer: {err}")
     try:
         outcome.status = upstream.status
         if upstream.content_type == "text/event-stream":
@@ -107,6 +114,9 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
             return await _stream(request, upstream, outcome)
         try:
             data = await upstream.read()
+        except UpstreamTimeout as err:
+            outcome.status, outcome.error = 504, "upstream_timeout"
+            return upstream_timed_out(f"the model's engine stopped in its answer: {err}")
         except UpstreamError as err:
             outcome.status, outcome.error = 502, "upstream_broken"
             return upstream_failed(f"the model's engine broke off its answer: {err}")
@@ -138,7 +148,8 @@ async def _stream(request: Request, upstream: Response, outcome: Outcome) -> Str
         try:
             await upstream.pipe(passed, out.finish)  # the stream's end written as it comes
         except UpstreamError as err:
-            outcome.error = "upstream_broken"
+            outcome.error = "upstream_timeout" if isinstance(err, UpstreamTimeout) \
+                else "upstream_broken"
             await out.write(stream_error_event(f"the model's engine broke off the stream: {err}"))
         await out.end()
     except ConnectionResetError:  # the client went away while we wrote

@@ -22,10 +22,10 @@ metrics and written to the access log.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
+from guard import jsonbody
 from reconciler.door import errors
 from reconciler.door.access import AccessLog, AccessRecord
 from reconciler.door.door import Door, Refused, Ticket
@@ -184,10 +184,14 @@ def _wrong_method(request: Request, allowed: str) -> Answer:
 
 def _document(body: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
+        doc = jsonbody.loads(body)
+    except jsonbody.JsonTooDeep as err:
+        raise Refused(errors.error_response(422, f"The request body is refused: {err}.",
+                                            "invalid_request_error", "json_too_deep"),
+                      "bad_request") from None
+    except jsonbody.JsonBodyError as err:
         raise Refused(errors.bad_request(f"The request body is not valid JSON: {err}"),
-                      "bad_request") from err
+                      "bad_request") from None
     if not isinstance(doc, dict):
         raise Refused(errors.bad_request("The request body must be a JSON object."),
                       "bad_request")

@@ -18,3 +18,4 @@ class DoorSettings:
     access_log: str = "-"  # "-": stderr, "off", or a file
     max_body_bytes: int = 64 << 20
     recheck_s: float = 1.0  # held requests look again at least this often (changes wake them)
+    upstream_timeout_s: float = 600.0  # an engine silent this long mid-answer: 504

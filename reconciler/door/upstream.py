@@ -7,19 +7,22 @@ machine, a do-nothing aiohttp proxy spent 250-500 us of CPU per request with aio
 and 135-155 us with a bare protocol like this one (``bench/RESULTS.md``, figure 9). The door
 needs little of what a general client does: no cookies, redirects, proxies, authentication,
 decompression or URL handling; the engines are on known addresses and speak plain HTTP/1.1.
+Their bytes are framed by llhttp (``reconciler.door.framing``): an answer that breaks HTTP is an
+``UpstreamError`` for its request, and its connection is closed, never pooled.
 
-``ResponseParser`` is pure (bytes in, events out): the status line and headers, then a body by
-``Content-Length``, by chunked transfer coding (chunk extensions and trailers skipped), or until
-the connection closes; interim 1xx answers are skipped. ``Upstream.post`` sends a request on an
-idle pooled connection (or a new one) and returns once the answer's head is in; a pooled
-connection the engine closed meanwhile (uvicorn closes idle ones after 5 s) is retried once on a
-new connection, which is safe because the engine never saw that request. The body is read with
-``read()`` or ``chunks()``; more than ``limit`` bytes unread pause reading from the engine, so a
-slow client slows the engine's stream rather than filling the door's memory. A stream is
-``pipe()``d instead: each piece goes to a sink in the protocol's callback, and ``hold()`` stops
-reading while the sink's client is full (the door's streams). ``release()`` puts a
-finished connection back in the pool and closes an unfinished one (a client that went away), so
-the engine sees the disconnect and aborts the request.
+``Upstream.post`` sends a request on an idle pooled connection (or a new one) and returns once
+the answer's head is in; a pooled connection the engine closed meanwhile (uvicorn closes idle
+ones after 5 s) is retried once on a new connection, which is safe because the engine never saw
+that request. An engine silent for ``timeout`` seconds while it owes an answer (no byte of head
+or body, and the door not holding its reading back) is given up with ``UpstreamTimeout``: one
+timer per connection that looks when it fires, not one made per request or per read. The body
+is read with ``read()`` (at most ``MAX_ANSWER_BYTES``) or ``chunks()``; more than ``limit``
+bytes unread pause reading from the engine, so a slow client slows the engine's stream rather
+than filling the door's memory. A stream is ``pipe()``d instead: each piece goes to a sink in
+the protocol's callback, and ``hold()`` stops reading while the sink's client is full (the
+door's streams). ``release()`` puts a finished connection back in the pool and closes any other
+(unfinished, broken, or spent by bytes after its answer), so the engine sees the disconnect and
+aborts the request.
 """
 
 from __future__ import annotations
@@ -27,150 +30,22 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass
 from typing import cast
 
-MAX_HEAD_BYTES = 64 << 10
+from reconciler.door.framing import Head, ResponseParser, UpstreamError, UpstreamTimeout
+
+MAX_ANSWER_BYTES = 256 << 20  # a whole answer read() (a stream is piped, never held whole)
 READ_LIMIT = 256 << 10
 CONNECT_TIMEOUT_S = 10.0
+TIMEOUT_S = 600.0  # an engine silent this long mid-answer is given up
 IDLE_PER_ENGINE = 256
 
 
-class UpstreamError(Exception):
-    """The engine could not be reached, or broke off its answer."""
-
-
-@dataclass(frozen=True)
-class Head:
-    status: int
-    headers: Mapping[str, str]  # lower-case names (the first of repeated ones)
-    keep_alive: bool
-
-
-class ResponseParser:
-    """HTTP/1.1 response framing: ``feed`` bytes, get the head, body pieces and the end."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._state = "head"  # head, length, chunk-size, chunk-data, chunk-crlf, trailer, close
-        self._left = 0
-        self.head: Head | None = None
-        self.done = False
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Body pieces completed by ``data`` (the head, once parsed, is ``self.head``; the end
-        sets ``self.done``)."""
-        self._buf += data
-        out: list[bytes] = []
-        while self._step(out):
-            pass
-        return out
-
-    def eof(self) -> None:
-        """The connection closed: the end of an until-close body, else a broken answer."""
-        if self._state == "close" and not self.done:
-            self.done = True
-        elif not self.done:
-            raise UpstreamError("the engine closed the connection before the end of its answer")
-
-    def _step(self, out: list[bytes]) -> bool:
-        buf, state = self._buf, self._state
-        if self.done:
-            if buf:
-                raise UpstreamError("the engine sent bytes after its answer")
-            return False
-        if state == "head":
-            head = _cut(buf, b"\r\n\r\n", "the head")
-            return head is not None and self._start(head)
-        if state in ("length", "chunk-data"):
-            if not buf:
-                return False
-            piece = bytes(buf[:self._left])
-            del buf[:len(piece)]
-            self._left -= len(piece)
-            out.append(piece)
-            if self._left == 0:
-                self._state = "chunk-crlf" if state == "chunk-data" else "head"
-                if state == "length":
-                    self.done = True
-            return True
-        if state == "close":
-            if buf:
-                out.append(bytes(buf))
-                buf.clear()
-            return False
-        line = _cut(buf, b"\r\n", "a chunk line")
-        if line is None:
-            return False
-        if state == "chunk-crlf":
-            if line:
-                raise UpstreamError("a chunk of the engine's answer does not end with CRLF")
-            self._state = "chunk-size"
-        elif state == "chunk-size":
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise UpstreamError(f"a bad chunk size in the engine's answer: {line!r}") from None
-            if size == 0:
-                self._state = "trailer"
-            else:
-                self._state, self._left = "chunk-data", size
-        elif not line:  # the empty line after the (skipped) trailers
-            self.done = True
-            self._state = "head"
-        return True
-
-    def _start(self, raw: bytes) -> bool:
-        lines = raw.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise UpstreamError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-        status = int(parts[1])
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise UpstreamError(f"a bad header line in the engine's answer: {line[:80]!r}")
-            headers.setdefault(name.strip().lower().decode("latin-1"),
-                               value.strip().decode("latin-1"))
-        if 100 <= status < 200:  # interim (100 Continue): the real head follows
-            return True
-        connection = headers.get("connection", "").lower()
-        keep = parts[0] == b"HTTP/1.1" and "close" not in connection or "keep-alive" in connection
-        encoding = headers.get("transfer-encoding", "").lower()
-        if status in (204, 304):
-            self.done = True
-        elif "chunked" in encoding:
-            self._state = "chunk-size"
-        elif "content-length" in headers:
-            try:
-                self._left = int(headers["content-length"])
-            except ValueError:
-                raise UpstreamError("a bad Content-Length in the engine's answer") from None
-            self._state = "length"
-            self.done = self._left == 0
-        else:
-            self._state, keep = "close", False
-        self.head = Head(status, headers, keep)
-        return True
-
-
-def _cut(buf: bytearray, separator: bytes, what: str) -> bytes | None:
-    """What ``buf`` holds before ``separator`` (both taken out of it); None while incomplete."""
-    end = buf.find(separator)
-    if end < 0:
-        if len(buf) > MAX_HEAD_BYTES:
-            raise UpstreamError(f"{what} of the engine's answer is too long")
-        return None
-    piece = bytes(buf[:end])
-    del buf[:end + len(separator)]
-    return piece
-
-
 class _Connection(asyncio.Protocol):
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, timeout: float) -> None:
         self._loop = loop
         self._limit = limit
+        self._timeout = timeout
         self.transport: asyncio.Transport | None = None
         self.parser = ResponseParser()
         self.received = False  # any byte of the current answer
@@ -183,6 +58,8 @@ class _Connection(asyncio.Protocol):
         self.sink: Callable[[bytes], None] | None = None  # takes pieces as they arrive (pipe)
         self.sink_end: Callable[[], None] | None = None  # told the answer ended, as it ends
         self._held = False  # reading stopped by the pipe's client (hold)
+        self._heard = 0.0  # loop time of the last byte (or of the request)
+        self._stall: asyncio.TimerHandle | None = None
 
     # ---- protocol -----------------------------------------------------------------------
 
@@ -192,16 +69,26 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received = True
+        self._heard = self._loop.time()
+        parser = self.parser
+        error: UpstreamError | None = None
         try:
-            pieces = self.parser.feed(data)
-        except UpstreamError as err:
-            self._fail(err)
-            return
+            pieces = parser.feed(data)
+        except UpstreamError as err:  # what came before the break is passed on first
+            pieces, error = parser.taken(), err
+        if parser.spent and self.transport is not None:
+            self.transport.close()  # what it has sent stands; what follows is not ours
+        self._hand_on(pieces)
+        if error is not None:
+            self._fail(error)
+
+    def _hand_on(self, pieces: list[bytes]) -> None:
+        parser = self.parser
         sink = self.sink
         if sink is not None:  # piped: handed on in this callback, no task woken per piece
             for piece in pieces:
                 sink(piece)
-            if self.parser.done:
+            if parser.done:
                 end, self.sink_end = self.sink_end, None
                 if end is not None:
                     end()
@@ -217,6 +104,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         try:
             self.parser.eof()
         except UpstreamError as err:
@@ -238,13 +128,35 @@ class _Connection(asyncio.Protocol):
         self._waiter = self._loop.create_future()
         await self._waiter
 
+    # the stall clock: one timer that looks when it fires (as the door server's idle clock),
+    # not one made and cancelled for every request or every read
+
+    def _arm(self) -> None:
+        self._heard = self._loop.time()
+        if self._stall is None and not self.closed:
+            self._stall = self._loop.call_later(self._timeout, self._stall_check)
+
+    def _stall_check(self) -> None:
+        self._stall = None
+        if self.closed or self.parser.done or self._error is not None:
+            return  # not owed an answer now (the next request arms it again)
+        now = self._loop.time()
+        if self._held or self._paused:  # the door holds the reading back, not the engine
+            self._heard = now
+        left = self._heard + self._timeout - now
+        if left <= 0:
+            self._fail(UpstreamTimeout(f"the engine sent nothing for {self._timeout:g} s"))
+        else:
+            self._stall = self._loop.call_later(left, self._stall_check)
+
     # ---- one exchange ---------------------------------------------------------------------
 
     def send(self, request: bytes) -> None:
         assert self.transport is not None
-        self.parser = ResponseParser()
+        self.parser.expect()  # a pooled connection's last answer ended cleanly (reusable)
         self.received = False
         self.transport.write(request)
+        self._arm()
 
     async def head(self) -> Head:
         while self.parser.head is None:
@@ -311,8 +223,9 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        head = self.parser.head
-        return (not self.closed and self._error is None and self.parser.done
+        parser = self.parser
+        head = parser.head
+        return (not self.closed and self._error is None and parser.done and not parser.spent
                 and head is not None and head.keep_alive and not self._pieces)
 
     def abort(self) -> None:
@@ -332,6 +245,7 @@ class Response:
         self._conn: _Connection | None = conn
         self.status = head.status
         self.headers = head.headers
+        self.length = head.length
 
     @property
     def content_type(self) -> str:
@@ -355,11 +269,18 @@ class Response:
         if self._conn is not None:
             self._conn.hold(held)
 
-    async def read(self) -> bytes:
+    async def read(self, most: int = MAX_ANSWER_BYTES) -> bytes:
+        """The whole body; ``UpstreamError`` past ``most`` bytes (said or sent)."""
         assert self._conn is not None
-        pieces = []
+        if self.length is not None and self.length > most:
+            raise UpstreamError(f"the engine's answer says it has {self.length} bytes, more "
+                                f"than the door takes ({most})")
+        pieces, size = [], 0
         while (piece := await self._conn.piece()) is not None:
             pieces.append(piece)
+            size += len(piece)
+            if size > most:
+                raise UpstreamError(f"the engine's answer is over {most} bytes")
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def release(self) -> None:
@@ -375,9 +296,11 @@ class Response:
 class Upstream:
     """Pooled keep-alive connections to engines, by (host, port)."""
 
-    def __init__(self, limit: int = READ_LIMIT, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, limit: int = READ_LIMIT, connect_timeout: float = CONNECT_TIMEOUT_S,
+                 timeout: float = TIMEOUT_S) -> None:
         self._limit = limit
         self._connect_timeout = connect_timeout
+        self._timeout = timeout
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
     async def post(self, host: str, port: int, path: str, headers: Mapping[str, str],
@@ -393,9 +316,10 @@ class Upstream:
             try:
                 conn.send(request)
                 head = await conn.head()
-            except UpstreamError:
+            except UpstreamError as err:
                 conn.abort()
-                if reused and not conn.received and attempt == 0:
+                if reused and not conn.received and attempt == 0 \
+                        and not isinstance(err, UpstreamTimeout):
                     continue  # closed while idle: the engine never saw this request
                 raise
             except BaseException:
@@ -425,7 +349,7 @@ class Upstream:
             # connection is swallowed, and the connection with it
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(loop, self._limit), host, port)
+                    lambda: _Connection(loop, self._limit, self._timeout), host, port)
         except (OSError, asyncio.TimeoutError) as err:
             raise UpstreamError(f"cannot connect to {host}:{port}: "
                                 f"{err or type(err).__name__}") from err

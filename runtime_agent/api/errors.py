@@ -1,5 +1,6 @@
 """Errors at the HTTP edge: one middleware that turns every failure into a JSON answer, and the
-request parser that turns a body that does not validate into a 422.
+request parser that turns a body that does not validate into a 422 (one nested too deep too:
+``guard.jsonbody``, before anything recurses into it).
 
 A refusal says what to fix, as ``{"status": "error", "message": ...}``; a body that does not
 validate also carries FastAPI's ``detail`` list, as the AIBrix sidecar answers it. A bug is a
@@ -8,7 +9,6 @@ validate also carries FastAPI's ``detail`` list, as the AIBrix sidecar answers i
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from guard import jsonbody
 from runtime_agent.api.models import describe_validation_error, validation_detail
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,13 @@ async def parse_as(request: web.Request, adapter: TypeAdapter[T]) -> T:
         raise _unprocessable("request body is empty; send a JSON object", "missing",
                              "Field required")
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = jsonbody.loads(raw)
+    except jsonbody.JsonTooDeep as exc:
+        raise _unprocessable(f"request body is refused: {exc}", "json_invalid",
+                             "JSON nested too deep") from None
+    except jsonbody.JsonBodyError as exc:
         raise _unprocessable(f"request body is not valid JSON: {exc}", "json_invalid",
-                             "JSON decode error") from exc
+                             "JSON decode error") from None
     if not isinstance(data, dict):
         raise _unprocessable("request body must be a JSON object", "model_attributes_type",
                              "Input should be a valid dictionary or object")
