@@ -8,13 +8,18 @@ process lives means the engine is still booting, not that it failed.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from guard import jsonbody
+
+# The most an engine's answer to a control call may hold (its /metrics with many adapters is the
+# largest, well under this); a hostile engine's endless body is cut here, not held in memory.
+MAX_ANSWER = 16 << 20
 
 
 class EngineCallError(RuntimeError):
@@ -99,12 +104,16 @@ class EngineClient:
         self._base = f"http://{host}:{port}"
 
     async def _get(self, path: str, timeout_s: float) -> tuple[int, str] | None:
-        """Status and body of a GET; None when refused, failing or too slow."""
+        """Status and body of a GET; None when refused, failing, too slow or over
+        ``MAX_ANSWER`` (an engine is a peer: its answer is read with a bound)."""
         try:
             async with self._session.get(
                 f"{self._base}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
-                return resp.status, await resp.text()
+                raw = await resp.content.read(MAX_ANSWER + 1)
+                if len(raw) > MAX_ANSWER:
+                    return None
+                return resp.status, raw.decode(resp.charset or "utf-8")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
             return None
 
@@ -119,7 +128,7 @@ class EngineClient:
         if answer is None or answer[0] != 200:
             return None
         try:
-            body = json.loads(answer[1])
+            body = jsonbody.loads(answer[1])
         except ValueError:
             return None
         value = body.get("is_sleeping") if isinstance(body, dict) else None
@@ -149,7 +158,7 @@ class EngineClient:
         if answer is None or answer[0] != 200:
             return None
         try:
-            data = json.loads(answer[1]).get("data")
+            data = jsonbody.loads(answer[1]).get("data")
         except (ValueError, AttributeError):
             return None
         return [card for card in data if isinstance(card, dict)] if isinstance(data, list) else None

@@ -39,7 +39,7 @@ class JsonTooDeep(JsonBodyError):
 TOO_DEEP = f"it nests arrays and objects more than {MAX_DEPTH} levels deep; send a flatter document"
 
 
-def loads(body: bytes) -> Any:
+def loads(body: bytes | str) -> Any:
     """``body`` (UTF-8 JSON) decoded; ``JsonTooDeep`` past ``MAX_DEPTH`` levels of nesting
     (its message: ``TOO_DEEP``), ``JsonBodyError`` for anything else that is not JSON."""
     try:

@@ -167,3 +167,35 @@ async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:
             "--max-model-len": "2048", "--enable-lora": "", "-tp": "1"}), ctx(("vllm", "serve")))
     assert unrecognized(argv[2:], known_flags("vllm")) == []  # after "vllm serve"; MODEL is the one positional
     assert unrecognized(argv[2:] + ["--no-such-flag"], known_flags("vllm")) == ["--no-such-flag"]
+
+
+async def test_an_engine_answer_nested_past_the_bound_or_over_the_size_is_no_answer() -> None:
+    """A hostile engine's deep JSON was a RecursionError inside the agent, and an endless body
+    was held in memory: both are now 'no answer', as a refused connection is."""
+    import aiohttp
+    from aiohttp import web
+
+    from engines import client as engine_client
+
+    async def deep(request: web.Request) -> web.Response:
+        return web.Response(text="[" * 100_000 + "]" * 100_000, content_type="application/json")
+
+    async def huge(request: web.Request) -> web.Response:
+        return web.Response(body=b" " * (engine_client.MAX_ANSWER + 10),
+                            content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/is_sleeping", deep)
+    app.router.add_get("/v1/models", huge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            c = engine_client.EngineClient(session, "127.0.0.1", port)
+            assert await c.is_sleeping(5) is None
+            assert await c.served_models(5) is None
+    finally:
+        await runner.cleanup()
