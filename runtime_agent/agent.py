@@ -102,10 +102,6 @@ class Agent:
         self._lock.acquire()  # before the registry is read: one agent per state directory
         if self.probes is not None:  # "reading the registry" from here on, not a refused port
             await self.probes.start()
-        if s.api_token is None and s.host not in ("127.0.0.1", "::1", "localhost"):
-            log.warning("the control API on %s:%d needs no token: anyone who reaches this "
-                        "address can start and stop engines; set --token-file (or "
-                        "RUNTIME_AGENT_TOKEN), or bind 127.0.0.1", s.host, s.port)
         if overlaps_ephemeral(s.port_low, s.port_high, ephemeral_range()):
             log.warning("engine ports %d-%d overlap the kernel's ephemeral port range %s: an "
                         "outgoing connection can take an engine's port; pick a range below it",
