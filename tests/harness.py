@@ -129,8 +129,10 @@ class AgentProcess:
         self.client = AgentClient(self.url, timeout_s=60)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = state_dir.parent / f"agent-{self.port}.log"
-        # kvcached segments, shared by restarted agents (on a node: /dev/shm, its own tmpfs)
-        self.shm_dir = shm_dir or state_dir.parent / "shm"
+        # kvcached segments, shared by agents restarted on this state directory: one machine
+        # (a Pod's /dev/shm is its own tmpfs). Two agents of one test are two machines, unless
+        # a test passes them one shm_dir on purpose: they would claim each other's names.
+        self.shm_dir = shm_dir or state_dir.parent / f"{state_dir.name}-shm"
         self.shm_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, timeout_s: float = 15.0) -> None:
