@@ -15,6 +15,7 @@ and enqueue its claim. Errors are ``{"status": "error", "message": ...}`` with a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,6 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from guard.conns import API_LIMITS, GuardedSite, quiet_accept_errors
 from reconciler.context import Deps
 from reconciler.routes import route_of, route_table
 from reconciler.status import ACTIVE, ClaimStatus
@@ -144,14 +146,11 @@ def make_app(deps: Deps, registry: CollectorRegistry) -> web.Application:
 
 
 async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start ``app`` on ``host:port`` (0: any free port); the runner and the bound port."""
+    """Start ``app`` on ``host:port`` (0: any free port); the runner and the bound port. Its
+    connections are capped and must send their first head in time (``guard.conns``)."""
+    quiet_accept_errors(asyncio.get_running_loop())
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = GuardedSite(runner, API_LIMITS, host=host, port=port)
     await site.start()
-    server = site._server
-    bound = port
-    sockets = getattr(server, "sockets", None) if server is not None else None
-    if sockets:
-        bound = int(sockets[0].getsockname()[1])
-    return runner, bound
+    return runner, site.port

@@ -227,7 +227,7 @@ def test_requests_cut_anywhere_are_read_alike(cuts: list[int]) -> None:
     raw = (post("/a", b'{"x": 1}', "Content-Type: application/json\r\n")
            + b"POST /b HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\n\r\n"
              b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
-           + b"GET /c?q=1 HTTP/1.1\r\nX-A: 1\r\nX-A: 2\r\n\r\n")
+           + b"GET /c?q=1 HTTP/1.1\r\nHost: d\r\nX-A: 1\r\nX-A: 2\r\n\r\n")
 
     async def run() -> list[bytes]:
         server, port = await served()
