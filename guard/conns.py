@@ -106,7 +106,7 @@ class Census:
 
     def why(self, peer: str) -> str:
         """What a refused connection is told."""
-        if self._peers.get(peer, 0) >= self.share:
+        if self.live < self.cap:
             return (f"This client holds {self.share} connections, its share of this server's "
                     f"{self.cap}; reuse them (keep-alive) or close some.")
         return f"This server holds its limit of {self.cap} connections; try again shortly."
