@@ -219,6 +219,13 @@ def _host_problem(headers: dict[str, str], http11: bool, hosts: int) -> str | No
 
 
 class _Connection(asyncio.Protocol):
+    # slots: thirty attributes are past what CPython's shared instance dicts keep fast
+    __slots__ = ("_server", "_loop", "transport", "_parser", "_remote", "_queue", "_queued_bytes",
+                 "_task", "_timer", "_due", "_due_kind", "_partial", "_admitted",
+                 "_paused_reading", "_refusing", "_lingering", "_writable", "on_pressure",
+                 "closed", "_in_head", "_head_raw", "_upgrade", "_upgrade_left", "_url",
+                 "_headers", "_hosts", "_head_bytes", "_body", "_size", "_refused")
+
     def __init__(self, server: Server) -> None:
         self._server = server
         self._loop = asyncio.get_running_loop()  # protocols are made by the loop
@@ -347,6 +354,10 @@ class _Connection(asyncio.Protocol):
             if self._in_head and self._head_raw > MAX_HEAD_BYTES:
                 self._refuse(_head_too_large())
                 return
+        if self._partial and self._due is not None:  # part of a request: its deadline runs
+            kind = HEAD if self._in_head else BODY  # (a whole one in one read needs none)
+            if kind != self._due_kind:
+                self._clock(kind, self._server.head_s if kind == HEAD else self._server.body_s)
 
     def _upgrade_body(self, data: bytes) -> bytes:
         """Take an upgrade request's body off ``data`` (the rest: the next requests)."""
@@ -376,8 +387,6 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._reset()
         self._partial = True
-        if self._due is not None and self._due_kind == IDLE:  # a head begins after an answer
-            self._clock(HEAD, self._server.head_s)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -402,13 +411,12 @@ class _Connection(asyncio.Protocol):
         if self._head_bytes > MAX_HEAD_BYTES:  # came whole in one read (else data_received)
             self._refused = _head_too_large()
             raise httptools.HttpParserError("the head is too large")
-        problem = _host_problem(self._headers, self._parser.get_http_version() == "1.1",
-                                self._hosts)
-        if problem is not None:
-            self._refused = _error(400, problem)
-            raise httptools.HttpParserError("the Host header")
-        if self._due is not None:  # the body, if any, gets its own deadline from here
-            self._clock(BODY, self._server.body_s)
+        if self._hosts or "host" not in self._headers:  # (one Host: nothing to judge)
+            problem = _host_problem(self._headers, self._parser.get_http_version() == "1.1",
+                                    self._hosts)
+            if problem is not None:
+                self._refused = _error(400, problem)
+                raise httptools.HttpParserError("the Host header")
         limit = self._server.max_body
         length = self._headers.get("content-length", "").strip()
         if length.isdigit() and int(length) > limit:
