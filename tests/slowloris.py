@@ -18,7 +18,8 @@ import signal
 import sys
 from collections import Counter
 
-HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n")
 CONNECTING = 256
 
 
