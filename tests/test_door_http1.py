@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from aiohttp import web
 from hypothesis import strategies as st
 
-from reconciler.door.http1 import Answer, Request, Server, Stream, json_answer
+from guard.conns import ConnLimits
+from reconciler.door.http1 import (DOOR_LIMITS, KEEPALIVE_S, SHUTDOWN_S, Answer, Request,
+                                     Server, Stream, json_answer)
 from reconciler.door.proxy import Outcome, forward
 from reconciler.door.upstream import Upstream
 
@@ -40,9 +42,11 @@ async def echo(request: Request) -> Answer | Stream:
                                     if k in ("x-a", "content-type", "authorization")}})
 
 
-async def served(handler: Callable[[Request], Awaitable[Answer | Stream]] = echo,
-                 **kwargs: float) -> tuple[Server, int]:
-    server = Server(handler, max_body=LIMIT, too_large=too_large, **kwargs)
+async def served(handler: Callable[[Request], Awaitable[Answer | Stream]] = echo, *,
+                 keepalive_s: float = KEEPALIVE_S, shutdown_s: float = SHUTDOWN_S,
+                 limits: ConnLimits = DOOR_LIMITS) -> tuple[Server, int]:
+    server = Server(handler, max_body=LIMIT, too_large=too_large, keepalive_s=keepalive_s,
+                    shutdown_s=shutdown_s, limits=limits)
     return server, await server.start("127.0.0.1", 0)
 
 

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guard.conns import ConnLimits, GuardedSite, quiet_accept_errors
-from reconciler.door.http1 import Answer, Handler, Request, Server, Stream
-from tests.test_door_http1 import echo, read_answer, too_large
+from reconciler.door.http1 import Answer, Request, Server, Stream
+from tests.test_door_http1 import read_answer, served
 
 pytestmark = pytest.mark.timeout(60)
 HEAD_S = 0.4
@@ -31,17 +31,10 @@ def get(path: str = "/a", extra: str = "") -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: d\r\n{extra}\r\n".encode()
 
 
-async def served(limits: ConnLimits, keepalive_s: float = 5.0,
-                 handler: Handler = echo) -> tuple[Server, int]:
-    server = Server(handler, max_body=1 << 16, too_large=too_large, keepalive_s=keepalive_s,
-                    limits=limits)
-    return server, await server.start("127.0.0.1", 0)
-
-
 @contextlib.asynccontextmanager
 async def door(limits: ConnLimits = ConnLimits(head_s=HEAD_S, body_s=HEAD_S),
                keepalive_s: float = 5.0) -> AsyncIterator[tuple[Server, int]]:
-    server, port = await served(limits, keepalive_s)
+    server, port = await served(keepalive_s=keepalive_s, limits=limits)
     try:
         yield server, port
     finally:
@@ -162,7 +155,7 @@ async def test_a_client_that_does_not_read_its_answer_is_dropped_after_the_idle_
     async def big(request: Request) -> Answer | Stream:
         return Answer(200, b"x" * (16 << 20))
 
-    server, port = await served(ConnLimits(head_s=5, body_s=5), 0.5, big)
+    server, port = await served(big, keepalive_s=0.5, limits=ConnLimits(head_s=5, body_s=5))
     try:
         reader, writer = await connect(port)
         writer.transport.get_extra_info("socket").setsockopt(

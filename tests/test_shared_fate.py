@@ -99,13 +99,17 @@ def healthz_seconds(port: int) -> float:
         conn.close()
 
 
+def total_size(agent: AgentProcess, segment: str) -> int | None:
+    info = read_segment(segment, agent.shm_dir)
+    return info.total_size if info is not None else None
+
+
 def set_back_seconds(agent: AgentProcess, segment: str, held: int) -> float:
     """Raise the segment from outside (as ``kvctl limit`` would), and how long until the agent
     had set it back (inf: not within 10 s)."""
     write_limit(segment, 6 * GiB, agent.shm_dir)
     started = time.monotonic()
-    if not wait_until(lambda: read_segment(segment, agent.shm_dir).total_size == held, 10,
-                      interval=0.01):
+    if not wait_until(lambda: total_size(agent, segment) == held, 10, interval=0.01):
         return float("inf")
     return time.monotonic() - started
 
@@ -132,7 +136,7 @@ def test_a_slowloris_on_the_door_does_not_starve_the_agent_it_shares_a_process_w
     snap = agent.wait_for(serving(agent, "m"), 60, "m active with its KV limit", poll_s=0.2)
     model = agent.model(snap, "m")
     segment, held = model["kv_segment"]["name"], model["kv_limit_applied_bytes"]
-    assert read_segment(segment, agent.shm_dir).total_size == held
+    assert total_size(agent, segment) == held
     log_from = agent.log_path.stat().st_size
 
     with slowloris(door, ATTACK, 60) as stop:
