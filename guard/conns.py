@@ -32,7 +32,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httptools
 from aiohttp import web
@@ -41,6 +41,7 @@ log = logging.getLogger("guard.conns")
 
 OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 QUIET_S = 60.0  # at most one "out of file descriptors" line this often
+REFUSED_LINGER_S = 0.5  # a refused connection reads off what it sent for this long, then closes
 
 
 def fd_share(fraction: int) -> int:
@@ -78,7 +79,7 @@ class Census:
     """Live connections, in all and per peer address: ``admit`` before serving one (False: over
     the cap or the peer's share), ``leave`` when an admitted one ends."""
 
-    __slots__ = ("cap", "share", "live", "_peers", "refused")
+    __slots__ = ("cap", "share", "live", "_peers", "refused", "lingering")
 
     def __init__(self, cap: int, share: int) -> None:
         self.cap = cap
@@ -86,6 +87,7 @@ class Census:
         self.live = 0
         self._peers: dict[str, int] = {}
         self.refused = 0  # connections refused since the start (for tests and logs)
+        self.lingering = 0  # refused connections not yet closed
 
     def admit(self, peer: str) -> bool:
         held = self._peers.get(peer, 0)
@@ -103,6 +105,16 @@ class Census:
             self._peers[peer] = held
         else:
             self._peers.pop(peer, None)
+
+    def linger_s(self) -> float:
+        """How long a refused connection may stay to read off what it sent, so that its client
+        gets the answer rather than a reset (closing with unread bytes resets): a moment, and
+        none while a sixteenth of the cap lingers already. Counts it until ``lingered``."""
+        self.lingering += 1
+        return REFUSED_LINGER_S if self.lingering <= max(8, self.cap // 16) else 0.0
+
+    def lingered(self) -> None:
+        self.lingering -= 1
 
     def why(self, peer: str) -> str:
         """What a refused connection is told."""
@@ -128,11 +140,18 @@ def error_bytes(status: int, message: str, phrase: str, extra: str = "") -> byte
 
 
 def refuse(transport: asyncio.BaseTransport, census: Census, peer: str) -> None:
-    """Answer a connection over the cap 503 and close it (what it sent is not read)."""
-    assert isinstance(transport, asyncio.WriteTransport)
+    """Answer a connection over the cap 503, read off (and drop) what it sends for a moment
+    (``Census.linger_s``), and close it."""
+    transport = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport
     transport.write(error_bytes(503, census.why(peer), "Service Unavailable",
                                 "Retry-After: 1\r\n"))
-    transport.close()
+    linger = census.linger_s()
+    if linger <= 0:
+        transport.close()
+        return
+    if transport.can_write_eof():
+        transport.write_eof()
+    asyncio.get_running_loop().call_later(linger, transport.abort)
 
 
 class _Guarded(asyncio.Protocol):
@@ -155,7 +174,7 @@ class _Guarded(asyncio.Protocol):
             refuse(transport, self._census, self._peer)
             return
         self._admitted = True
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)
         self._watch = httptools.HttpRequestParser(self)
         self._timer = asyncio.get_running_loop().call_later(self._head_s, self._late)
         self._inner.connection_made(transport)
@@ -194,6 +213,7 @@ class _Guarded(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._admitted:
+            self._census.lingered()  # a refused one
             return
         self._admitted = False
         self._census.leave(self._peer)

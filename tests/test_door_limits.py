@@ -12,9 +12,11 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import pytest
+import uvloop
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,7 +176,25 @@ async def test_a_client_that_does_not_read_its_answer_is_dropped_after_the_idle_
 # ---- the cap and the share ------------------------------------------------------------------
 
 
-async def test_connections_over_the_cap_are_answered_503_and_closed() -> None:
+LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}  # the daemons run on uvloop
+
+
+def run_on(loop: str, main: Coroutine[Any, Any, None]) -> None:
+    LOOPS[loop](asyncio.wait_for(main, 20))
+
+
+def on_both_loops(test: Callable[[str], None]) -> Callable[[str], None]:
+    """Run ``test(loop)`` on asyncio's loop and on uvloop; a thread times it out (a uvloop left
+    with a broken transport can hang in its close, where no signal reaches)."""
+    return pytest.mark.timeout(40, method="thread")(pytest.mark.parametrize("loop", LOOPS)(test))
+
+
+@on_both_loops
+def test_connections_over_the_cap_are_answered_503_and_closed(loop: str) -> None:
+    run_on(loop, over_the_cap())
+
+
+async def over_the_cap() -> None:
     async with door(ConnLimits(max_connections=3, per_client=3)) as (server, port):
         held = [await connect(port) for _ in range(3)]
         for reader, writer in held:  # each is served
@@ -266,7 +286,12 @@ async def api(limits: ConnLimits) -> AsyncIterator[tuple[GuardedSite, int]]:
         await runner.cleanup()
 
 
-async def test_an_api_server_refuses_past_its_cap_and_times_out_a_slow_first_head() -> None:
+@on_both_loops
+def test_an_api_server_refuses_past_its_cap_and_times_out_a_slow_first_head(loop: str) -> None:
+    run_on(loop, api_limits())
+
+
+async def api_limits() -> None:
     async with api(ConnLimits(max_connections=2, per_client=2, head_s=HEAD_S)) as (site, port):
         reader, writer = await connect(port)
         writer.write(get("/healthz"))

@@ -136,7 +136,7 @@ class _Connection(asyncio.Protocol):
         census = self._server.census
         if not census.admit(self._remote):  # over the cap: 503 at once, nothing read
             self._send(_error(503, census.why(self._remote), {"Retry-After": "1"}), None,
-                       self._server.linger_over_cap())
+                       census.linger_s())
             return
         self._admitted = True
         self._server.connections.add(self)
@@ -149,7 +149,7 @@ class _Connection(asyncio.Protocol):
             self._admitted = False
             self._server.census.leave(self._remote)
         else:
-            self._server.lingering_refusals -= 1
+            self._server.census.lingered()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -526,19 +526,9 @@ class Server:
         self.tick_s = min(keepalive_s, limits.head_s, limits.body_s)
         self.limits = limits
         self.census: Census = limits.census()  # made again at start (the fd limit then)
-        self.lingering_refusals = 0  # connections over the cap, answered 503, not yet closed
         self.connections: set[_Connection] = set()
         self.stopping = False  # answers close their connections; no new request starts
         self._server: asyncio.AbstractServer | None = None
-
-    def linger_over_cap(self) -> float:
-        """How long a connection over the cap may stay to read off what it sent (so that it gets
-        the 503, not a reset): a moment, and none once a sixteenth of the cap lingers."""
-        if self.lingering_refusals >= max(8, self.census.cap // 16):
-            self.lingering_refusals += 1  # connection_lost takes it off again
-            return 0.0
-        self.lingering_refusals += 1
-        return 0.5
 
     async def start(self, host: str | None, port: int) -> int:
         loop = asyncio.get_running_loop()
