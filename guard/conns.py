@@ -8,8 +8,9 @@ no connection cap and no deadline for a request head. The rules, written once:
 
 * ``Census``: a cap on live connections and a per-client (peer address) share of it. The cap is
   at most a fraction of the process's ``RLIMIT_NOFILE`` soft limit (``fd_share``), so no server
-  can take the descriptors the control work needs; a connection over it is answered 503 and
-  closed, at once, without reading it;
+  can take the descriptors the control work needs; a connection over it is answered 503 at
+  once, and closed after a moment spent dropping what it sent (so that its client reads the 503,
+  not a reset), a moment only a sixteenth of the cap may spend at a time (``linger_s``);
 * ``GuardedSite``: an aiohttp site (agent and reconciler API) whose connections go through the
   census and must send their first request head within ``head_s`` (a 408 and close otherwise;
   aiohttp itself bounds the heads after the first with its keep-alive timeout). The head is

@@ -1,4 +1,5 @@
-"""The door's HTTP/1.1 server: requests parsed by httptools, answers written whole or streamed.
+"""The door's HTTP/1.1 server: requests parsed by httptools, answers written whole or streamed
+(the values it hands handlers and takes back: ``answers``).
 
 Why not aiohttp's server, which every other HTTP endpoint here uses: on the door's path it is
 most of what the door adds to a request. Measured on the 2-core bench machine, one keep-alive
