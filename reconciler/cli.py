@@ -174,6 +174,19 @@ def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
     parser.add_argument("--door-access-log", default="-", metavar="-|off|FILE",
                         help="the door's JSON access log: stderr (-), off, or a file "
                         "(default %(default)s)")
+    parser.add_argument("--door-max-connections", type=int, default=DoorSettings.max_connections,
+                        help="connections the door holds at most (and never more than a quarter "
+                        "of the open-files soft limit); more are answered 503 and closed "
+                        "(default %(default)s)")
+    parser.add_argument("--door-max-connections-per-client", type=int, default=0, metavar="N",
+                        help="connections one client address may hold (0: half the cap; behind "
+                        "a proxy, set it to the cap; default %(default)s)")
+    parser.add_argument("--door-head-timeout", type=float, default=DoorSettings.head_timeout_s,
+                        help="seconds a request head may take, whole (408 and close after; "
+                        "default %(default)s)")
+    parser.add_argument("--door-body-timeout", type=float, default=DoorSettings.body_timeout_s,
+                        help="seconds a request body may take after its head (408 and close "
+                        "after; default %(default)s)")
 
 
 def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
@@ -183,11 +196,20 @@ def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
     if args.door_max_held < 1 or args.door_max_wait <= 0 or args.door_upstream_timeout <= 0:
         raise SystemExit("--door-max-held must be at least 1, --door-max-wait and "
                          "--door-upstream-timeout positive")
+    if args.door_max_connections < 1 or args.door_max_connections_per_client < 0 \
+            or args.door_head_timeout <= 0 or args.door_body_timeout <= 0:
+        raise SystemExit("--door-max-connections must be at least 1, "
+                         "--door-max-connections-per-client 0 or more, and the door's "
+                         "timeouts positive")
     return DoorSettings(host=host, port=args.door_port, max_held=args.door_max_held,
                         max_wait_s=args.door_max_wait,
                         upstream_timeout_s=args.door_upstream_timeout,
                         api_keys=Path(args.door_api_keys) if args.door_api_keys else None,
-                        access_log=args.door_access_log)
+                        access_log=args.door_access_log,
+                        max_connections=args.door_max_connections,
+                        max_connections_per_client=args.door_max_connections_per_client,
+                        head_timeout_s=args.door_head_timeout,
+                        body_timeout_s=args.door_body_timeout)
 
 
 def checked_door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:

@@ -22,6 +22,7 @@ describes the API (``reconciler.openapi``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,6 +32,7 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from guard import access
+from guard.conns import API_LIMITS, GuardedSite, quiet_accept_errors
 from guard.tokens import TokenSource
 from reconciler.context import Deps
 from reconciler.openapi import openapi_document
@@ -172,14 +174,11 @@ def make_app(deps: Deps, registry: CollectorRegistry, token: TokenSource | None 
 
 
 async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start ``app`` on ``host:port`` (0: any free port); the runner and the bound port."""
+    """Start ``app`` on ``host:port`` (0: any free port); the runner and the bound port. Its
+    connections are capped and must send their first head in time (``guard.conns``)."""
+    quiet_accept_errors(asyncio.get_running_loop())
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = GuardedSite(runner, API_LIMITS, host=host, port=port)
     await site.start()
-    server = site._server
-    bound = port
-    sockets = getattr(server, "sockets", None) if server is not None else None
-    if sockets:
-        bound = int(sockets[0].getsockname()[1])
-    return runner, bound
+    return runner, site.port

@@ -27,6 +27,7 @@ from prometheus_client import disable_created_metrics
 from contract.phases import Phase
 from engines.cgroups import EngineCgroups
 from engines.process import ProcessLauncher, tail_lines, trim_log
+from guard.conns import API_LIMITS, GuardedSite, quiet_accept_errors
 from registry.store import RegistryStore
 from runtime_agent import __version__
 from runtime_agent.api.app import make_app
@@ -152,8 +153,10 @@ class Agent:
         self._runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
-        sites: list[web.BaseSite] = [web.SockSite(self._runner, sock) for sock in self._sockets]
-        for site in sites or [web.TCPSite(self._runner, s.host, s.port, reuse_address=True)]:
+        # a connection cap (an eighth of the fd soft limit at most) and a deadline for the first
+        # request head: the API must not share the door's fate (guard/conns.py)
+        sites = [GuardedSite(self._runner, API_LIMITS, sock=sock) for sock in self._sockets]
+        for site in sites or [GuardedSite(self._runner, API_LIMITS, host=s.host, port=s.port)]:
             await site.start()
         log.info("runtime agent %s listening on %s:%d, state in %s", __version__, s.host, s.port,
                  s.state_dir)
@@ -339,10 +342,11 @@ def engine_cgroups(settings: Settings) -> EngineCgroups | None:
 
 async def serve(settings: Settings, sockets: list[socket.socket] | None = None,
                 probe_sockets: list[socket.socket] | None = None) -> None:
+    loop = asyncio.get_running_loop()
+    quiet_accept_errors(loop)  # out of descriptors: one line a minute, not a traceback each
     agent = Agent(settings, sockets, probe_sockets)
     await agent.start()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()

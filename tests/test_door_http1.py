@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from aiohttp import web
 from hypothesis import strategies as st
 
-from reconciler.door.http1 import Answer, Request, Server, Stream, json_answer
+from guard.conns import ConnLimits
+from reconciler.door.http1 import (DOOR_LIMITS, KEEPALIVE_S, SHUTDOWN_S, Answer, Request,
+                                     Server, Stream, json_answer)
 from reconciler.door.proxy import Outcome, forward
 from reconciler.door.upstream import Upstream
 
@@ -40,9 +42,11 @@ async def echo(request: Request) -> Answer | Stream:
                                     if k in ("x-a", "content-type", "authorization")}})
 
 
-async def served(handler: Callable[[Request], Awaitable[Answer | Stream]] = echo,
-                 **kwargs: float) -> tuple[Server, int]:
-    server = Server(handler, max_body=LIMIT, too_large=too_large, **kwargs)
+async def served(handler: Callable[[Request], Awaitable[Answer | Stream]] = echo, *,
+                 keepalive_s: float = KEEPALIVE_S, shutdown_s: float = SHUTDOWN_S,
+                 limits: ConnLimits = DOOR_LIMITS) -> tuple[Server, int]:
+    server = Server(handler, max_body=LIMIT, too_large=too_large, keepalive_s=keepalive_s,
+                    shutdown_s=shutdown_s, limits=limits)
     return server, await server.start("127.0.0.1", 0)
 
 
@@ -227,7 +231,7 @@ def test_requests_cut_anywhere_are_read_alike(cuts: list[int]) -> None:
     raw = (post("/a", b'{"x": 1}', "Content-Type: application/json\r\n")
            + b"POST /b HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\n\r\n"
              b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
-           + b"GET /c?q=1 HTTP/1.1\r\nX-A: 1\r\nX-A: 2\r\n\r\n")
+           + b"GET /c?q=1 HTTP/1.1\r\nHost: d\r\nX-A: 1\r\nX-A: 2\r\n\r\n")
 
     async def run() -> list[bytes]:
         server, port = await served()

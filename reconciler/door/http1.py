@@ -1,4 +1,5 @@
-"""The door's HTTP/1.1 server: requests parsed by httptools, answers written whole or streamed.
+"""The door's HTTP/1.1 server: requests parsed by httptools, answers written whole or streamed
+(the values it hands handlers and takes back: ``answers``).
 
 Why not aiohttp's server, which every other HTTP endpoint here uses: on the door's path it is
 most of what the door adds to a request. Measured on the 2-core bench machine, one keep-alive
@@ -24,25 +25,40 @@ What it does:
   in and closes its engine connection); a handler's exception is logged and answered 500;
 * an idle keep-alive connection is closed after ``keepalive_s``; ``stop`` stops listening, closes
   idle connections, gives handlers in progress up to ``shutdown_s`` and then cancels them;
-* a malformed request is answered 400 (the parser's reason) and the connection closed.
+* a malformed request is answered 400 (the parser's reason) and the connection closed; so is an
+  HTTP/1.1 request without ``Host`` and any request with two (RFC 9112 3.2).
+
+Hard limits (``guard.conns.ConnLimits``), because in the embedded mode the door shares its
+process, file descriptors and event loop with the agent that holds KV limits (issue 21):
+
+* a connection cap, at most a quarter of the soft ``RLIMIT_NOFILE``, and a per-client (peer
+  address) share of it: a connection over either is answered 503 at once and closed;
+* a request head must be whole within ``head_s`` of the connection (the first) or of its first
+  byte (the next ones, after an answer), and a body within ``body_s`` of its head: 408 and
+  close otherwise. A byte does not move these deadlines, as it moved the idle clock before (a
+  slowloris sent one byte a minute). They and the keep-alive idle timeout share one timer a
+  connection, which wakes at most every ``min(head_s, body_s, keepalive_s)`` while it runs and
+  never while a handler answers, so a request costs no timer of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import http
-import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from email.utils import formatdate
-from typing import Any, cast
+from collections.abc import Callable
+from typing import cast
 from urllib.parse import unquote
 
 import httptools
+
+from guard.conns import Census, ConnLimits, peer_of
+from reconciler.door.answers import Answer, Handler, Request, Stream, answer_head, json_answer
+from reconciler.door.answers import refusal as _error
+
+__all__ = ["Answer", "Handler", "Request", "Server", "Stream", "json_answer"]
 
 log = logging.getLogger("reconciler.door")
 
@@ -51,146 +67,33 @@ MAX_QUEUED = 16  # pipelined requests waiting behind the one being answered
 KEEPALIVE_S = 75.0
 SHUTDOWN_S = 2.0
 LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # after a refusal: what is read and discarded at most
-
-
-@dataclass
-class Answer:
-    """A whole answer: its status, body and headers (``Content-Length`` and ``Date`` are added);
-    ``close``: close the connection after it."""
-
-    status: int
-    body: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
-    close: bool = False
-
-
-def json_answer(doc: Any, status: int = 200, headers: dict[str, str] | None = None,
-                close: bool = False) -> Answer:
-    return Answer(status, json.dumps(doc).encode(),
-                  {"Content-Type": "application/json", **(headers or {})}, close)
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """One request, its body read whole. ``headers``: lower-case names (repeated ones joined
-    with ", "); ``path``: percent-decoded, without the query."""
-
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: bytes
-    remote: str
-    http11: bool
-    keep_alive: bool
-    _conn: _Connection | None = field(default=None, repr=False)
-    _stream: Stream | None = field(default=None, repr=False)
-
-    async def stream(self, status: int, headers: dict[str, str]) -> Stream:
-        """Start a streamed answer (the handler then returns it)."""
-        assert self._conn is not None and self._stream is None
-        self._stream = Stream(self._conn, self, status, headers)
-        await self._stream.start()
-        return self._stream
-
-
-Handler = Callable[[Request], Awaitable["Answer | Stream"]]
-
-
-class Stream:
-    """A streamed answer: ``write`` pieces as they come (each waits while the client's socket
-    buffer is full), then ``end``. ``ConnectionResetError`` once the client has gone."""
-
-    def __init__(self, conn: _Connection, request: Request, status: int,
-                 headers: dict[str, str]) -> None:
-        self._conn = conn
-        self._chunked = request.http11
-        self._status = status
-        self._headers = headers
-        self.ended = False
-        if not self._chunked:
-            request.keep_alive = False  # HTTP/1.0: the end of the connection ends the answer
-
-    async def start(self) -> None:
-        extra = "Transfer-Encoding: chunked\r\n" if self._chunked else ""
-        self._conn.write(_head(self._status, self._headers, extra, not self._chunked))
-        await self._conn.drain()
-
-    async def write(self, data: bytes) -> None:
-        if data:
-            self.send(data)
-            await self._conn.drain()  # ConnectionResetError once the client has gone
-
-    def send(self, data: bytes, raw: bool = False) -> None:
-        """Write ``data`` now, without waiting (for a caller that keeps to ``pressure``);
-        nothing once the client has gone, nor for no data (an empty chunk would end the
-        answer)."""
-        conn = self._conn
-        if data and not conn.closed and conn.transport is not None:
-            chunk = self._chunked and not raw
-            conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunk else data)
-
-    def pressure(self, hook: Callable[[bool], None] | None) -> None:
-        """``hook(True)`` when the client's socket buffer fills, ``hook(False)`` when it has
-        room again (None: no more calls)."""
-        self._conn.on_pressure = hook
-        if hook is not None and self._conn._writable is not None:
-            hook(True)
-
-    async def end(self) -> None:
-        if self.ended:
-            return
-        self.finish()
-        await self._conn.drain()
-
-    def finish(self) -> None:
-        """End the answer now, without waiting."""
-        if not self.ended:
-            self.ended = True
-            if self._chunked:
-                self.send(b"0\r\n\r\n", raw=True)
-
-
-_DATE: list[Any] = [0, b""]
-
-
-def _date() -> bytes:
-    now = int(time.time())
-    if _DATE[0] != now:
-        _DATE[0], _DATE[1] = now, formatdate(now, usegmt=True).encode()
-    return cast(bytes, _DATE[1])
-
-
-_PHRASES = {int(s): s.phrase for s in http.HTTPStatus}
-
-
-def _phrase(status: int) -> str:
-    return _PHRASES.get(status, "Unknown")
-
-
-def _head(status: int, headers: dict[str, str], extra: str, close: bool) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_phrase(status)}\r\n"]
-    for name, value in headers.items():
-        if "\r" in value or "\n" in value:
-            continue  # never let a value split the answer
-        lines.append(f"{name}: {value}\r\n")
-    lines.append(extra)
-    if close:
-        lines.append("Connection: close\r\n")
-    return "".join(lines).encode("latin-1") + b"Date: " + _date() + b"\r\n\r\n"
-
-
-def _error(status: int, message: str) -> Answer:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return json_answer({"error": {"message": message, "type": kind, "param": None,
-                                  "code": None}}, status, close=True)
+DOOR_LIMITS = ConnLimits(max_connections=4096, fd_fraction=4)  # DoorSettings' defaults
+# what a connection's clock waits for: another request, a head, a body, the client to read
+IDLE, HEAD, BODY, READ = 0, 1, 2, 3
 
 
 def _head_too_large() -> Answer:
     return _error(431, f"The request's head is over {MAX_HEAD_BYTES} bytes.")
 
 
+def _host_problem(headers: dict[str, str], http11: bool, hosts: int) -> str | None:
+    """RFC 9112 3.2: a server answers 400 to an HTTP/1.1 request without ``Host`` and to any
+    request with more than one."""
+    if hosts > 1:
+        return "The request carries more than one Host header; send exactly one."
+    if http11 and "host" not in headers:
+        return "An HTTP/1.1 request must carry a Host header (RFC 9112 3.2)."
+    return None
+
+
 class _Connection(asyncio.Protocol):
+    # slots: thirty attributes are past what CPython's shared instance dicts keep fast
+    __slots__ = ("_server", "_loop", "transport", "_parser", "_remote", "_queue", "_queued_bytes",
+                 "_task", "_timer", "_due", "_due_kind", "_partial", "_admitted",
+                 "_paused_reading", "_refusing", "_lingering", "_writable", "on_pressure",
+                 "closed", "_in_head", "_head_raw", "_upgrade", "_upgrade_left", "_url",
+                 "_headers", "_hosts", "_head_bytes", "_body", "_size", "_refused")
+
     def __init__(self, server: Server) -> None:
         self._server = server
         self._loop = asyncio.get_running_loop()  # protocols are made by the loop
@@ -200,8 +103,11 @@ class _Connection(asyncio.Protocol):
         self._queue: deque[Request | Answer] = deque()
         self._queued_bytes = 0  # the bodies of the queued requests
         self._task: asyncio.Task[None] | None = None
-        self._idle: asyncio.TimerHandle | None = None
-        self._idle_since: float | None = None  # None: a request is being answered
+        self._timer: asyncio.TimerHandle | None = None  # the clock: idle, head and body
+        self._due: float | None = None  # when the clock runs out; None: stopped (answering)
+        self._due_kind = HEAD  # what it waits for; a new connection: its first head
+        self._partial = False  # the parser holds part of a request (between begin and complete)
+        self._admitted = False  # counted in the server's census
         self._paused_reading = False
         self._refusing = False  # a refusal is queued: read nothing more but to discard it
         self._lingering = 0  # bytes still to discard after a refusal, before the close
@@ -217,6 +123,7 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self._url = b""
         self._headers: dict[str, str] = {}
+        self._hosts = 0  # Host headers beyond the first, plus one (counted only when repeated)
         self._head_bytes = 0  # the request line's target and the headers, as parsed
         self._body: list[bytes] = []
         self._size = 0
@@ -226,17 +133,27 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport
-        peer = transport.get_extra_info("peername")
-        self._remote = str(peer[0]) if isinstance(peer, tuple) and peer else "-"
+        self._remote = peer_of(transport)
+        census = self._server.census
+        if not census.admit(self._remote):  # over the cap: 503 at once, nothing read
+            self._send(_error(503, census.why(self._remote), {"Retry-After": "1"}), None,
+                       census.linger_s())
+            return
+        self._admitted = True
         self._server.connections.add(self)
-        self._arm_idle()
+        self._clock(HEAD, self._server.head_s)  # the first head: from the connection
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        if self._admitted:
+            self._admitted = False
+            self._server.census.leave(self._remote)
+        else:
+            self._server.census.lingered()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: its handler stops
         self._queue.clear()
@@ -274,7 +191,6 @@ class _Connection(asyncio.Protocol):
                 raise ConnectionResetError("the client closed the connection")
 
     def data_received(self, data: bytes) -> None:
-        self._disarm_idle()
         if self._lingering:  # after a refusal: discarded, so that the close resets nothing
             self._lingering = max(0, self._lingering - len(data))
             if not self._lingering:
@@ -306,8 +222,10 @@ class _Connection(asyncio.Protocol):
             if self._in_head and self._head_raw > MAX_HEAD_BYTES:
                 self._refuse(_head_too_large())
                 return
-        if self._task is None and not self._queue:
-            self._arm_idle()  # a request begun and not finished: the idle clock runs
+        if self._partial and self._due is not None:  # part of a request: its deadline runs
+            kind = HEAD if self._in_head else BODY  # (a whole one in one read needs none)
+            if kind != self._due_kind:
+                self._clock(kind, self._server.head_s if kind == HEAD else self._server.body_s)
 
     def _upgrade_body(self, data: bytes) -> bytes:
         """Take an upgrade request's body off ``data`` (the rest: the next requests)."""
@@ -318,7 +236,7 @@ class _Connection(asyncio.Protocol):
         self._upgrade_left -= len(piece)
         if not self._upgrade_left:
             request.body = b"".join(self._body)
-            self._upgrade = None
+            self._upgrade, self._partial = None, False
             self._body = []
             self._enqueue(request)
         return rest
@@ -336,6 +254,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._reset()
+        self._partial = True
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -348,13 +267,24 @@ class _Connection(asyncio.Protocol):
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         known = self._headers.get(key)
-        self._headers[key] = text if known is None else f"{known}, {text}"
+        if known is None:
+            self._headers[key] = text
+        else:
+            self._headers[key] = f"{known}, {text}"
+            if key == "host":
+                self._hosts = max(self._hosts, 1) + 1
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_raw = False, 0
         if self._head_bytes > MAX_HEAD_BYTES:  # came whole in one read (else data_received)
             self._refused = _head_too_large()
             raise httptools.HttpParserError("the head is too large")
+        if self._hosts or "host" not in self._headers:  # (one Host: nothing to judge)
+            problem = _host_problem(self._headers, self._parser.get_http_version() == "1.1",
+                                    self._hosts)
+            if problem is not None:
+                self._refused = _error(400, problem)
+                raise httptools.HttpParserError("the Host header")
         limit = self._server.max_body
         length = self._headers.get("content-length", "").strip()
         if length.isdigit() and int(length) > limit:
@@ -373,7 +303,7 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._in_head, self._head_raw = True, 0
+        self._in_head, self._head_raw, self._partial = True, 0, False
         url = self._url
         if not url.startswith(b"/"):  # absolute form (http://host/path): routed by its path
             try:
@@ -396,6 +326,7 @@ class _Connection(asyncio.Protocol):
                 raise httptools.HttpParserError("an upgrade with a chunked body")
             if int(length):  # the parser skips its body: read here (data_received)
                 self._upgrade, self._upgrade_left, self._body = request, int(length), []
+                self._partial = True  # its body's deadline still runs
                 return
         self._enqueue(request)
 
@@ -422,13 +353,20 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _next(self) -> None:
-        if self._task is not None or self.closed or self._writable is not None:
-            return  # busy, gone, or the client has not read the last answer yet
+        if self._task is not None or self.closed:
+            return  # busy or gone
+        if self._writable is not None:  # the client has not read the last answer yet
+            self._clock(READ, self._server.keepalive_s)  # (resume_writing comes back here)
+            return
         if not self._queue:
             if self._server.stopping:
                 self._close()
+            elif not self._partial:
+                self._clock(IDLE, self._server.keepalive_s)
+            elif self._in_head:  # part of the next head came while this answer was written
+                self._clock(HEAD, self._server.head_s)
             else:
-                self._arm_idle()
+                self._clock(BODY, self._server.body_s)
             return
         item = self._queue.popleft()
         if isinstance(item, Answer):
@@ -436,7 +374,7 @@ class _Connection(asyncio.Protocol):
             return
         self._queued_bytes -= len(item.body)
         self._flow()
-        self._disarm_idle()
+        self._due = None  # no clock while a handler answers
         self._task = self._loop.create_task(self._answer(item))
 
     async def _answer(self, request: Request) -> None:
@@ -470,7 +408,7 @@ class _Connection(asyncio.Protocol):
         self._task = None
         self._send(result, request)
 
-    def _send(self, answer: Answer, request: Request | None) -> None:
+    def _send(self, answer: Answer, request: Request | None, linger_s: float = LINGER_S) -> None:
         """Write a whole answer; ``request`` None: a refusal of what could not be read."""
         if self.closed or self.transport is None:
             return
@@ -479,23 +417,26 @@ class _Connection(asyncio.Protocol):
         extra = f"Content-Length: {len(answer.body)}\r\n"
         if request is not None and not request.http11 and not close:
             extra += "Connection: keep-alive\r\n"
-        head = _head(answer.status, answer.headers, extra, close)
+        head = answer_head(answer.status, answer.headers, extra, close)
         if request is not None and request.method == "HEAD":
             self.transport.write(head)
         else:
             self.transport.write(head + answer.body)
         if request is None:
-            self._linger()
+            self._linger(linger_s)
         elif close:
             self._close()
         else:
             self._next()
 
-    def _linger(self) -> None:
+    def _linger(self, linger_s: float) -> None:
         """After a refusal: stop writing, read and discard what the client still sends (up to
-        ``LINGER_BYTES``, for ``LINGER_S``), then close. Closing with unread bytes would reset
+        ``LINGER_BYTES``, for ``linger_s``), then close. Closing with unread bytes would reset
         the connection, and the client would see a reset instead of the answer."""
         assert self.transport is not None
+        if linger_s <= 0:
+            self._close()
+            return
         self._lingering = LINGER_BYTES
         self._refusing = False
         self._queue.clear()
@@ -505,8 +446,8 @@ class _Connection(asyncio.Protocol):
         if self._paused_reading:
             self._paused_reading = False
             self.transport.resume_reading()
-        self._disarm_idle()
-        self._loop.call_later(LINGER_S, self._close)
+        self._due = None
+        self._loop.call_later(linger_s, self._close_lingered)
 
     def _close(self, abort: bool = False) -> None:
         self._server.connections.discard(self)
@@ -517,28 +458,46 @@ class _Connection(asyncio.Protocol):
             else:
                 self.transport.close()
 
-    # the idle clock: one timer that looks when it fires, rather than a timer made and
-    # cancelled for every request (a keep-alive connection is idle between most requests)
+    # the clock: one timer a connection that looks when it fires, rather than a timer made and
+    # cancelled for every request. It never sleeps longer than ``tick_s``, the shortest of the
+    # three timeouts, so a deadline set later (each is at least ``tick_s`` away) is never
+    # earlier than the timer, and moving a deadline needs no new timer.
 
-    def _arm_idle(self) -> None:
+    def _clock(self, kind: int, seconds: float) -> None:
         if self.closed:
             return
-        self._idle_since = self._loop.time()
-        if self._idle is None:
-            self._idle = self._loop.call_later(self._server.keepalive_s, self._idle_check)
+        self._due = self._loop.time() + seconds
+        self._due_kind = kind
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._server.tick_s, self._tick)
 
-    def _disarm_idle(self) -> None:
-        self._idle_since = None
-
-    def _idle_check(self) -> None:
-        self._idle = None
-        if self.closed or self._idle_since is None or self._lingering:
-            return  # busy (the next idle spell arms it again), or closing anyway
-        left = self._idle_since + self._server.keepalive_s - self._loop.time()
-        if left <= 0:
-            self._close()
+    def _tick(self) -> None:
+        self._timer = None
+        due = self._due
+        if self.closed or due is None or self._lingering:
+            return  # answering (the next wait starts the clock again), or closing anyway
+        left = due - self._loop.time()
+        if left > 0:
+            self._timer = self._loop.call_later(min(left, self._server.tick_s), self._tick)
+        elif self._due_kind in (IDLE, READ) or not self._partial:
+            # nothing of a request came, or the client does not read: closed without a word
+            # (aborted when written bytes wait: a close would wait for them for ever)
+            self._close(abort=self._unsent())
         else:
-            self._idle = self._loop.call_later(left, self._idle_check)
+            what = "head" if self._due_kind == HEAD else "body"
+            limit = self._server.head_s if self._due_kind == HEAD else self._server.body_s
+            self._refuse(_error(408, f"The request's {what} did not arrive within {limit:g} s."))
+
+    @property
+    def write_paused(self) -> bool:
+        """The client's socket buffer is full: writes wait (``drain``)."""
+        return self._writable is not None
+
+    def _unsent(self) -> bool:
+        return self.transport is not None and self.transport.get_write_buffer_size() > 0
+
+    def _close_lingered(self) -> None:
+        self._close(abort=self._unsent())
 
     @property
     def busy(self) -> bool:
@@ -557,18 +516,24 @@ class Server:
     """``await start(host, port)`` (the port it got back), then ``await stop()``."""
 
     def __init__(self, handler: Handler, *, max_body: int, too_large: Callable[[], Answer],
-                 keepalive_s: float = KEEPALIVE_S, shutdown_s: float = SHUTDOWN_S) -> None:
+                 keepalive_s: float = KEEPALIVE_S, shutdown_s: float = SHUTDOWN_S,
+                 limits: ConnLimits = DOOR_LIMITS) -> None:
         self.handler = handler
         self.max_body = max_body
         self.too_large = too_large  # the 413 answer (its message names the limit)
         self.keepalive_s = keepalive_s
         self.shutdown_s = shutdown_s
+        self.head_s, self.body_s = limits.head_s, limits.body_s
+        self.tick_s = min(keepalive_s, limits.head_s, limits.body_s)
+        self.limits = limits
+        self.census: Census = limits.census()  # made again at start (the fd limit then)
         self.connections: set[_Connection] = set()
         self.stopping = False  # answers close their connections; no new request starts
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str | None, port: int) -> int:
         loop = asyncio.get_running_loop()
+        self.census = self.limits.census()
         self._server = await loop.create_server(lambda: _Connection(self), host, port)
         sockets = getattr(self._server, "sockets", None)
         return int(sockets[0].getsockname()[1]) if sockets else port

@@ -206,4 +206,5 @@ def make_server(door: Door, keys: KeyFile, access_log: AccessLog,
                 shutdown_s: float = 2.0) -> Server:
     routes = DoorRoutes(door, keys, access_log)
     return Server(routes.handle, max_body=door.settings.max_body_bytes,
-                  too_large=routes.too_large, shutdown_s=shutdown_s)
+                  too_large=routes.too_large, shutdown_s=shutdown_s,
+                  limits=door.settings.limits())

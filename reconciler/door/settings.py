@@ -1,9 +1,12 @@
-"""The door's settings: where it listens, how long and how many requests it holds, its keys."""
+"""The door's settings: where it listens, how long and how many requests it holds, its keys,
+and its connection limits (``guard.conns``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from guard.conns import ConnLimits
 
 DEFAULT_DOOR_PORT = 8000  # where OpenAI-compatible servers (vLLM, SGLang's router) listen
 
@@ -19,3 +22,14 @@ class DoorSettings:
     max_body_bytes: int = 64 << 20
     recheck_s: float = 1.0  # held requests look again at least this often (changes wake them)
     upstream_timeout_s: float = 600.0  # an engine silent this long mid-answer: 504
+    # connections: at most this many (and a quarter of the fd soft limit), per client address
+    # at most ``max_connections_per_client`` (0: half the cap); a request head must be whole
+    # within ``head_timeout_s``, a body within ``body_timeout_s`` of its head
+    max_connections: int = 4096
+    max_connections_per_client: int = 0
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+
+    def limits(self) -> ConnLimits:
+        return ConnLimits(self.max_connections, self.max_connections_per_client,
+                          self.head_timeout_s, self.body_timeout_s, fd_fraction=4)
