@@ -313,3 +313,46 @@ async def test_an_answer_read_whole_past_its_bound_is_an_error_and_its_connectio
     resp.release()
     assert len(set(peers)) == 2 and not pool._idle.get(("127.0.0.1", port))
     pool.close()
+
+
+async def test_one_read_of_many_chunks_is_one_piece_and_the_last_goes_with_the_end() -> None:
+    """Each piece handed on is a write(2) to the client: an engine's read of five SSE chunks is
+    handed on once, and the read that ends the answer goes with the end (strace counted 22
+    writes a streamed answer against Envoy's 3 when every chunk was its own)."""
+    events = [b"data: %d\n\n" % i for i in range(5)]
+    chunks = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in events)
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    go_on = asyncio.Event()
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head + chunks)  # the head and five chunks in one write
+        await writer.drain()
+        await go_on.wait()
+        writer.write(chunks + b"0\r\n\r\n")  # five more and the end in another
+        await writer.drain()
+        await reader.read()  # until the client closes
+        writer.close()
+
+    server = await asyncio.start_server(engine, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = Upstream()
+    try:
+        resp = await pool.post("127.0.0.1", port, "/stream", {}, b"")
+        pieces: list[bytes] = []
+        ends: list[bytes] = []
+
+        def sink(piece: bytes) -> None:
+            pieces.append(piece)
+            go_on.set()
+
+        await asyncio.wait_for(resp.pipe(sink, ends.append), 10)
+        every = b"".join(events)
+        assert pieces in ([every], [])  # the first read's five chunks: one piece
+        assert b"".join(pieces + ends) == every * 2 and len(ends) == 1 and ends[0]
+        resp.release()
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()

@@ -135,18 +135,26 @@ async def _stream(request: Request, upstream: Response, outcome: Outcome) -> Str
     out = await request.stream(upstream.status, _response_headers(upstream))
     tail = b""
 
-    def passed(chunk: bytes) -> None:  # in the engine connection's callback: no task switch
+    def seen(chunk: bytes) -> None:
         nonlocal tail
         if outcome.first_byte is None:
             outcome.first_byte = time.monotonic()
-        out.send(chunk)
         outcome.bytes_out += len(chunk)
         tail = (tail + chunk)[-TAIL_BYTES:]
+
+    def passed(chunk: bytes) -> None:  # in the engine connection's callback: no task switch
+        seen(chunk)
+        out.send(chunk)
+
+    def ended(last: bytes) -> None:  # the last bytes and the end of the answer: one write
+        if last:
+            seen(last)
+        out.finish(last)
 
     out.pressure(upstream.hold)  # a full client socket stops the reading from the engine
     try:
         try:
-            await upstream.pipe(passed, out.finish)  # the stream's end written as it comes
+            await upstream.pipe(passed, ended)  # the stream's end written as it comes
         except UpstreamError as err:
             outcome.error = "upstream_timeout" if isinstance(err, UpstreamTimeout) \
                 else "upstream_broken"

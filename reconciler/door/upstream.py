@@ -56,7 +56,7 @@ class _Connection(asyncio.Protocol):
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.sink: Callable[[bytes], None] | None = None  # takes pieces as they arrive (pipe)
-        self.sink_end: Callable[[], None] | None = None  # told the answer ended, as it ends
+        self.sink_end: Callable[[bytes], None] | None = None  # the end, with its last bytes
         self._held = False  # reading stopped by the pipe's client (hold)
         self._heard = 0.0  # loop time of the last byte (or of the request)
         self._stall: asyncio.TimerHandle | None = None
@@ -86,13 +86,19 @@ class _Connection(asyncio.Protocol):
         parser = self.parser
         sink = self.sink
         if sink is not None:  # piped: handed on in this callback, no task woken per piece
-            for piece in pieces:
-                sink(piece)
+            # One read's pieces go on as one: each sink call is a write(2) to the client
+            # (strace counted 22 a streamed answer against Envoy's 3), and the answer's last
+            # bytes go with its end.
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             if parser.done:
                 end, self.sink_end = self.sink_end, None
                 if end is not None:
-                    end()
+                    end(data)
+                elif data:
+                    sink(data)
                 self._wake()
+            elif data:
+                sink(data)
             return
         for piece in pieces:
             self._pieces.append(piece)
@@ -185,14 +191,16 @@ class _Connection(asyncio.Protocol):
         return piece
 
     async def pipe(self, sink: Callable[[bytes], None],
-                   end: Callable[[], None] | None = None) -> None:
-        """Every body piece to ``sink`` (those buffered now, then each as it arrives, in the
-        protocol's callback), and ``end()`` in the callback that completes the answer; returns
+                   end: Callable[[bytes], None] | None = None) -> None:
+        """Every body piece to ``sink`` (those buffered now, then each read's as it arrives, in
+        the protocol's callback), and ``end(last)`` in the callback that completes the answer,
+        with that read's bytes (``b""`` if none; they are not also given to ``sink``); returns
         at the end of the answer."""
-        while self._pieces:
-            piece = self._pieces.popleft()
-            self._buffered -= len(piece)
-            sink(piece)
+        if self._pieces:  # what came before the pipe: one piece, one write
+            buffered = b"".join(self._pieces)
+            self._pieces.clear()
+            self._buffered = 0
+            sink(buffered)
         if self._paused and self.transport is not None:
             self._paused = False
             if not self._held:  # the sink's client may have filled up meanwhile
@@ -257,9 +265,10 @@ class Response:
             yield piece
 
     async def pipe(self, sink: Callable[[bytes], None],
-                   end: Callable[[], None] | None = None) -> None:
+                   end: Callable[[bytes], None] | None = None) -> None:
         """Hand each body piece to ``sink`` as it arrives, with no task switch between the
-        engine's socket and ``sink``, and call ``end`` as the answer completes (not when it
+        engine's socket and ``sink``, and call ``end(last)`` as the answer completes, with its
+        last bytes, so they and the end are one write (not when it
         breaks off); returns at the end (``UpstreamError`` if broken off). ``hold`` stops
         reading meanwhile (backpressure)."""
         assert self._conn is not None
