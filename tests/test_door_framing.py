@@ -179,13 +179,16 @@ def test_an_answer_cut_short_is_refused_at_the_close(cut: int, stream: bool) -> 
 
 
 @given(st.binary(min_size=1, max_size=64), CUTS)
+@example(b"\n", [])
+@example(b"\r\nx", [])
 def test_bytes_after_an_answer_spend_the_connection_but_the_answer_stands(
         junk: bytes, cuts: list[int]) -> None:
     for raw, body in ((json_answer(), BODY), (sse_answer(), b"".join(EVENTS))):
         assert alike(raw + junk, cuts) == ("ok", body)
         parser = ResponseParser()
         parser.feed(raw + junk)
-        assert parser.done and parser.spent
+        # llhttp skips empty lines between answers (RFC 9112 2.2): those alone spend nothing
+        assert parser.done and (parser.spent or not junk.strip(b"\r\n"))
 
 
 @given(st.binary(max_size=512), CUTS)
