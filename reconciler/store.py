@@ -51,6 +51,7 @@ class StatusStore:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._failing = False  # the last write failed: its outage is logged once
         self._listeners: list[Callable[[], None]] = []
 
     def listen(self, listener: Callable[[], None]) -> None:
@@ -179,8 +180,21 @@ class StatusStore:
                 return
             try:
                 await self.flush()
-            except Exception:
-                log.exception("writing claim statuses to %s failed; retrying", self.where())
+            except Exception as err:
+                # One line an outage, not a traceback a second (a full disk, or descriptors
+                # run out: EMFILE); a bug that is no OSError keeps its traceback, once.
+                if not self._failing:
+                    if isinstance(err, OSError):
+                        log.error("writing claim statuses to %s failed (%s); retrying every "
+                                  "second", self.where(), err)
+                    else:
+                        log.exception("writing claim statuses to %s failed; retrying every "
+                                      "second", self.where())
+                self._failing = True
                 await asyncio.sleep(1.0)
                 self._wake.set()
+            else:
+                if self._failing:
+                    log.info("claim statuses are written to %s again", self.where())
+                self._failing = False
             await asyncio.sleep(0.05)  # coalesce bursts of changes into one write each

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +309,42 @@ async def test_serve_with_claims_runs_the_reconciler_beside_the_agent_and_stops_
         later()), 10)
     doc = json.loads(status.read_text())
     assert doc["status"]["phase"] == "Pending"  # its agent (port 1) does not answer
+
+
+async def test_a_status_directory_that_cannot_be_written_is_one_line_an_outage(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Descriptors run out (EMFILE) or a disk fills: the flusher retried every second with a
+    full traceback each time; now the outage is one line, and its end another."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the status directory's parent should be")
+    store = StatusStore(blocker / ".status", lambda: 1.8e9)
+    tries = 0
+    tried = asyncio.Event()
+    flush = store.flush
+
+    async def counted() -> None:
+        nonlocal tries
+        tries += 1
+        if tries >= 3:
+            tried.set()
+        await flush()
+
+    store.flush = counted  # type: ignore[method-assign]
+    claim = Rig(tmp_path, [FakeAgent("x")], claim_yaml("c")).desired.claim(("default", "c"))
+    assert claim is not None
+    caplog.set_level(logging.INFO, logger="reconciler.store")
+    store.start()
+    store.ensure(claim)
+    await asyncio.wait_for(tried.wait(), 10)  # three failed writes
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is None
+    blocker.unlink()
+    blocker.mkdir()
+    written = blocker / ".status" / "default_c.json"
+    for _ in range(100):  # the flusher's next retry, within its second
+        if written.exists():
+            break
+        await asyncio.sleep(0.05)
+    await store.stop()
+    assert written.exists()
+    assert any("again" in r.getMessage() for r in caplog.records)
