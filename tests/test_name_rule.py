@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from contract.engines import adapter_name_problem
@@ -17,10 +17,13 @@ from reconciler.model.manifests import parse_manifests
 from tests.harness import AgentProcess, http_json
 
 CONTROL = st.characters(categories=["Cc"])
-NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True)
+# valid names ('..' is refused by its own rule, so it is not generated: "0.." once was)
+NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True).filter(
+    lambda n: ".." not in n)
 
 
 @given(name=NAMES, bad=CONTROL, where=st.sampled_from(("end", "start", "middle")))
+@example(name="0.x", bad="\n", where="end")
 def test_no_name_with_a_control_character_or_a_final_newline_is_accepted(
         name: str, bad: str, where: str) -> None:
     spoiled = {"end": name + bad, "start": bad + name,
