@@ -5,9 +5,10 @@ A vLLM engine started with ``ENABLE_KVCACHED=true`` and ``KVCACHED_IPC_NAME`` cr
 limit, ``used_size``, ``prealloc_size``), guarded by ``flock`` on the file. The agent lowers or raises
 ``total_size``; the engine picks the new limit up lazily (on its next allocation and from a 100 ms
 watch), ignores 0, never frees live KV when the limit drops (requests simply wait for room), and
-resets the segment when it restarts. This module reproduces that behaviour with its own code, on
-purpose independent of the agent's ``runtime_agent.kv.segment``, so tests exercise the protocol
-between two implementations. ``KVCACHED_SHM_DIR`` (ours, not kvcached's) moves the segment for tests.
+resets the segment when it restarts; a segment deleted under it is created again, zero-filled, on
+its next update of ``used_size`` (as kvcached's write path does). This module reproduces that
+behaviour with its own code, on purpose independent of the agent's ``runtime_agent.kv.segment``,
+so tests exercise the protocol between two implementations. ``KVCACHED_SHM_DIR`` (ours, not kvcached's) moves the segment for tests.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class KvCache:
             os.unlink(self.path)
         except FileNotFoundError:
             return False
+        self.inode = None  # gone for good: a request finishing after this recreates nothing
         logs.engine_log("INFO", f"kvcached: KV segment {self.path} removed.", "mem_info_tracker.py")
         return True
 
@@ -127,9 +129,26 @@ class KvCache:
         total, _used, _prealloc = struct.unpack(SEGMENT_FORMAT, data)
         return int(total)
 
+    def _recreate(self) -> int | None:
+        """kvcached's write path (``RwLockedShm`` with a write lock) on a deleted segment: it
+        creates the file again, zero-filled, so its ``total_size`` reads 0 (which the engine
+        ignores: it keeps the limit it had). None if another file took the name."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            return None
+        os.fchmod(fd, 0o666)
+        os.ftruncate(fd, SEGMENT_SIZE)
+        self.inode = os.fstat(fd).st_ino
+        logs.engine_log("WARNING", f"kvcached: KV segment {self.path} was missing; created it "
+                        "again with limit 0.", "mem_info_tracker.py")
+        return fd
+
     def _publish_used(self) -> None:
         """Write ``used_size`` (and nothing else) under the exclusive lock."""
         fd = self._open_ours(os.O_RDWR)
+        if fd is None and self.inode is not None and not os.path.lexists(self.path):
+            fd = self._recreate()
         if fd is None:
             return
         try:
