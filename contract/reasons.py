@@ -16,6 +16,7 @@ NO_MATCHING_PODS = "NoMatchingPods"
 
 # Engine conditions and events (the agent's).
 KV_LIMIT_NOT_HELD = "KVLimitNotHeld"
+KV_SEGMENT_MISSING = "KVSegmentMissing"  # the segment was deleted under the running engine
 START_FAILED = "StartFailed"
 RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
 ENGINE_UNRESPONSIVE = "EngineUnresponsive"

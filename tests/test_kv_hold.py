@@ -12,6 +12,8 @@ from runtime_agent.kv.hold import (
     KvState,
     Write,
     after_write,
+    changed_by,
+    in_force,
     new_process,
     on_reading,
     with_request,
@@ -80,6 +82,8 @@ def test_a_request_above_capacity_is_clamped() -> None:
 @given(st.lists(st.one_of(
     st.tuples(st.just("request"), st.integers(1, 8 * GiB)),
     st.tuples(st.just("read"), st.integers(1, 8 * GiB), st.integers(1, 3)),
+    st.tuples(st.just("read"), st.just(0), st.integers(1, 3)),  # kvcached's recreated file
+    st.tuples(st.just("vanish")),
     st.tuples(st.just("restart")),
 ), max_size=30))
 def test_the_agent_never_writes_above_the_capacity_or_to_a_stale_inode(steps: list) -> None:
@@ -93,11 +97,14 @@ def test_the_agent_never_writes_above_the_capacity_or_to_a_stale_inode(steps: li
             state, write = on_reading(state, info)
             if write is not None:
                 assert write.expected_inode == info.inode
+        elif step[0] == "vanish":
+            state, write = on_reading(state, None)
+            assert state.applied is None and state.total is None
         else:
             state = new_process(state)
         if write is not None:
             assert state.capacity is not None and 0 < write.value <= state.capacity
-            assert write.value == min(state.requested or 0, state.capacity)
+            assert write.value == min(state.requested or state.capacity, state.capacity)
             state = after_write(state, write, seg(write.value, inode=write.expected_inode))
             assert state.applied == write.value
 
@@ -234,7 +241,73 @@ def test_a_request_the_segment_already_holds_writes_nothing() -> None:
 
 
 def test_a_vanished_segment_forgets_what_it_held_but_not_the_request() -> None:
-    assert on_reading(HELD, None) == (replace(HELD, present=False, used=None, total=None), None)
+    """Nothing holds a limit once the file is gone: applied is null, not the old figure."""
+    assert on_reading(HELD, None) == (replace(HELD, present=False, used=None, total=None,
+                                              applied=None, inode=None, lost=True), None)
+
+
+def test_a_segment_never_seen_is_not_lost_when_it_is_absent() -> None:
+    waiting = KvState(requested=GiB)  # an engine without kvcached, or one still booting
+    assert on_reading(waiting, None) == (waiting, None)
+
+
+def test_a_zero_filled_segment_after_a_loss_keeps_the_capacity_and_gets_the_limit_back() -> None:
+    lost, _ = on_reading(HELD, None)
+    state, write = on_reading(lost, seg(0, inode=7, used=GiB // 2))  # kvcached's write path
+    assert write == Write(GiB, 7, "restored")
+    assert state == replace(HELD, applied=None, total=0, used=GiB // 2, lost=False)
+    state = after_write(state, write, seg(GiB, inode=7, used=GiB // 2))
+    assert state.applied == GiB and not state.not_held
+
+
+def test_a_segment_recreated_at_full_size_after_a_loss_is_a_new_capacity() -> None:
+    lost, _ = on_reading(HELD, None)
+    state, write = on_reading(lost, seg(6 * GiB, inode=8))
+    assert write == Write(GiB, 8, "restored") and state.capacity == 6 * GiB
+
+
+def test_a_lost_segment_without_a_request_is_given_its_whole_capacity_back() -> None:
+    observing = replace(HELD, requested=None, target=None, applied=None, total=4 * GiB)
+    lost, _ = on_reading(observing, None)
+    state, write = on_reading(lost, seg(0, inode=7))
+    assert write == Write(4 * GiB, 7, "restored") and state.target is None
+    assert on_reading(lost, seg(4 * GiB, inode=7))[1] is None  # nothing to restore
+
+
+def test_a_zero_filled_segment_with_no_capacity_known_waits_for_one() -> None:
+    """kvcached sizes a new file before it takes the lock that writes it: a reader in
+    between sees 24 zero bytes. Nothing is written (a 0 limit is no limit) until the
+    segment shows its capacity, and then the limit goes in at once."""
+    for before, reason in ((KvState(requested=GiB), "initial"),
+                           (KvState(requested=GiB, restarted=True), "restored"),
+                           (KvState(requested=GiB, inode=2), "restored")):
+        state, write = on_reading(before, seg(0, inode=3))
+        assert write is None and state.capacity is None and state.target is None
+        assert with_request(state, GiB)[1] is None  # a request waits for a capacity too
+        state, write = on_reading(state, seg(4 * GiB, inode=3))
+        assert write == Write(GiB, 3, reason) and state.capacity == 4 * GiB
+
+
+def test_a_limit_above_the_startup_capacity_is_in_force_once_all_of_it_is_held() -> None:
+    capped = replace(HELD, requested=8 * GiB, target=4 * GiB, applied=4 * GiB, total=4 * GiB)
+    assert in_force(capped) == 8 * GiB  # what AIBrix's controller compares with its target
+    assert in_force(HELD) == GiB  # below the capacity: the segment's figure
+    assert in_force(replace(capped, applied=None)) == 4 * GiB  # not confirmed yet
+    assert in_force(replace(capped, not_held=True)) == 4 * GiB  # someone else wrote it
+    assert in_force(replace(capped, total=3 * GiB)) == 3 * GiB
+    assert in_force(replace(capped, present=False, total=None)) is None  # gone
+
+
+def test_a_call_changed_something_only_when_the_segment_or_the_waiting_limit_moved() -> None:
+    capped = replace(HELD, requested=8 * GiB, target=4 * GiB, applied=4 * GiB, total=4 * GiB)
+    full = replace(HELD, requested=None, target=None, total=4 * GiB, applied=None)
+    assert changed_by(full, capped) is False  # 8 GiB asked of a 4 GiB cache that is all free
+    assert changed_by(HELD, capped) is True  # 1 GiB -> 4 GiB
+    assert changed_by(HELD, HELD) is False
+    waiting = KvState(requested=GiB)
+    assert changed_by(KvState(), waiting) is True  # remembered for the segment to come
+    assert changed_by(waiting, waiting) is False
+    assert changed_by(replace(HELD, present=False), replace(HELD, requested=2 * GiB)) is True
 
 
 def test_a_reading_records_total_and_mapped_bytes() -> None:
@@ -260,8 +333,11 @@ def test_a_request_known_before_its_target_is_written_once_the_segment_is_seen()
     state, write = on_reading(pending, seg(4 * GiB))
     assert write == Write(4 * GiB, 7, "initial")  # clamped to the capacity
     assert state == replace(pending, target=4 * GiB, total=4 * GiB)
-    unknown = replace(pending, capacity=None)  # no capacity known yet: nothing to write
-    assert on_reading(unknown, seg(4 * GiB)) == (replace(unknown, total=4 * GiB), None)
+    unknown = replace(pending, capacity=None)  # first seen zero-filled: learnt now
+    assert on_reading(unknown, seg(4 * GiB)) == (replace(pending, target=4 * GiB,
+                                                         total=4 * GiB),
+                                                 Write(4 * GiB, 7, "initial"))
+    assert on_reading(unknown, seg(0)) == (replace(unknown, total=0), None)
 
 
 def test_a_segment_that_holds_the_target_is_applied_and_held() -> None:

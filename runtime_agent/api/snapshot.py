@@ -14,7 +14,7 @@ from typing import Any
 
 from contract.phases import Phase
 from runtime_agent.gpu.broker import EngineHbm, MemoryBroker
-from runtime_agent.kv.hold import capped_by
+from runtime_agent.kv.hold import capped_by, in_force
 from runtime_agent.supervision.views import EngineView
 
 
@@ -61,8 +61,9 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "kv_limit_requested_bytes": view.kv.requested,
         "kv_limit_applied_bytes": view.kv.applied,
         "kv_limit_capped_by": capped_by(view.kv),
-        # What the engine obeys now (the segment's total_size), as AIBrix reads the field.
-        "kv_capacity_bytes": view.kv.total,
+        # The limit in force, as AIBrix's controller compares it with its target: the
+        # segment's total_size, or a limit above the startup capacity once all of it is held.
+        "kv_capacity_bytes": in_force(view.kv),
         # What the engine created its segment with: the most a limit can be.
         "kv_startup_capacity_bytes": view.kv.capacity,
         "kv_total_bytes": view.kv.total,

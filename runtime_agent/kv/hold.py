@@ -8,9 +8,18 @@ not hold what was asked, the write to make. Cases:
   and the requested limit (clamped to it) is applied at once;
 - the same inode with a total the agent did not write: someone else wrote it; set it back,
   count it, and report ``KVLimitNotHeld`` until a read-back shows it holds again;
-- no limit requested: the agent only observes.
+- no limit requested: the agent only observes;
+- the segment vanishes under the running engine (someone deleted the file): nothing is in force
+  any more, so nothing is reported as applied (``lost``, condition ``KVSegmentMissing``) until
+  the engine makes a new one. kvcached's write path recreates a missing file zero-filled, so a
+  new segment whose ``total_size`` is 0 keeps the capacity the engine started with, and the
+  limit in force before the loss (the request, or the whole capacity) is written back at once.
 kvcached evicts nothing when a limit drops, so ``used`` may stay above the limit for a while;
 that is reported as it is, not "fixed".
+
+``kv_capacity_bytes`` (``in_force``) is what AIBrix's controller compares with its target: the
+segment's ``total_size``, except that a limit asked above the startup capacity is reported as
+in force once the segment holds that whole capacity (the segment is never written above it).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ class KvState:
     not_held: bool = False
     set_back_total: int = 0
     restarted: bool = False  # a new engine process: its next segment is a fresh one
+    lost: bool = False  # the segment vanished under the running engine and is not back yet
 
 
 ENGINE_KV_CAPACITY = "engine_kv_capacity"
@@ -47,6 +57,26 @@ def capped_by(state: KvState) -> str | None:
     return None
 
 
+def in_force(state: KvState) -> int | None:
+    """The limit in force as AIBrix's controller reads ``kv_capacity_bytes``: the segment's
+    ``total_size``, or the limit asked when it is above the engine's startup capacity and the
+    segment holds all of that capacity. The controller skips a model whose target equals this
+    figure; reporting the clamped value would make it send the same limit on every tick."""
+    if (capped_by(state) is not None and state.present and not state.not_held
+            and state.total is not None and state.total == state.capacity == state.applied):
+        return state.requested
+    return state.total
+
+
+def changed_by(before: KvState, after: KvState) -> bool:
+    """Whether a kv-limit call changed anything (its answer's ``applied``): the segment's
+    ``total_size`` when the call found the segment and left it; otherwise the limit waiting for
+    the engine's next segment."""
+    if before.present and after.present and before.inode == after.inode:
+        return before.total != after.total
+    return before.requested != after.requested
+
+
 def new_process(state: KvState) -> KvState:
     """The engine was (re)started: forget the old segment, whatever inode the new one gets.
 
@@ -54,7 +84,7 @@ def new_process(state: KvState) -> KvState:
     change alone cannot tell a restart; the owner knows, and says so here.
     """
     return replace(state, inode=None, capacity=None, target=None, applied=None, total=None,
-                   used=None, present=False, not_held=False,
+                   used=None, present=False, not_held=False, lost=False,
                    restarted=state.restarted or state.inode is not None)
 
 
@@ -78,16 +108,31 @@ def with_request(state: KvState, limit: int) -> tuple[KvState, Write | None, boo
 
 def on_reading(state: KvState, info: SegmentInfo | None) -> tuple[KvState, Write | None]:
     if info is None:
-        return replace(state, present=False, used=None, total=None), None
+        if state.inode is None and not state.present:
+            return replace(state, present=False, used=None, total=None), None
+        # It was there for this process and is gone: nothing holds a limit now, and the
+        # next segment of this name is a new one, whatever inode number tmpfs gives it.
+        return replace(state, present=False, used=None, total=None, applied=None, inode=None,
+                       not_held=False, lost=True), None
     seen = replace(state, present=True, total=info.total_size, used=info.mapped)
-    if info.inode != state.inode:
-        capacity = info.total_size
-        fresh = replace(seen, inode=info.inode, capacity=capacity, applied=None, not_held=False)
+    replaced = info.inode != state.inode
+    if replaced or (state.capacity is None and info.total_size > 0):
+        # kvcached's write path recreates a lost file zero-filled, and a reader may see a new
+        # one zero-filled before its creator writes it: that 0 is no capacity
+        capacity = info.total_size if info.total_size > 0 else state.capacity
+        restarted = state.restarted or (replaced and state.inode is not None)
+        if capacity is None or capacity <= 0:  # wait for a reading that shows one
+            return replace(seen, inode=info.inode, capacity=None, target=None, applied=None,
+                           not_held=False, restarted=restarted), None
+        fresh = replace(seen, inode=info.inode, capacity=capacity, applied=None, not_held=False,
+                        restarted=False, lost=False)
+        reason = "restored" if restarted or state.lost else "initial"
         if state.requested is None:
-            return replace(fresh, restarted=False), None
+            if state.lost and info.total_size != capacity:  # back to "no limit"
+                return fresh, Write(capacity, info.inode, "restored")
+            return fresh, None
         value, _ = clamp(state.requested, capacity)
-        reason = "restored" if state.inode is not None or state.restarted else "initial"
-        return replace(fresh, target=value, restarted=False), Write(value, info.inode, reason)
+        return replace(fresh, target=value), Write(value, info.inode, reason)
     if state.requested is None or state.target is None:
         if state.requested is not None and state.capacity is not None:
             value, _ = clamp(state.requested, state.capacity)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.record import EngineRecord
+from contract.reasons import KV_SEGMENT_MISSING
 from runtime_agent.kv.hold import (
     KvState,
     Write,
@@ -70,7 +71,7 @@ class KvKeeper:
     async def watch(self, post: Callable[[SegmentInfo | None, int], None], first_s: float,
                     hold_s: float, ready: Callable[[], bool] = lambda: False) -> None:
         """Post a reading (and how many writes the agent had finished before taking it) when
-        the segment appears, then every ``hold_s``. The segment is looked for every
+        the segment appears, then every ``hold_s``; ``None`` when a segment seen is gone. The segment is looked for every
         ``first_s`` while the engine boots (it creates it as it sizes its KV cache, and a
         limit must be in force before the cache fills); once the engine is ``ready`` without
         one (Ollama, a vLLM without kvcached), every ``hold_s``: a hundred looks a second for
@@ -78,6 +79,8 @@ class KvKeeper:
         path = self._shm_dir / self._ipc
         while True:
             if not os.path.exists(path):  # a stat on tmpfs: microseconds, fine on the loop
+                if self.state.present or self.state.inode is not None:
+                    post(None, self.writes)  # it was there: deleted under the engine
                 await asyncio.sleep(hold_s if ready() else first_s)
                 continue
             writes = self.writes
@@ -100,19 +103,20 @@ class KvKeeper:
         if writes is not None and writes != self.writes:
             return False
         before = self._durable()
+        was_lost = self.state.lost
         self.state, write = on_reading(self.state, info)
+        if self.state.lost and not was_lost:
+            log.warning("kv segment %s of %s vanished under the running engine: no KV limit is "
+                        "in force until the engine creates a new one", self._ipc,
+                        self._record.spec.model_name)
+            self._emit(KV_SEGMENT_MISSING, f"segment {self._ipc} is gone; the limit is applied "
+                       "again when the engine recreates it")
         if write is not None:
             await self._write(write)
         return self._durable() != before
 
     def _durable(self) -> tuple[int | None, int | None, int | None]:
         return self.state.capacity, self.state.inode, self.state.applied
-
-    def holds(self, limit: int) -> bool:
-        """The segment is known to hold ``limit`` (clamped) as the limit in force now."""
-        st = self.state
-        return (st.present and st.requested == limit and st.target is not None
-                and st.applied == st.target)
 
     async def request(self, limit: int) -> dict[str, Any]:
         """Set the limit the controller asked for (0: lift it back to the engine's capacity,
@@ -125,12 +129,16 @@ class KvKeeper:
             await self._write(write)
         st = self.state
         applied = st.target is not None and st.applied == st.target
-        if not st.present:
+        if not st.present and st.lost:
+            message = ("the engine's KV segment is gone (deleted under the running engine); "
+                       "the limit is applied the moment the engine recreates it")
+        elif not st.present:
             message = ("the engine has not created its KV segment yet; the limit is applied "
                        "the moment it does")
         elif clamped:
             message = (f"{limit} bytes is above the {st.capacity} bytes the engine started "
-                       f"with; clamped to {st.target}")
+                       f"with; clamped to {st.target}, the whole KV cache: the limit asked is "
+                       "in force (kv_capacity_bytes reports it)")
         elif applied:
             message = "the segment holds the limit"
         else:

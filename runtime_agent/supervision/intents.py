@@ -18,6 +18,7 @@ from contract.reasons import SLEEP_FAILED, WAKE_FAILED
 from engines.client import EngineCallError
 from registry.record import InFlight
 from runtime_agent.gpu.admission import Refuse
+from runtime_agent.kv.hold import changed_by
 from runtime_agent.supervision.messages import (
     Action,
     Intent,
@@ -223,10 +224,9 @@ async def set_kv_limit(owner: EngineOwner, request: Request, intent: SetKvLimit)
     if (unwritable := owner._deps.storage.refusal(owner.name)) is not None:
         resolve(request.reply, unwritable)
         return
-    previous = owner.record.kv_limit_bytes
-    held_before = owner._kv.holds(intent.limit_bytes)
+    before = owner._kv.state
     detail = await owner._kv.request(intent.limit_bytes)
-    changed = not (held_before and previous == intent.limit_bytes)
+    changed = changed_by(before, owner._kv.state)  # `applied`: the segment (or the wait) moved
     if intent.operation_id and detail["in_force"]:
         owner.record.remember_operation(intent.operation_id,
                                        {"action": Action.KV_LIMIT.value, **detail})

@@ -30,6 +30,7 @@ from contract.phases import Phase, check_transition
 from contract.reasons import (
     ENGINE_UNRESPONSIVE,
     KV_LIMIT_NOT_HELD,
+    KV_SEGMENT_MISSING,
     PORT_HELD,
     RESTART_BUDGET_EXHAUSTED,
     START_FAILED,
@@ -656,6 +657,8 @@ class EngineOwner:
         found = []
         if self._kv.state.not_held:
             found.append(KV_LIMIT_NOT_HELD)
+        if self._kv.state.lost and self._proc is not None:
+            found.append(KV_SEGMENT_MISSING)
         if self._unresponsive_since is not None:
             found.append(ENGINE_UNRESPONSIVE)
         if self.record.engine_id in self._deps.storage.failing:
