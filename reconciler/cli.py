@@ -13,7 +13,7 @@
 
 ``add_serve_options(parser)`` adds ``--claims DIR``, ``--claims-port`` and the front door's
 options (``--door-port``, on by default, or ``--no-door``) to ``serve``, and
-``serve_with_claims`` runs the agent's main coroutine with an embedded reconciler beside it.
+``embedded_reconciler`` is the reconciler the agent's serve runs beside itself.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 import sys
 import time
 import urllib.parse
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,9 @@ import aiohttp
 from contract.endpoints import AGENT_PORT, base_url
 from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_loopback, \
     listen_host
+from guard import listen
 from guard.tokens import TokenError, TokenSource, token_source
-from reconciler.app import DEFAULT_PORT, run_reconciler, start_embedded
+from reconciler.app import DEFAULT_PORT, ReconcilerApp, run_reconciler, start_embedded
 from reconciler.client import AgentUnreachable, JsonApi, Refusal, ok_body
 from reconciler.door.keys import KeysError, check_keys_file
 from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
@@ -47,6 +48,7 @@ EXIT_UNREACHABLE = 8  # as the agent's client commands (README, "Exit codes")
 EXIT_DIRECTORY = 4  # a directory it writes cannot be used, as the agent's serve
 EXIT_USAGE = 2  # a flag is wrong (a non-loopback --host without a token), as the agent's serve
 EXIT_UNREADABLE = 7  # a token file cannot be used, as the agent's serve
+EXIT_PORT = 5  # a port cannot be bound (in use, privileged), as the agent's serve
 DEFAULT_STATE_DIR = "/var/run/aibrix/reconciler"
 
 
@@ -212,6 +214,16 @@ def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
                         body_timeout_s=args.door_body_timeout)
 
 
+def check_ports(host: str, port: int, door: DoorSettings | None) -> None:
+    """The reconciler's port and its door's: distinct and free now, or a ``PortError``
+    naming the flag, before anything starts (each server binds its own port later)."""
+    listen.distinct({"--port": port, "--door-port": door.port if door else None})
+    if port != 0:
+        listen.check_free(host, port, "--port")
+    if door is not None and door.port != 0:
+        listen.check_free(door.host, door.port, "--door-port")
+
+
 def checked_door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
     """``door_settings``, with its keys file read now, before anything listens: a broken one
     is a ``KeysError`` (one line to print)."""
@@ -221,37 +233,48 @@ def checked_door_settings(args: argparse.Namespace, host: str) -> DoorSettings |
     return door
 
 
-async def serve_with_claims(agent_main: Awaitable[None], agent_host: str, agent_port: int,
-                            claims_dir: str, listen_host: str, listen_port: int,
-                            agent_token: TokenSource | None = None,
-                            door: DoorSettings | None = None,
-                            status_dir: Path | None = None, auth_reads: bool = False) -> None:
-    """Run ``agent_main`` (the agent's ``serve`` coroutine) with an embedded reconciler whose
-    pool is that agent (and its front door, with ``door``); the reconciler stops when the agent
-    does (its engines keep running). Its API asks for the agent's token, as the agent's does."""
-    agent = asyncio.ensure_future(agent_main)
+class EmbeddedReconciler:
+    """The reconciler (and its front door) of ``serve --claims``: the agent's serve starts it
+    once its API listens (so its first look at the agent finds it) and stops it before it
+    closes its API (its long polls of the agent's event feed are gone before the API waits for
+    open connections). Its pool is that one agent; its API asks for the agent's token."""
+
+    def __init__(self, agent_url: str, claims_dir: str, listen_host: str, listen_port: int,
+                 agent_token: TokenSource | None, door: DoorSettings | None,
+                 status_dir: Path | None, auth_reads: bool) -> None:
+        self._args = (agent_url, claims_dir, listen_host, listen_port, agent_token, door,
+                      status_dir, auth_reads)
+        self._listen_port = listen_port
+        self._door = door
+        self._handle: ReconcilerApp | None = None
+
+    async def start(self) -> None:
+        try:
+            self._handle = await start_embedded(*self._args)
+        except KeysError as err:  # broken since the command line read it: one line
+            raise SystemExit(f"runtime-agent: the front door cannot start: {err}") from err
+        except OSError as err:  # taken since start-up checked it: say which, no stack trace
+            door = self._door.port if self._door else "-"
+            raise SystemExit(f"runtime-agent: the embedded reconciler (port "
+                             f"{self._listen_port}) or its front door (port {door}) cannot "
+                             f"listen: {err}; choose other ports with --claims-port / "
+                             "--door-port, or --no-door") from err
+
+    async def stop(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            await handle.stop()
+
+
+def embedded_reconciler(agent_host: str, agent_port: int, claims_dir: str, listen_host: str,
+                        listen_port: int, agent_token: TokenSource | None = None,
+                        door: DoorSettings | None = None, status_dir: Path | None = None,
+                        auth_reads: bool = False) -> EmbeddedReconciler:
+    """The embedded reconciler of the agent listening on ``agent_host:agent_port``."""
     host = "127.0.0.1" if agent_host in ("", "0.0.0.0", "::") else agent_host
     host = f"[{host}]" if ":" in host else host
-    try:
-        handle = await start_embedded(f"http://{host}:{agent_port}", claims_dir, listen_host,
-                                      listen_port, agent_token, door, status_dir,
-                                      auth_reads)
-    except KeysError as err:  # broken since the command line read it: one line
-        agent.cancel()
-        raise SystemExit(f"runtime-agent: the front door cannot start: {err}") from err
-    except OSError as err:  # a port in use: say which, without a stack trace
-        agent.cancel()
-        raise SystemExit(f"runtime-agent: the embedded reconciler (port {listen_port}) or its "
-                         f"front door (port {door.port if door else '-'}) cannot listen: {err}; "
-                         "choose other ports with --claims-port / --door-port, or --no-door"
-                         ) from err
-    except BaseException:
-        agent.cancel()
-        raise
-    try:
-        await agent
-    finally:
-        await handle.stop()
+    return EmbeddedReconciler(f"http://{host}:{agent_port}", claims_dir, listen_host,
+                              listen_port, agent_token, door, status_dir, auth_reads)
 
 
 def _sources(args: argparse.Namespace) -> tuple[TokenSource | None, TokenSource | None]:
@@ -276,8 +299,11 @@ def _reconcile(args: argparse.Namespace) -> int:
         host = listen_host(args.host, api_token is not None, args.insecure_no_auth,
                            "--token-file (or RECONCILER_TOKEN)")
         door = checked_door_settings(args, host)
-    except (TokenError, ExposureError) as exc:
+        check_ports(host, args.port, door)
+    except (TokenError, ExposureError, listen.PortError) as exc:
         print(f"runtime-agent reconcile: {exc}", file=sys.stderr)
+        if isinstance(exc, listen.PortError):
+            return EXIT_USAGE if exc.usage else EXIT_PORT
         return EXIT_UNREADABLE if isinstance(exc, TokenError) else EXIT_USAGE
     if api_token is None and not is_loopback(host):
         logging.getLogger("reconciler.cli").warning(

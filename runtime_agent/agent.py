@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -177,6 +177,7 @@ class Agent:
 
         runner, artifacts, session, probes = self._runner, self.artifacts, self._session, \
             self.probes
+        self.events.close()  # its followers answered now: closing the API waits for no one
         unfinished = await run_stages([
             ("closing the API", STOP_STAGE_S["api"], runner.cleanup if runner else nothing),
             ("closing the probes", STOP_STAGE_S["api"], probes.close if probes else nothing),
@@ -340,8 +341,18 @@ def engine_cgroups(settings: Settings) -> EngineCgroups | None:
     return cgroups
 
 
+class Companion(Protocol):
+    """A server that runs beside the agent and talks to its API (the embedded reconciler of
+    ``serve --claims``): started once the API listens, stopped before the API closes."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 async def serve(settings: Settings, sockets: list[socket.socket] | None = None,
-                probe_sockets: list[socket.socket] | None = None) -> None:
+                probe_sockets: list[socket.socket] | None = None,
+                companion: Companion | None = None) -> None:
     loop = asyncio.get_running_loop()
     quiet_accept_errors(loop)  # out of descriptors: one line a minute, not a traceback each
     agent = Agent(settings, sockets, probe_sockets)
@@ -349,6 +360,12 @@ async def serve(settings: Settings, sockets: list[socket.socket] | None = None,
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("stopping the agent; engines keep running")
-    await agent.stop()
+    try:
+        if companion is not None:
+            await companion.start()
+        await stop.wait()
+        log.info("stopping the agent; engines keep running")
+    finally:
+        if companion is not None:
+            await companion.stop()
+        await agent.stop()

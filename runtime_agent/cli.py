@@ -221,7 +221,8 @@ def _serve(args: argparse.Namespace) -> int:
         settings = settings_from(args)
         door = _door(args, settings.host)  # its keys file read before anything listens
         checked = check(settings, claims_dir=args.claims,
-                        claims_port=args.claims_port if args.claims else None)
+                        claims_port=args.claims_port if args.claims else None,
+                        door=(door.host, door.port) if door is not None else None)
     except StartupError as exc:
         print(f"runtime-agent serve: {exc}", file=sys.stderr)
         return exc.code
@@ -233,15 +234,14 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning(warning)
     try:
         if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
-            from reconciler.cli import serve_with_claims
+            from reconciler.cli import embedded_reconciler
 
-            run_loop(serve_with_claims(serve(settings, checked.sockets, checked.probe_sockets),
-                                       settings.host,
-                                       settings.port, args.claims, settings.host,
-                                       args.claims_port, settings.api_token,
-                                       door,
-                                       settings.state_dir / "reconciler",
-                                       auth_reads=settings.auth_reads))
+            companion = embedded_reconciler(settings.host, settings.port, args.claims,
+                                            settings.host, args.claims_port,
+                                            settings.api_token, door,
+                                            settings.state_dir / "reconciler",
+                                            auth_reads=settings.auth_reads)
+            run_loop(serve(settings, checked.sockets, checked.probe_sockets, companion))
         else:
             run_loop(serve(settings, checked.sockets, checked.probe_sockets))
     except StateDirBusy as exc:

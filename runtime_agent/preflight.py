@@ -15,7 +15,6 @@ check and the start, while the registry is read.
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import os
 import shutil
@@ -25,11 +24,15 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
+from guard import listen
 from guard.tokens import TokenError, TokenSource, token_source
 from runtime_agent.settings import Settings
 from runtime_agent.statelock import StateDirBusy, StateLock
 from runtime_agent.supervision.engine_kinds import command_prefix, executable_problem
+
+T = TypeVar("T")
 
 # Exit codes of ``runtime-agent serve`` (documented in the README; 3 predates this table).
 EXIT_USAGE = 2  # a flag's value is invalid (argparse's own code)
@@ -65,6 +68,7 @@ class Checked:
 
 
 def check(settings: Settings, *, claims_dir: str | None = None, claims_port: int | None = None,
+          door: tuple[str, int] | None = None,
           nvml_probe: Callable[[], str | None] | None = None,
           module_probe: Callable[[Sequence[str]], str | None] | None = None) -> Checked:
     """Every start-up check, in order; raises StartupError for the first mistake."""
@@ -82,18 +86,16 @@ def check(settings: Settings, *, claims_dir: str | None = None, claims_port: int
             raise StartupError(EXIT_GPU, f"--gpu nvml: {problem}; on a machine without a GPU "
                                "use --gpu auto or --gpu sim (a simulated GPU)")
     checked = Checked()
+    # every port this process will listen on, each with its own line, before any starts
+    _port(lambda: listen.distinct({
+        "--port": settings.port, "--health-probe-port": settings.health_probe_port,
+        "--claims-port": claims_port, "--door-port": door[1] if door is not None else None}))
     if claims_port is not None:
-        if claims_port == settings.port:
-            raise StartupError(EXIT_PORT, f"--claims-port {claims_port} is the agent's own "
-                               "--port; give the embedded reconciler another port")
-        for sock in bind(settings.host, claims_port, "--claims-port"):
-            sock.close()
+        check_free(settings.host, claims_port, "--claims-port")
+    if door is not None and door[1] != 0:
+        check_free(door[0], door[1], "--door-port")
     checked.sockets = bind(settings.host, settings.port, "--port")
     if (probe_port := settings.health_probe_port) is not None:
-        if probe_port in (settings.port, claims_port):
-            checked.close()
-            raise StartupError(EXIT_PORT, f"--health-probe-port {probe_port} is a port of the "
-                               "agent's own API; give the probes a port of their own")
         try:
             checked.probe_sockets = bind(settings.host, probe_port, "--health-probe-port")
         except StartupError:
@@ -170,47 +172,21 @@ def token_source_of(path: str | None, env_token: str | None) -> TokenSource | No
 
 
 def bind(host: str, port: int, flag: str) -> list[socket.socket]:
-    """Bound (not yet listening) sockets for every address ``host`` names, as aiohttp's
-    TCPSite would bind them; raises StartupError naming what to fix."""
-    if not 1 <= port <= 65535:
-        raise StartupError(EXIT_USAGE, f"{flag} {port} is not a port (1-65535)")
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise StartupError(EXIT_PORT, f"--host {host!r} is not an address of this machine "
-                           f"({exc.strerror})") from None
-    bound: list[socket.socket] = []
-    seen: set[tuple[int, object]] = set()
-    try:
-        for family, kind, proto, _, address in infos:
-            if (family, address[0]) in seen:
-                continue
-            seen.add((family, address[0]))
-            sock = socket.socket(family, kind, proto)
-            bound.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-            sock.set_inheritable(False)
-    except OSError as exc:
-        for sock in bound:
-            sock.close()
-        raise StartupError(EXIT_PORT, port_message(exc, host, port, flag)) from None
-    return bound
+    """``guard.listen.bind`` (the one port check of both commands) as a StartupError."""
+    return _port(lambda: listen.bind(host, port, flag))
 
 
-def port_message(exc: OSError, host: str, port: int, flag: str) -> str:
-    where = f"{host}:{port}"
-    if exc.errno == errno.EADDRINUSE:
-        return (f"{flag} {port}: {where} is already in use (another agent? `ss -ltnp "
-                f"'sport = :{port}'` shows who); stop it or pick another {flag}")
-    if exc.errno == errno.EACCES:
-        return f"{flag} {port}: binding {where} is not allowed (ports below 1024 need root)"
-    if exc.errno == errno.EADDRNOTAVAIL:
-        return f"--host {host!r} is not an address of this machine"
-    return f"{flag} {port}: cannot bind {where}: {exc.strerror or exc}"
+def check_free(host: str, port: int, flag: str) -> None:
+    """A port a server binds itself later (the reconciler's, the door's): free now, or a
+    StartupError naming the flag."""
+    _port(lambda: listen.check_free(host, port, flag))
+
+
+def _port(call: Callable[[], T]) -> T:
+    try:
+        return call()
+    except listen.PortError as exc:
+        raise StartupError(EXIT_USAGE if exc.usage else EXIT_PORT, str(exc)) from None
 
 
 # ---- GPU and engines --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ agent's state directory in its environment (whole process groups), so nothing ou
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -111,6 +112,19 @@ def _free(port: int) -> bool:
     return True
 
 
+def _answers(port: int) -> bool:
+    """Something on 127.0.0.1:``port`` answers HTTP (any status: it may ask for a token)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+        return True
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
 class AgentProcess:
     def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
                  ports: int = 100, extra_args: Sequence[str] = (),
@@ -155,9 +169,19 @@ class AgentProcess:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(OSError, AgentError):
                 self.client.health()
-                return
+                if all(_answers(port) for port in self._embedded_ports()):
+                    return
             time.sleep(0.02)
         raise RuntimeError(f"agent did not answer within {timeout_s} s:\n{self.log_tail()}")
+
+    def _embedded_ports(self) -> list[int]:
+        """The embedded reconciler's and door's ports (``--claims``): they listen once the
+        agent does, so a test that goes on after the agent answered waits for them too."""
+        args = list(self.extra_args)
+        if "--claims" not in args:
+            return []
+        flags = ["--claims-port"] + ([] if "--no-door" in args else ["--door-port"])
+        return [int(args[args.index(flag) + 1]) for flag in flags if flag in args]
 
     def log_tail(self, lines: int = 40) -> str:
         try:

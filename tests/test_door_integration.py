@@ -433,27 +433,6 @@ async def test_serve_with_claims_opens_the_door_and_keeps_engines_on_loopback(
     assert listening == {("127.0.0.1", agent.model(agent.client.snapshot(), "m")["port"])}
 
 
-async def test_a_door_port_in_use_stops_the_agent_with_a_clear_message(
-        tmp_path: Path, agent_factory: Callable[..., AgentProcess]) -> None:
-    import socket
-
-    claims = tmp_path / "claims"
-    claims.mkdir()
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        agent = agent_factory(start=False, extra_args=[
-            *CARD, "--claims", str(claims), "--claims-port", str(free_port()),
-            "--door-port", str(port)])
-        with contextlib.suppress(RuntimeError):  # it may answer /healthz before it stops
-            agent.start()
-        assert agent.proc is not None and agent.proc.wait(30) != 0
-    log = agent.log_tail()
-    assert f"front door (port {port}) cannot listen" in log and "--no-door" in log
-    assert "Traceback" not in log
-
-
 async def test_a_reconciler_whose_door_cannot_listen_leaves_nothing_running(
         tmp_path: Path) -> None:
     """A start that fails at the door (its port in use) stops what it had started: the agents'

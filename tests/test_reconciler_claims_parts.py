@@ -285,28 +285,21 @@ def test_the_reconciler_talks_to_agents_only_through_its_client() -> None:
     assert offenders == []
 
 
-async def test_serve_with_claims_runs_the_reconciler_beside_the_agent_and_stops_with_it(
+async def test_the_embedded_reconciler_reconciles_its_agents_claims_until_stopped(
         tmp_path: Path) -> None:
-    from reconciler.cli import serve_with_claims
-
-    stop = asyncio.Event()
-
-    async def agent_main() -> None:  # stands in for the agent's serve(): runs until stopped
-        await stop.wait()
+    from reconciler.cli import embedded_reconciler
 
     status = tmp_path / ".status" / "default_c.json"
-
-    async def later() -> None:  # stop once the claim was reconciled (its status written)
-        for _ in range(200):
+    (tmp_path / "c.yaml").write_text(claim_yaml("c"))
+    companion = embedded_reconciler("0.0.0.0", 1, str(tmp_path), "127.0.0.1", 0)
+    await companion.start()
+    try:
+        for _ in range(200):  # until the claim was reconciled (its status written)
             if status.exists():
                 break
             await asyncio.sleep(0.05)
-        stop.set()
-
-    (tmp_path / "c.yaml").write_text(claim_yaml("c"))
-    await asyncio.wait_for(asyncio.gather(
-        serve_with_claims(agent_main(), "0.0.0.0", 1, str(tmp_path), "127.0.0.1", 0),
-        later()), 10)
+    finally:
+        await companion.stop()
     doc = json.loads(status.read_text())
     assert doc["status"]["phase"] == "Pending"  # its agent (port 1) does not answer
 

@@ -28,6 +28,7 @@ class EventLog:
         self._ring: deque[tuple[int, dict[str, Any]]] = deque(maxlen=capacity)
         self._seq = 0
         self._changed = asyncio.Event()
+        self.closed = False  # the agent is stopping: long polls answer now, streams end
 
     @property
     def last_seq(self) -> int:
@@ -57,7 +58,15 @@ class EventLog:
         return [item for seq, item in self._ring if seq > cursor][:limit]
 
     async def wait_after(self, cursor: int, timeout_s: float) -> None:
-        """Return once an event newer than ``cursor`` exists, or after ``timeout_s``."""
-        if self._seq > cursor:
+        """Return once an event newer than ``cursor`` exists, after ``timeout_s``, or at once
+        when the feed is closed."""
+        if self._seq > cursor or self.closed:
             return
         await wait_event(self._changed, timeout_s)
+
+    def close(self) -> None:
+        """The agent stops: every long poll answers with what it has and every stream ends
+        now, so closing the API does not wait out its followers' timeouts (a reconciler's
+        long poll holds its connection up to a minute)."""
+        self.closed = True
+        self._changed.set()

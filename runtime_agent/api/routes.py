@@ -140,6 +140,8 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
             for item in feed.since(cursor):
                 cursor = item["seq"]
                 await resp.send(json.dumps(item), id=f"{feed.boot_id}:{cursor}")
+            if feed.closed:  # the agent stops; a follower reconnects with Last-Event-ID
+                break
             await feed.wait_after(cursor, 15.0)
     return resp
 
