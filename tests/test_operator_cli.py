@@ -12,6 +12,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -228,6 +229,8 @@ def test_kv_limit_and_activate_from_the_command_line(agent: AgentProcess) -> Non
     assert agent.model(agent.client.snapshot(), "m1")["engine_args"]["--max-model-len"] == "1024"
     out = cli("kv-limit", "m1", "1GiB", env=env)
     assert out.returncode == 0, out.stderr
+    assert out.stdout == "kv-limit m1: 1.0GiB in force (the engine's KV capacity is 2.0GiB)\n"
+    out = cli("kv-limit", "m1", "1GiB", "-o", "json", env=env)
     assert json.loads(out.stdout)["applied_bytes"] == 2**30
     out = cli("sleep", "nope", env=env)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "404" in out.stderr
@@ -298,3 +301,35 @@ def test_download_draws_its_progress_and_artifacts_lists_and_deletes(
     out = cli("artifacts", "--delete", listed["artifact_id"], env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(cli("artifacts", "-o", "json", env=env).stdout) == []
+
+
+def test_mutating_commands_say_in_one_line_what_happened(agent: AgentProcess) -> None:
+    env = {"RUNTIME_AGENT_URL": agent.url}
+    agent.activate_sim("qwen", claim_ref={"namespace": "team", "name": "qwen-claim"})
+    agent.wait_phase("qwen", "active")
+    out = cli("sleep", "qwen", env=env)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"sleep qwen: asleep \(level 1\) in \d+\.\d s\n", out.stdout), out.stdout
+    assert cli("sleep", "qwen", env=env).stdout == "sleep qwen: unchanged, already asleep\n"
+    assert json.loads(cli("wake", "qwen", "-o", "json", env=env).stdout)["phase"] == "active"
+    assert cli("wake", "qwen", env=env).stdout == "wake qwen: unchanged, already awake\n"
+    out = cli("sleep", "qwen-claim", env=env)  # a claim's name where the model's belongs
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert "'qwen-claim' is the name of the claim of model 'qwen'" in out.stderr
+    out = cli("wake", "llama", env=env)
+    assert out.returncode == 1 and out.stderr.rstrip().endswith("its models: qwen")
+    out = cli("deactivate", "qwen", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("warning: claim team/qwen-claim owns qwen's engine")
+    assert re.fullmatch(r"deactivate qwen: stopped in \d+\.\d s.*\n", out.stdout), out.stdout
+
+
+def test_an_agent_command_pointed_at_the_door_says_so(agent_factory, tmp_path: Path) -> None:
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    door = free_port()
+    agent_factory(extra_args=("--claims", str(claims), "--claims-port", str(free_port()),
+                              "--door-port", str(door)))
+    out = cli("snapshot", "--url", f"127.0.0.1:{door}")
+    assert out.returncode == 1 and "is the front door (OpenAI-compatible)" in out.stderr
+    assert "not a runtime agent" in out.stderr

@@ -26,6 +26,7 @@ from contract.quantity import QuantityError, parse_size
 from contract.flags import known_flags
 from reconciler.client import AgentUnreachable, HttpAgentClient, NotTheApi, Refusal, ok_body
 from runtime_agent.console.output import add_output_flag, render
+from runtime_agent.console.results import claim_warning, result_line
 from runtime_agent.console.tables import snapshot_table
 from runtime_agent.preflight import StartupError, read_token_file
 
@@ -33,6 +34,7 @@ EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 8
 DEFAULT_AGENT_URL = f"http://127.0.0.1:{AGENT_PORT}"
 DEFAULT_RECONCILER_URL = f"http://127.0.0.1:{RECONCILER_PORT}"
+MUTATING = ("activate", "deactivate", "sleep", "wake", "kv-limit")
 OPERATION_ID_HELP = "a retry with the same id returns the first result (default: a new id)"
 CALL_TIMEOUT_S = 30.0  # a call that does not wait for an engine
 ENGINE_TIMEOUT_S = 330.0  # activate, sleep, wake, stop: the agent answers when the engine has
@@ -96,8 +98,8 @@ def add_commands(sub: Any) -> None:
     c.add_argument("--arg", action="append", default=[], metavar="FLAG[=VALUE]",
                    help="an engine flag, repeatable: --arg --max-model-len=2048, "
                    "--arg --max-model-len 2048, or --arg --enforce-eager (default: none)")
-    command("deactivate", "stop a model's engine (its whole process tree)").add_argument(
-        "model")
+    c = command("deactivate", "stop a model's engine (its whole process tree)")
+    c.add_argument("model")
     c = command("sleep", "put a model's engine to sleep")
     c.add_argument("model")
     c.add_argument("--level", type=int, choices=(1, 2), default=1,
@@ -114,6 +116,10 @@ def add_commands(sub: Any) -> None:
     c.add_argument("size", type=size_type, metavar="SIZE",
                    help="with units: 4GiB, 512MiB, 6Gi, or bytes")
     c.add_argument("--operation-id", help=OPERATION_ID_HELP)
+    for name in MUTATING:
+        sub.choices[name].add_argument(
+            "-o", "--output", choices=("text", "json"), default="text",
+            help="text (default): one line saying what happened; json: the agent's answer")
     c = command("logs", "the last lines of a model's engine log")
     c.add_argument("model")
     c.add_argument("--tail", type=int, default=100, help="lines (default %(default)s)")
@@ -147,7 +153,7 @@ async def _guarded(url: str, token: str | None, body: Body) -> int:
             return await body(client)
         except Refusal as exc:
             status, message = exc.reply.status, exc.reply.message
-            hint = (await pointer(client) if status == 404 and "no such endpoint" in message
+            hint = (await pointer(client) if status == 404 and not _unknown_model(message)
                     else "")
             print(f"runtime-agent: the agent answered {status}: {message}{hint}",
                   file=sys.stderr)
@@ -163,19 +169,49 @@ async def _guarded(url: str, token: str | None, body: Body) -> int:
 
 
 async def pointer(client: HttpAgentClient) -> str:
-    """When an agent command reached a reconciler: say where the agent is."""
-    try:
-        reply = await client.request("GET", "/v1/claims")
-    except AgentUnreachable:
-        return ""
-    if reply.ok and "items" in reply.body:
-        return (f" — {client.url} is a ModelClaim reconciler, not a runtime agent; point --url "
-                f"(or RUNTIME_AGENT_URL) at the agent (default {DEFAULT_AGENT_URL})")
+    """When an agent command reached a reconciler or its front door: say where the agent is."""
+    for path, key, what in (("/v1/claims", "items", "a ModelClaim reconciler"),
+                            ("/v1/models", "data", "the front door (OpenAI-compatible)")):
+        try:
+            reply = await client.request("GET", path)
+        except (AgentUnreachable, NotTheApi):
+            continue
+        if reply.ok and key in reply.body:
+            return (f" — {client.url} is {what}, not a runtime agent; point --url (or "
+                    f"RUNTIME_AGENT_URL) at the agent (default {DEFAULT_AGENT_URL})")
     return ""
 
 
 def run_command(args: argparse.Namespace) -> int:
-    return guarded(args, lambda client: _dispatch(client, args))
+    async def body(client: HttpAgentClient) -> int:
+        try:
+            return await _dispatch(client, args)
+        except Refusal as exc:
+            model = getattr(args, "model", None)
+            if exc.reply.status != 404 or model is None or not _unknown_model(exc.reply.message):
+                raise
+            hint = names_hint(model, await _models(client))
+            print(f"runtime-agent: the agent answered 404: {exc.reply.message}{hint}",
+                  file=sys.stderr)
+            return EXIT_REFUSED
+
+    return guarded(args, body)
+
+
+def _unknown_model(message: str) -> bool:
+    """The agent's 404 for a model it does not run (any other 404: a path of another server)."""
+    return "on this agent" in message
+
+
+def names_hint(model: str, models: list[dict[str, Any]]) -> str:
+    """After "not on this agent": the names there are, and the model a claim name stands for."""
+    names = sorted(str(m.get("model_name")) for m in models)
+    claimed = [str(m.get("model_name")) for m in models
+               if (m.get("claim_ref") or {}).get("name") == model]
+    if claimed:
+        return (f"; {model!r} is the name of the claim of model {claimed[0]!r}: give the "
+                "model's name")
+    return f"; its models: {', '.join(names)}" if names else "; it runs no model"
 
 
 async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
@@ -189,6 +225,12 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
         for line in ok_body(await client.logs(args.model, args.tail))["lines"]:
             print(line)
         return 0
+    started = time.monotonic()
+    warning = None
+    if args.command == "deactivate":
+        warning = claim_warning(args.model, await _engine(client, args.model))
+        if warning is not None:
+            print(warning, file=sys.stderr)
     if args.command == "activate":
         body: dict[str, Any] = {"model_name": args.model, "artifact_url": args.artifact,
                                 "engine": args.engine, "port": args.engine_port,
@@ -206,8 +248,21 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
     else:
         reply = await client.wake(args.model, args.operation_id)
     result = ok_body(reply)
-    print(json.dumps(result, indent=2))
+    if args.output == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        print(result_line(args.command, args.model, result, time.monotonic() - started,
+                          getattr(args, "level", None)))
     return 0 if result.get("status") == "success" else EXIT_REFUSED
+
+
+async def _models(client: HttpAgentClient) -> list[dict[str, Any]]:
+    return list(ok_body(await client.request("GET", "/v1/runtime/snapshot")).get("models", []))
+
+
+async def _engine(client: HttpAgentClient, model: str) -> dict[str, Any]:
+    """The snapshot's entry for ``model`` ({} when none)."""
+    return next((m for m in await _models(client) if m.get("model_name") == model), {})
 
 
 def engine_flags(items: Sequence[str]) -> dict[str, str]:
