@@ -231,9 +231,8 @@ class DesiredState(Lookups):
         results = {p: self._file_result(p, t) for p, t in sorted(self._texts.items())}
         result = merge(results.values())
         declared = {claim_key(c): c for c in result.claims}
-        kept = self._keep_last_valid(result, declared)
+        problems = self._keep_last_valid(result, declared)
         claims: dict[ClaimKey, ModelClaim] = {}
-        problems: dict[ClaimKey, Problem] = {}
         for key, claim in declared.items():
             taken = take_change(self.claims.get(key), claim)
             claims[key] = taken.claim
@@ -257,7 +256,7 @@ class DesiredState(Lookups):
         self._by_model = {c.model_name: k for k, c in claims.items()}
         self.pools = self._effective_pools(result)
         self._agents = {a.name: (a, p) for p in self.pools for a in p.agents}
-        self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) + kept \
+        self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) \
             + tuple(problems.values())
         found = {p for p in result.problems if p.reason != NO_AGENTS}
         for problem in sorted(found - self._logged, key=str):  # a manifest that is not taken
@@ -265,8 +264,11 @@ class DesiredState(Lookups):
         self._logged = found
 
     def _keep_last_valid(self, result: ParseResult,
-                         claims: dict[ClaimKey, ModelClaim]) -> tuple[Problem, ...]:
-        notes: list[Problem] = []
+                         claims: dict[ClaimKey, ModelClaim]) -> dict[ClaimKey, Problem]:
+        """Put back into ``claims`` the running version of each claim whose new text is not a
+        valid claim (a misspelt field, an unknown engine); its problem, naming the field, is the
+        claim's spec problem, so ``SpecApplied`` says the edit was not taken."""
+        kept: dict[ClaimKey, Problem] = {}
         for problem in result.problems:
             key = (problem.namespace or "default", problem.name)
             if problem.kind != CLAIM_KIND or key in claims or key not in self.claims:
@@ -274,12 +276,10 @@ class DesiredState(Lookups):
             if problem.reason in (INVALID_PER_GPU, INVALID_ENGINE_CONFIG):
                 continue
             claims[key] = self.claims[key]
-            notes.append(Problem(CLAIM_KIND, problem.name, problem.reason,
-                                 "the change was not taken; the claim keeps its last valid "
-                                 "version", problem.namespace, problem.source))
-            log.warning("claim %s: %s; keeping its last valid version", key_text(key),
-                        problem.message)
-        return tuple(notes)
+            kept[key] = Problem(CLAIM_KIND, problem.name, problem.reason,
+                                f"{problem.message}; the change was not taken, the claim keeps "
+                                "its last valid version", problem.namespace, problem.source)
+        return kept
 
     def _effective_pools(self, result: ParseResult) -> tuple[WarmPool, ...]:
         pools = tuple(p for p in result.pools if p.agents or p.source_kind != "Deployment")

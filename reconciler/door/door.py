@@ -23,7 +23,6 @@ and the idle tracker is told the model was busy when a request starts and ends.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,7 +33,7 @@ from yarl import URL
 from guard import jsonbody
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, key_text
-from reconciler.door import errors, plan, proxy, window
+from reconciler.door import errors, plan, proxy, usage, window
 from reconciler.door.access import AccessRecord
 from reconciler.door.catalog import Catalog
 from reconciler.door.http1 import Answer, Request, Stream
@@ -245,12 +244,12 @@ class Door:
         self.catalog.learn_soon(self.session, fwd.claim, fwd.host, fwd.port)
         upstream_name = self.catalog.upstream_name(claim, name)
         await self.check_window(endpoint, doc, body, fwd, claim.engine, upstream_name, name)
-        if upstream_name != name:
-            body = json.dumps({**doc, "model": upstream_name}).encode()
+        # the engine's own token counts for every stream, asked for the client if need be
+        body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
         self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
         try:
             return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
-                                       body, outcome)
+                                       body, outcome, hide_usage)
         finally:
             self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
 

@@ -8,7 +8,7 @@
 | ``aibrix:door_time_to_first_token_seconds`` | model | arrival to the first byte of a stream |
 | ``aibrix:door_held_seconds`` | model, cause | time held before forwarding: ``wake``, ``room``, ``start``, ``move``, ``settle`` |
 | ``aibrix:door_wakes_requested_total`` | model | wakes the door asked the reconciler for (repeats collapse) |
-| ``aibrix:door_tokens_total`` | model, kind | ``prompt`` and ``completion`` tokens from the engines' ``usage`` |
+| ``aibrix:door_tokens_total`` | model, kind | ``prompt`` and ``completion`` tokens from the engines' ``usage`` (streams too: ``reconciler.door.usage``) |
 | ``aibrix:door_requests_in_flight``, ``aibrix:door_requests_held`` | model | now |
 
 ``model`` is the claim's modelName (an adapter counts under its claim), or ``""`` for a request

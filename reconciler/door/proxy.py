@@ -20,9 +20,11 @@ connections (``upstream``). The answer comes back untouched:
 
 Usage (``prompt_tokens``, ``completion_tokens``) is read from the answer's last ``"usage"``
 object, found by searching the bytes (the answer is not parsed): the whole body of a JSON answer,
-the last few kilobytes of a stream (engines put usage in the final chunk, with
-``stream_options.include_usage``), once the answer is sent (``Outcome.usage_from``): nothing the
-door only counts stands between the engine's last byte and the client.
+the last few kilobytes of a stream as the engine sent it (engines put usage in a final event, with
+``stream_options.include_usage``, which the door asks for when the client did not, and then
+takes out of what the client gets: ``reconciler.door.usage``), once the answer is sent
+(``Outcome.usage_from``): nothing the door only counts stands between the engine's last byte
+and the client.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from reconciler.door.errors import stream_error_event, upstream_failed, upstream
 from reconciler.door.framing import UpstreamError, UpstreamTimeout
 from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.upstream import Response, Upstream
+from reconciler.door.usage import Hider
 
 TAIL_BYTES = 4096
 PASS_REQUEST = (("content-type", "Content-Type"), ("accept", "Accept"),
@@ -95,9 +98,11 @@ def _response_headers(upstream: Response) -> dict[str, str]:
 
 
 async def forward(request: Request, upstream_pool: Upstream, host: str, port: int,
-                  path: str, body: bytes, outcome: Outcome) -> Answer | Stream:
+                  path: str, body: bytes, outcome: Outcome,
+                  hide_usage: bool = False) -> Answer | Stream:
     """Send ``body`` to the engine at ``host:port``; the answer for the client (a 502 when the
-    engine did not answer)."""
+    engine did not answer). ``hide_usage``: the door asked for a stream's usage, the client
+    did not (``reconciler.door.usage``)."""
     sent = time.monotonic()
     try:
         upstream = await upstream_pool.post(host, port, path, _request_headers(request), body)
@@ -111,7 +116,7 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
         outcome.status = upstream.status
         if upstream.content_type == "text/event-stream":
             outcome.stream = True
-            return await _stream(request, upstream, outcome)
+            return await _stream(request, upstream, outcome, Hider() if hide_usage else None)
         try:
             data = await upstream.read()
         except UpstreamTimeout as err:
@@ -131,24 +136,30 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
     return Answer(upstream.status, data, _response_headers(upstream))
 
 
-async def _stream(request: Request, upstream: Response, outcome: Outcome) -> Stream:
+async def _stream(request: Request, upstream: Response, outcome: Outcome,
+                  hider: Hider | None) -> Stream:
     out = await request.stream(upstream.status, _response_headers(upstream))
     tail = b""
 
-    def seen(chunk: bytes) -> None:
+    def seen(chunk: bytes) -> None:  # the engine's bytes, usage included: what is counted
         nonlocal tail
         if outcome.first_byte is None:
             outcome.first_byte = time.monotonic()
-        outcome.bytes_out += len(chunk)
         tail = (tail + chunk)[-TAIL_BYTES:]
 
     def passed(chunk: bytes) -> None:  # in the engine connection's callback: no task switch
         seen(chunk)
+        if hider is not None:
+            chunk = hider.piece(chunk)
+        outcome.bytes_out += len(chunk)
         out.send(chunk)
 
     def ended(last: bytes) -> None:  # the last bytes and the end of the answer: one write
         if last:
             seen(last)
+        if hider is not None:
+            last = hider.last(last)
+        outcome.bytes_out += len(last)
         out.finish(last)
 
     out.pressure(upstream.hold)  # a full client socket stops the reading from the engine
@@ -158,6 +169,8 @@ async def _stream(request: Request, upstream: Response, outcome: Outcome) -> Str
         except UpstreamError as err:
             outcome.error = "upstream_timeout" if isinstance(err, UpstreamTimeout) \
                 else "upstream_broken"
+            if hider is not None:
+                hider.drop()
             await out.write(stream_error_event(f"the model's engine broke off the stream: {err}"))
         await out.end()
     except ConnectionResetError:  # the client went away while we wrote
