@@ -119,9 +119,19 @@ def add_commands(sub: Any) -> None:
     g.add_argument("name", nargs="?")
     g.add_argument("-n", "--namespace")
     g.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    g.add_argument("-w", "--watch", action="store_true",
+                   help="after the table, print a claim's row again each time it changes "
+                   "(as kubectl get -w; Ctrl-C ends it)")
     g.add_argument("--url", type=_url, default=_url_default(), help=_URL_HELP)
     _client_token_option(g)
     g.set_defaults(func=_claims)
+    k = csub.add_parser("check", help="check manifests without applying them (as "
+                        "kubectl apply --dry-run)",
+                        description="Parse FILEs and DIRs (their *.yaml, *.yml) with the "
+                        "reconciler's own code and print each problem as it would; nothing is "
+                        "started or sent. Exit 0: valid; 1: problems; 7: a path cannot be read.")
+    k.add_argument("paths", nargs="+", metavar="FILE|DIR")
+    k.set_defaults(func=_check)
     d = csub.add_parser("describe", help="one claim's conditions and events")
     d.add_argument("name")
     d.add_argument("-n", "--namespace", default="default")
@@ -344,6 +354,15 @@ async def _get(api: JsonApi, path: str) -> dict[str, Any]:
     return dict(ok_body(await api.request("GET", path)))
 
 
+def _check(args: argparse.Namespace) -> int:
+    from reconciler.check import check
+
+    lines, code = check(args.paths)
+    for line in lines:
+        print(line, file=sys.stderr if code else sys.stdout)
+    return code
+
+
 def _claims(args: argparse.Namespace) -> int:
     return asyncio.run(_claims_from(args))
 
@@ -387,9 +406,9 @@ async def _show_claims(api: JsonApi, args: argparse.Namespace) -> int:
                 print(f"  {line}")
             return 1
     listing = await _get(api, "/v1/claims")
-    items = [i for i in listing["items"]
-             if (args.name is None or i["metadata"]["name"] == args.name)
-             and (args.namespace is None or i["metadata"]["namespace"] == args.namespace)]
+    items = _selected(listing, args)
+    if args.watch:
+        return await _watch(api, args, items)
     if args.output == "json":
         print(json.dumps(items, indent=2))
     elif args.output == "yaml":
@@ -471,18 +490,57 @@ def _columns(rows: Sequence[Sequence[str]]) -> str:
                      for r in rows)
 
 
+HEADER = ("NAME", "PHASE", "DESIRED", "READY", "ENGINE", "ARTIFACT", "AGE")
+WATCH_S = 1.0  # claims get -w: how often the list is read again
+
+
+def row(item: dict[str, Any], now: float | None = None) -> tuple[str, ...]:
+    meta, spec, st = item["metadata"], item["spec"], item["status"]
+    return (meta["name"], st["phase"], str(st.get("desiredReplicas", 1)),
+            str(st.get("readyReplicas", 0)), spec.get("engine", ""), spec.get("artifactURL", ""),
+            age(meta.get("creationTimestamp"), now))
+
+
 def table(items: list[dict[str, Any]], now: float | None = None) -> str:
     """The guide's ``kubectl get modelclaims`` table."""
-    rows: list[tuple[str, ...]] = [("NAME", "PHASE", "DESIRED", "READY", "ENGINE", "ARTIFACT",
-                                    "AGE")]
-    for i in items:
-        meta, spec, st = i["metadata"], i["spec"], i["status"]
-        rows.append((meta["name"], st["phase"], str(st.get("desiredReplicas", 1)),
-                     str(st.get("readyReplicas", 0)), spec.get("engine", ""),
-                     spec.get("artifactURL", ""), age(meta.get("creationTimestamp"), now)))
-    if len(rows) == 1:
+    if not items:
         return "No claims found."
-    return _columns(rows)
+    return _columns([HEADER, *(row(i, now) for i in items)])
+
+
+def _selected(listing: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [i for i in listing["items"]
+            if (args.name is None or i["metadata"]["name"] == args.name)
+            and (args.namespace is None or i["metadata"]["namespace"] == args.namespace)]
+
+
+async def _watch(api: JsonApi, args: argparse.Namespace, items: list[dict[str, Any]]) -> int:
+    """``claims get -w``, as ``kubectl get -w``: the table, then a row each time a claim's
+    phase, replicas, engine or artifact changes (and ``<deleted>`` when it goes), until
+    Ctrl-C."""
+    widths = [max(len(c) for c in col) for col in zip(HEADER, *(row(i) for i in items))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip()
+
+    seen = {(i["metadata"]["namespace"], i["metadata"]["name"]): row(i)[:-1] for i in items}
+    print(line(HEADER))
+    for i in items:
+        print(line(row(i)), flush=True)
+    try:
+        while True:
+            await asyncio.sleep(WATCH_S)
+            now = {(i["metadata"]["namespace"], i["metadata"]["name"]): i
+                   for i in _selected(await _get(api, "/v1/claims"), args)}
+            for key, item in now.items():
+                if seen.get(key) != row(item)[:-1]:
+                    seen[key] = row(item)[:-1]
+                    print(line(row(item)), flush=True)
+            for key in seen.keys() - now.keys():
+                print(line((key[1], "<deleted>")), flush=True)
+                del seen[key]
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 0
 
 
 def describe(doc: dict[str, Any], now: float | None = None) -> str:

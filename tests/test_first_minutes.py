@@ -137,3 +137,70 @@ def _answers(port: int, path: str) -> bool:
         return False
     finally:
         conn.close()
+
+
+def test_claims_check_prints_one_line_per_broken_manifest_and_starts_nothing(
+        tmp_path: Path) -> None:
+    from tests.reconciler_fakes import claim_yaml
+
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    (claims / "good.yaml").write_text(claim_yaml("good"))
+    (claims / "footprint.yaml").write_text(claim_yaml("footprint", footprint="lots"))
+    (claims / "typo.yaml").write_text(claim_yaml("typo").replace("artifactURL", "artifactUrl"))
+    (claims / "broken.yaml").write_text("kind: ModelClaim\nmetadata: {name: [unclosed\n")
+
+    def check(*paths: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runtime_agent.cli", "claims", "check",
+                               *map(str, paths)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=45)
+
+    out = check(claims)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 3, out.stderr
+    assert any("footprint.yaml" in line and "footprint" in line for line in lines)
+    assert any("typo.yaml" in line and "artifactUrl" in line for line in lines)
+    assert any("broken.yaml" in line and "InvalidYAML" in line for line in lines), lines
+    out = check(claims / "good.yaml")
+    assert out.returncode == 0 and out.stdout == "valid: 1 claim, 0 pools in 1 file\n"
+    assert check(tmp_path / "missing.yaml").returncode == 7
+    assert sorted(p.name for p in claims.iterdir()) == [  # nothing written beside them
+        "broken.yaml", "footprint.yaml", "good.yaml", "typo.yaml"]
+
+
+def test_claims_get_watch_prints_a_row_when_a_claim_changes_and_ends_quietly_on_ctrl_c(
+        agent_factory, tmp_path: Path) -> None:
+    from tests.reconciler_fakes import claim_yaml
+
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    port = free_port()
+    agent_factory(extra_args=("--claims", str(claims), "--claims-port", str(port), "--no-door"))
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "runtime_agent.cli", "claims", "get", "-w", "--url",
+         f"127.0.0.1:{port}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert watch.stdout is not None
+        assert watch.stdout.readline().split() == ["NAME", "PHASE", "DESIRED", "READY",
+                                                   "ENGINE", "ARTIFACT", "AGE"]
+        (claims / "c.yaml").write_text(claim_yaml("c", args={"--sim-startup-seconds": "0.1"}))
+        phases = []
+        while "Active" not in phases:  # a row per change, up to the claim's Active
+            phases.append(watch.stdout.readline().split()[1])
+        assert phases[0] != "Active" or len(phases) == 1
+        (claims / "c.yaml").unlink()
+        while (words := watch.stdout.readline().split())[1] != "<deleted>":
+            pass
+        assert words[0] == "c"
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(10) == 0
+        assert "Traceback" not in (watch.stderr.read() if watch.stderr else "")
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+        for stream in (watch.stdout, watch.stderr):
+            if stream is not None:
+                stream.close()
