@@ -101,3 +101,12 @@ def parse_size(text: str) -> int:
 def gib(nbytes: int) -> str:
     """Bytes as GiB with one decimal, as messages show them: ``7.0 GiB``."""
     return f"{nbytes / GiB:.1f} GiB"
+
+
+def quantity(nbytes: int) -> str:
+    """Bytes as a Kubernetes quantity, exact when a binary suffix divides them (``6Gi``,
+    ``512Mi``), else plain bytes: how a manifest would have written it."""
+    for suffix, scale in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if nbytes and nbytes % scale == 0:
+            return f"{nbytes // scale}{suffix}"
+    return str(nbytes)

@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 
 from contract.endpoints import AGENT_PORT, base_url
+from contract.quantity import quantity
 from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_loopback, \
     listen_host
 from guard import listen
@@ -543,6 +544,11 @@ async def _watch(api: JsonApi, args: argparse.Namespace, items: list[dict[str, A
         return 0
 
 
+def _quantity(value: Any) -> str:
+    """A size as the manifest would write it (``6Gi``); ``-`` when not declared."""
+    return quantity(value) if isinstance(value, int) else "-" if value is None else str(value)
+
+
 def describe(doc: dict[str, Any], now: float | None = None) -> str:
     meta, spec, st = doc["metadata"], doc["spec"], doc["status"]
     lines = [f"Name:         {meta['name']}", f"Namespace:    {meta['namespace']}",
@@ -554,8 +560,8 @@ def describe(doc: dict[str, Any], now: float | None = None) -> str:
     per_gpu = spec.get("perGPU") or {}
     lines += [f"Model:        {spec.get('modelName')}", f"Engine:       {spec.get('engine')}",
               f"Artifact:     {spec.get('artifactURL')}",
-              f"Per GPU:      maximumFootprint {per_gpu.get('maximumFootprint', '-')} B, "
-              f"kvFloor {per_gpu.get('kvFloor', '-')} B",
+              f"Per GPU:      maximumFootprint {_quantity(per_gpu.get('maximumFootprint'))}, "
+              f"kvFloor {_quantity(per_gpu.get('kvFloor'))}",
               f"Phase:        {st['phase']}"]
     for inst in st.get("instances") or ():
         kv = inst.get("kvLimitBytes")

@@ -271,6 +271,15 @@ def test_claims_get_prints_the_guides_table_and_describe_the_conditions_and_even
     assert ["Normal", "Activated", "3m", "serves"] in rows
 
 
+def test_describe_shows_sizes_as_a_manifest_writes_them() -> None:
+    st = ClaimStatus("default", "m", "u", 1000.0, "m", "vllm", "huggingface://a/b")
+    doc = json.loads(json.dumps(st.as_json()))
+    doc["spec"]["perGPU"] = {"maximumFootprint": 6 * 2**30, "kvFloor": 1536 * 2**20 + 1}
+    per_gpu = next(line for line in describe(doc, now=1000.0).splitlines()
+                   if line.startswith("Per GPU:"))
+    assert per_gpu.split(None, 2)[2] == "maximumFootprint 6Gi, kvFloor 1610612737"
+
+
 # ---- layering ---------------------------------------------------------------------------------
 
 
