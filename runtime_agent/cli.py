@@ -74,7 +74,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, with every mistake in one line (argparse prints the usage first)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        see = "" if "--help)" in message else f" (see {self.prog} --help)"
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}{see}\n")
 
 
 def _port(text: str) -> int:
@@ -454,7 +455,12 @@ def main(argv: list[str] | None = None) -> int:
     from runtime_agent.console.commands import join_arg_values
 
     words = join_arg_values(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(words)
+    top = parser()
+    args, unknown = top.parse_known_args(words)
+    if unknown:  # point at the command's own help, where its flags are listed
+        command = " ".join(c for c in (args.command, getattr(args, "claims_command", None)) if c)
+        top.error(f"unrecognized arguments: {' '.join(unknown)} (see {top.prog} {command} "
+                  "--help)")
     try:
         if args.command in ("serve", "reconcile", "top"):
             return int(args.func(args))

@@ -128,6 +128,9 @@ def check(settings: Settings, *, claims_dir: str | None = None, claims_port: int
 
 def writable_dir(path: Path, flag: str, *, private: bool = False, create: bool = True) -> None:
     """``path`` exists (or is created) as a directory this user can write."""
+    if path.exists() and not path.is_dir():  # mkdir would say only "File exists"
+        raise StartupError(EXIT_UNWRITABLE, f"{flag} {path} is a file, not a directory; "
+                           f"point {flag.split()[0]} at a directory (it is created if missing)")
     try:
         if create:
             path.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)

@@ -204,3 +204,11 @@ def test_claims_get_watch_prints_a_row_when_a_claim_changes_and_ends_quietly_on_
         for stream in (watch.stdout, watch.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_a_file_as_state_dir_and_an_unknown_flag_say_what_to_do(tmp_path: Path) -> None:
+    state = tmp_path / "passwd"
+    state.write_text("root:x:0:0\n")
+    one_line(serve(tmp_path, "--state-dir", str(state)), 4, "is a file, not a directory")
+    assert state.read_text() == "root:x:0:0\n"
+    one_line(serve(tmp_path, "--bogus"), 2, "--bogus", "see runtime-agent serve --help")
