@@ -3,9 +3,12 @@
 Inputs are the registry (records, some possibly quarantined as corrupt) and a scan of running
 processes that carry this state directory in their environment. Each record becomes one of:
 - adopt: its PID is alive and is provably the same process (PID + start time + engine id);
-- adopt a found process: the record's PID is stale or missing, but a process carrying the
-  record's engine id runs (the agent died between starting it and writing its PID);
-- restart: no such process runs any more (counted against the restart budget);
+- adopt a found process: the record has no PID, but a process carrying the record's engine
+  id leads its own group (the agent died between starting it and writing its PID);
+- restart: the recorded process runs no more (counted against the restart budget). A helper
+  that left the engine's group and outlived its leader carries the engine's id and leads a
+  session of its own, but it is not the engine: its port answers nothing. It is killed with
+  the other leftovers and the engine restarted, never adopted in the leader's place;
 - idle: the engine had failed for good; it keeps its record and last_error;
 - finish a stop: the agent died while stopping it.
 A running engine whose record was lost or corrupted is rebuilt from the spec it carries in its
@@ -81,7 +84,11 @@ def plan(records: list[EngineRecord], found: list[FoundEngine],
         verdict = Verdict.GONE
         if record.pid is not None and record.pid_start_time is not None:
             verdict = check(record.pid, record.pid_start_time, record.engine_id)
-        if verdict is not Verdict.MATCH and proc is not None:
+        if verdict is not Verdict.MATCH and proc is not None and record.pid in (None, proc.pid):
+            # Only a record without a PID, or the recorded PID itself (carrying the id: a
+            # start time misrecorded), may take a found process as its engine: a record's PID
+            # names its leader, and another process carrying its id is a helper that outlived
+            # it (a daemon in its own session); it is no engine alone.
             record.pid, record.pid_start_time = proc.pid, proc.start_time
             verdict = Verdict.MATCH
         phase = record.phase
