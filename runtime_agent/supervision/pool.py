@@ -237,7 +237,14 @@ class EnginePool:
         owner = EngineOwner(record, self._deps)
         self.owners[record.spec.model_name] = owner
         owner.start(mode, pid)
+        if mode is StartMode.STOP:  # a stop the previous agent left: made, then out of the pool
+            owner.finished.add_done_callback(lambda _: self._forget(owner))
         return owner
+
+    def _forget(self, owner: EngineOwner) -> None:
+        if self.owners.get(owner.name) is owner and owner.view.phase is Phase.STOPPED:
+            del self.owners[owner.name]
+            self._deps.on_view(owner.view)  # readers see it leave
 
     # ---- intents --------------------------------------------------------------------------
 
@@ -247,11 +254,9 @@ class EnginePool:
             return Done(model_name, None, changed=False, details={
                 "message": "not running on this agent; nothing to do"})
         outcome = await owner.request(Stop())
-        if self.owners.get(model_name) is owner and owner.view.phase is Phase.STOPPED:
-            del self.owners[model_name]
-            # leaving the pool changes what readers see after the STOPPED view did (the
-            # agent renders its snapshot once per change): one more change
-            self._deps.on_view(owner.view)
+        # leaving the pool changes what readers see after the STOPPED view did (the agent
+        # renders its snapshot once per change): one more change
+        self._forget(owner)
         if isinstance(outcome, NotFound):  # stopped by a concurrent deactivate: the same end
             return Done(model_name, Phase.STOPPED, changed=False)
         return outcome
