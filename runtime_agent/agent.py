@@ -99,7 +99,8 @@ class Agent:
         for path in (s.state_dir, s.engines_dir, s.logs_dir, engine_cwd):
             # Private: records hold activation credentials, logs hold what engines print.
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path.chmod(0o700)
+            if path.stat().st_mode & 0o777 != 0o700:  # (a read-only one starts when it is so)
+                path.chmod(0o700)
         self._lock.acquire()  # before the registry is read: one agent per state directory
         if self.probes is not None:  # "reading the registry" from here on, not a refused port
             await self.probes.start()
@@ -125,7 +126,7 @@ class Agent:
         await self.memory.start()
         if self.artifacts is not None:
             await self.artifacts.start()
-        loaded, steps = await recover(store, str(s.state_dir))
+        loaded, steps = await recover(store, str(s.state_dir), s.kv_shm_dir)
         if cgroups is not None:  # engines whose leader died while no agent watched: all of them
             live = {step.record.engine_id for step in steps
                     if step.mode is StartMode.ADOPT and step.pid is not None}

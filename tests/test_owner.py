@@ -368,9 +368,17 @@ async def test_intents_that_race_with_a_stop_are_answered_not_found(rig: OwnerRi
     assert late.model_name == "m1"
 
 
+def no_stop_marker(rig: OwnerRig) -> Path:
+    """Where a stop the registry cannot record is remembered, made unwritable (a directory)."""
+    marker = rig.settings.kv_shm_dir / f"{'e' * 16}.stopped"
+    marker.mkdir(parents=True)
+    return marker
+
+
 async def test_a_stop_refused_for_the_disk_names_the_engine(rig: OwnerRig) -> None:
     await active(rig)
     rig.store.fail = rig.store.fail_delete = errno.EROFS
+    no_stop_marker(rig)
     refused = await rig.ask(Stop())
     assert isinstance(refused, Refused) and refused.model_name == "m1"
 
@@ -599,15 +607,17 @@ async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
     await active_on_disk(rig)  # else that write is the one that fails
     assert rig.owner is not None
     rig.store.fail = errno.ENOSPC
-    done = await rig.ask(Sleep(1))  # nothing written yet, so nothing known to be wrong
-    assert isinstance(done, Done)  # the sleep's own write failed: supervised still
+    first = await rig.ask(Sleep(1))  # nothing written yet: the sleep's own write finds out
+    assert isinstance(first, Refused) and first.kind is Refusal.UNAVAILABLE
+    assert not any(c.startswith("sleep") for c in rig.adapter.calls)  # nothing was sent
+    assert rig.owner.view.phase is Phase.ACTIVE and rig.owner.record.operation is None
     await rig.until(lambda: "StorageUnavailable" in rig.reasons(), "reported")
-    refused = await rig.ask(Wake())
+    refused = await rig.ask(Sleep(1))
     assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE
     assert "cannot be written" in refused.message
     rig.launcher.last.exit(code=1)  # the owner still supervises: it restarts the engine
     await rig.until(lambda: len(rig.launcher.spawned) == 2 and rig.owner is not None
-                    and rig.owner.view.phase is Phase.SLEEPING, "restarted, asleep again")
+                    and rig.owner.view.phase is Phase.ACTIVE, "restarted, awake as it was")
     rig.store.fail = None
     await rig.until(lambda: "StorageRecovered" in rig.reasons(), "recovered", timeout_s=20)
     await rig.until(lambda: rig.owner is not None
@@ -625,6 +635,7 @@ async def test_a_stop_the_disk_cannot_remember_is_refused_and_touches_nothing(
         rig: OwnerRig) -> None:
     await active(rig)
     rig.store.fail = rig.store.fail_delete = errno.EROFS
+    no_stop_marker(rig)  # nor remembered beside the KV segments (registry.stops)
     refused = await rig.ask(Stop())
     assert isinstance(refused, Refused) and refused.kind is Refusal.UNAVAILABLE
     assert rig.launcher.last.calls == [] and rig.owner is not None

@@ -5,7 +5,10 @@ owner: it keeps supervising its engine, reports the condition (the engine's
 ``StorageUnavailable``, ``/healthz``'s ``degraded``), and writes again after a growing pause
 until a write succeeds. What cannot be made durable is refused instead: the pool and the
 owners ask ``StorageHealth`` before a change a restarted agent would have to remember, and
-answer 503 saying why.
+answer 503 saying why; nothing is sent to an engine before its record is written. A stop
+is the exception: on a read-only directory it is remembered beside the KV segments
+(``registry.stops``) and made, since ending an engine is safe once a restarted agent will
+finish the stop instead of starting the engine again.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from contract.phases import Phase
 from contract.reasons import STORAGE_UNAVAILABLE
+from registry import stops
 from runtime_agent.supervision.messages import PersistDue
 from runtime_agent.supervision.outcomes import Refusal, Refused
 
@@ -73,3 +78,30 @@ async def on_persist_due(owner: EngineOwner) -> None:
     owner._persist_pending = False
     if owner.record.engine_id in owner._deps.storage.failing:
         await owner._persist()
+
+
+async def stop_is_durable(owner: EngineOwner) -> bool:
+    """Write the record as STOPPING, or remove it, or remember the stop beside the KV segments
+    (a read-only state directory), before anything is stopped: a stop nothing remembers would
+    be undone by the next agent (it restarts what it finds recorded)."""
+    record = owner.record
+    stopping = record.model_copy(deep=True, update={"phase": Phase.STOPPING})
+    try:
+        await asyncio.to_thread(owner._deps.store.save, stopping)
+        return True
+    except OSError as exc:
+        write_failed(owner, exc)
+    try:  # unlink works on a full disk, where a write does not
+        await asyncio.to_thread(owner._deps.store.delete, record.engine_id)
+        return True
+    except OSError:
+        pass
+    settings = owner._settings
+    try:
+        where = await asyncio.to_thread(stops.mark, settings.kv_shm_dir, str(settings.state_dir),
+                                        record.engine_id)
+    except OSError:
+        return False
+    owner._emit(STORAGE_UNAVAILABLE, f"its record cannot be changed; the stop is remembered in "
+                f"{where}, so a restarted agent finishes it instead of starting the engine again")
+    return True

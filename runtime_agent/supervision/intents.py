@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from contract.phases import Phase
-from contract.reasons import SLEEP_FAILED, WAKE_FAILED
+from contract.reasons import SLEEP_FAILED, STORAGE_UNAVAILABLE, WAKE_FAILED
 from engines.client import EngineCallError
 from registry.record import InFlight
 from runtime_agent.gpu.admission import Refuse
@@ -139,13 +140,27 @@ async def start_op(owner: EngineOwner, action: Action, level: int,
     gen = owner._gen
     started = time.monotonic()
     memory = owner._deps.memory
-    if action is Action.SLEEP:
-        memory.set_sleeping(owner.name, True)  # figures from here on are not its awake size
     # Durable before the engine is called: an agent that dies meanwhile finds it and asks the
-    # engine how the call ended, instead of believing its old phase.
+    # engine how the call ended, instead of believing its old phase. A record that cannot be
+    # written sends nothing: the engine stays as it was, and the caller hears why (503).
     owner.record.operation = InFlight(action="sleep" if action is Action.SLEEP else "wake",
                                       level=level, started_at=owner._deps.clock())
-    await owner._persist()
+    if not await owner._persist():
+        owner.record.operation = None
+        if action is Action.SLEEP:
+            memory.set_sleeping(owner.name, False)  # gives back the host room it admitted
+        else:
+            memory.release_claim(owner.name)
+        refused = owner._deps.storage.refusal(owner.name) or Refused(
+            Refusal.UNAVAILABLE, "its record cannot be written", STORAGE_UNAVAILABLE, owner.name)
+        if request is not None:
+            resolve(request.reply, replace(refused, phase=owner.view.phase,
+                                           operation_id=request.intent.operation_id))
+        else:
+            owner._emit(STORAGE_UNAVAILABLE, f"not put back to sleep: {refused.message}")
+        return
+    if action is Action.SLEEP:
+        memory.set_sleeping(owner.name, True)  # figures from here on are not its awake size
 
     async def run() -> None:
         error: str | None = None

@@ -45,6 +45,7 @@ from engines.process import (
     group_workers,
     tail_lines,
 )
+from registry import stops
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
 from runtime_agent.artifacts.staging import EngineStager, StagingView
@@ -159,6 +160,12 @@ class EngineOwner:
             self._adopted = True
             self.view = self._make_view()
         self._task = asyncio.create_task(self._run(mode, pid), name=f"owner:{self.name}")
+
+    @property
+    def finished(self) -> asyncio.Task[None]:
+        """The owner's task: done once its engine is stopped (or the agent shuts down)."""
+        assert self._task is not None, "start() first"
+        return self._task
 
     @property
     def name(self) -> str:
@@ -517,7 +524,7 @@ class EngineOwner:
     # ---- stopping -------------------------------------------------------------------------
 
     async def _stop(self, request: Request) -> None:
-        if not await self._stop_is_durable():
+        if not await durability.stop_is_durable(self):
             resolve(request.reply, self._deps.storage.refusal(self.name)
                     or NotFound(self.name, "unreachable"))
             return
@@ -545,9 +552,13 @@ class EngineOwner:
         await self._transition(Phase.STOPPED, "Stopped", detail, persist=False)
         try:
             await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
-        except OSError as exc:  # the record says STOPPING: the next agent finishes the stop
+        except OSError as exc:  # the record says STOPPING, or a marker remembers the stop
             self._throttled.warning(f"delete:{self.name}", "record of stopped %s not removed: %s",
-                                    self.name, exc)
+                                    self.name, exc)  # (registry.stops): the next agent ends it
+        else:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(stops.clear, self._settings.kv_shm_dir,
+                                        self.record.engine_id)
         self._deps.storage.failing.pop(self.record.engine_id, None)
         await self._adapter.close()
         resolve(request.reply, intents.done(self, Phase.STOPPED, request.intent, details={
@@ -576,21 +587,6 @@ class EngineOwner:
             0, self._inbox.put_nowait, RestartDue(self._gen))
         resolve(request.reply, intents.done(self, Phase.RESTARTING, request.intent, details={
             "message": "it had failed; started again with a fresh restart budget"}))
-
-    async def _stop_is_durable(self) -> bool:
-        """Write the record as STOPPING, or remove it, before anything is stopped: a stop the
-        disk cannot remember would be undone by the next agent (it restarts what it finds)."""
-        stopping = self.record.model_copy(deep=True, update={"phase": Phase.STOPPING})
-        try:
-            await asyncio.to_thread(self._deps.store.save, stopping)
-            return True
-        except OSError as exc:
-            durability.write_failed(self, exc)
-        try:  # unlink works on a full disk, where a write does not
-            await asyncio.to_thread(self._deps.store.delete, self.record.engine_id)
-            return True
-        except OSError:
-            return False
 
     # ---- state changes --------------------------------------------------------------------
 

@@ -57,6 +57,17 @@ from runtime_agent.supervision.views import EngineView
 log = logging.getLogger(__name__)
 
 
+_ENDED = (Phase.STOPPING, Phase.STOPPED)
+
+
+def _stopped_meanwhile(name: str) -> Refused:
+    """A deactivate that came while this activation was starting the engine won: the
+    callers raced (409), the engine did not fail (not a 502)."""
+    return Refused(Refusal.CONFLICT, f"model {name!r} was deactivated by another request "
+                   "while this activation was starting it; activate it again if it should run",
+                   model_name=name, phase=Phase.STOPPED)
+
+
 @dataclass(frozen=True)
 class Activation:
     """What an activation asks for, whoever asked (the API builds it from its request)."""
@@ -131,6 +142,8 @@ class EnginePool:
             error = await asyncio.wait_for(asyncio.shield(owner.spawned), 2.0)
         except TimeoutError:
             error = None
+        if owner.view.phase in _ENDED:
+            return _stopped_meanwhile(name)
         if error is not None:
             return EngineFailed(name, error, owner.view.phase)
         return self._activated(owner)
@@ -184,6 +197,8 @@ class EnginePool:
                            f"different {', '.join(diffs)}; deactivate it first to change them",
                            model_name=spec.model_name, details={"port": owner.record.port})
         await owner.spawned
+        if owner.view.phase in _ENDED:
+            return _stopped_meanwhile(spec.model_name)
         if owner.view.phase is Phase.FAILED:  # the same spec again: start it over
             revived = await owner.request(Revive())
             if not isinstance(revived, Done):
@@ -222,7 +237,14 @@ class EnginePool:
         owner = EngineOwner(record, self._deps)
         self.owners[record.spec.model_name] = owner
         owner.start(mode, pid)
+        if mode is StartMode.STOP:  # a stop the previous agent left: made, then out of the pool
+            owner.finished.add_done_callback(lambda _: self._forget(owner))
         return owner
+
+    def _forget(self, owner: EngineOwner) -> None:
+        if self.owners.get(owner.name) is owner and owner.view.phase is Phase.STOPPED:
+            del self.owners[owner.name]
+            self._deps.on_view(owner.view)  # readers see it leave
 
     # ---- intents --------------------------------------------------------------------------
 
@@ -232,11 +254,9 @@ class EnginePool:
             return Done(model_name, None, changed=False, details={
                 "message": "not running on this agent; nothing to do"})
         outcome = await owner.request(Stop())
-        if self.owners.get(model_name) is owner and owner.view.phase is Phase.STOPPED:
-            del self.owners[model_name]
-            # leaving the pool changes what readers see after the STOPPED view did (the
-            # agent renders its snapshot once per change): one more change
-            self._deps.on_view(owner.view)
+        # leaving the pool changes what readers see after the STOPPED view did (the agent
+        # renders its snapshot once per change): one more change
+        self._forget(owner)
         if isinstance(outcome, NotFound):  # stopped by a concurrent deactivate: the same end
             return Done(model_name, Phase.STOPPED, changed=False)
         return outcome

@@ -3,11 +3,15 @@
 Inputs are the registry (records, some possibly quarantined as corrupt) and a scan of running
 processes that carry this state directory in their environment. Each record becomes one of:
 - adopt: its PID is alive and is provably the same process (PID + start time + engine id);
-- adopt a found process: the record's PID is stale or missing, but a process carrying the
-  record's engine id runs (the agent died between starting it and writing its PID);
-- restart: no such process runs any more (counted against the restart budget);
+- adopt a found process: the record has no PID, but a process carrying the record's engine
+  id leads its own group (the agent died between starting it and writing its PID);
+- restart: the recorded process runs no more (counted against the restart budget). A helper
+  that left the engine's group and outlived its leader carries the engine's id and leads a
+  session of its own, but it is not the engine: its port answers nothing. It is killed with
+  the other leftovers and the engine restarted, never adopted in the leader's place;
 - idle: the engine had failed for good; it keeps its record and last_error;
-- finish a stop: the agent died while stopping it.
+- finish a stop: the agent died while stopping it, or stopped it while its record could not
+  be changed (a read-only state directory: ``registry.stops`` remembers it).
 A running engine whose record was lost or corrupted is rebuilt from the spec it carries in its
 environment, so no running engine is lost with its file. ``plan`` is pure; ``recover`` does
 the I/O in a thread.
@@ -24,10 +28,12 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from contract.phases import Phase
+from registry import stops
 from registry.identity import FoundEngine, Verdict, scan_engines, verify
 from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, EngineRecord, EngineSpec
 from registry.store import LoadResult, RegistryStore
@@ -64,9 +70,11 @@ def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
 
 
 def plan(records: list[EngineRecord], found: list[FoundEngine],
-         check: Callable[[int, int, str], Verdict], now: float) -> list[Step]:
+         check: Callable[[int, int, str], Verdict], now: float,
+         stopped: frozenset[str] = frozenset()) -> list[Step]:
     """What to do with each record and each engine process found (pure). Only a process that
-    leads its own group is an engine: a worker whose leader died is a leftover (``leftovers``)."""
+    leads its own group is an engine: a worker whose leader died is a leftover (``leftovers``).
+    ``stopped``: engine ids whose stop was remembered outside the registry (``registry.stops``)."""
     by_id: dict[str, FoundEngine] = {}
     for f in sorted(found, key=lambda f: f.start_time):  # the first started of one id leads
         if f.leads_its_group:
@@ -81,11 +89,15 @@ def plan(records: list[EngineRecord], found: list[FoundEngine],
         verdict = Verdict.GONE
         if record.pid is not None and record.pid_start_time is not None:
             verdict = check(record.pid, record.pid_start_time, record.engine_id)
-        if verdict is not Verdict.MATCH and proc is not None:
+        if verdict is not Verdict.MATCH and proc is not None and record.pid in (None, proc.pid):
+            # Only a record without a PID, or the recorded PID itself (carrying the id: a
+            # start time misrecorded), may take a found process as its engine: a record's PID
+            # names its leader, and another process carrying its id is a helper that outlived
+            # it (a daemon in its own session); it is no engine alone.
             record.pid, record.pid_start_time = proc.pid, proc.start_time
             verdict = Verdict.MATCH
         phase = record.phase
-        if phase is Phase.STOPPING:
+        if phase is Phase.STOPPING or record.engine_id in stopped:
             steps.append(Step(record, StartMode.STOP, record.pid if verdict is Verdict.MATCH else None,
                               "finishing a stop the previous agent began"))
         elif phase is Phase.FAILED:
@@ -113,10 +125,13 @@ def leftovers(steps: list[Step], found: list[FoundEngine]) -> list[FoundEngine]:
     return [f for f in found if f.environ[ENV_ENGINE_ID] not in live]
 
 
-def _gather(store: RegistryStore, state_dir: str) -> tuple[LoadResult, list[FoundEngine], list[Step]]:
+def _gather(store: RegistryStore, state_dir: str, stops_dir: Path | None
+            ) -> tuple[LoadResult, list[FoundEngine], list[Step]]:
     loaded = store.load_all()
     found = scan_engines(state_dir, every=True)
-    steps = plan(loaded.records, found, verify, time.time())
+    stopped = frozenset(r.engine_id for r in loaded.records
+                        if stops_dir is not None and stops.marked(stops_dir, state_dir, r.engine_id))
+    steps = plan(loaded.records, found, verify, time.time(), stopped)
     for orphan in leftovers(steps, found):  # a dead leader's workers: end them before restarts
         log.warning("killing pid %d: it carries engine %s, whose leader is gone", orphan.pid,
                     orphan.environ[ENV_ENGINE_ID])
@@ -128,8 +143,11 @@ def _gather(store: RegistryStore, state_dir: str) -> tuple[LoadResult, list[Foun
     return loaded, found, steps
 
 
-async def recover(store: RegistryStore, state_dir: str) -> tuple[LoadResult, list[Step]]:
-    loaded, _, steps = await asyncio.to_thread(_gather, store, state_dir)  # /proc + disk reads
+async def recover(store: RegistryStore, state_dir: str, stops_dir: Path | None = None
+                  ) -> tuple[LoadResult, list[Step]]:
+    """``stops_dir``: where stops the registry could not record are remembered."""
+    loaded, _, steps = await asyncio.to_thread(_gather, store, state_dir,  # /proc + disk reads
+                                               stops_dir)
     for q in loaded.quarantined:
         log.warning("registry file %s was unreadable (%s); kept at %s", q.original, q.reason,
                     q.kept_at)

@@ -34,6 +34,17 @@ def fill(disk: Path) -> Path:
     return filler
 
 
+@contextlib.contextmanager
+def read_only(directory: Path) -> Iterator[None]:
+    """``directory`` read-only while inside: a bind mount of itself, remounted read-only."""
+    subprocess.run(["mount", "--bind", str(directory), str(directory)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(directory)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
 def record_settled(state_dir: Path, phase: str) -> bool:
     """The one engine record says ``phase`` and no write of it is in flight."""
     names = [p.name for p in (state_dir / "engines").iterdir()]
@@ -84,18 +95,17 @@ def test_a_full_state_directory_costs_no_control(agent_factory, tmp_path: Path) 
         assert agent.client.health()["status"] == "ok"
 
 
-def test_a_read_only_state_directory_refuses_a_stop_it_could_not_remember(
+def test_a_read_only_state_directory_refuses_a_stop_it_could_remember_nowhere(
         agent_factory, tmp_path: Path) -> None:
     with tmpfs(tmp_path / "disk", "8m") as disk:
         agent: AgentProcess = agent_factory(state_dir=disk / "state")
         first = agent.activate_sim("m1")
         agent.wait_phase("m1", "active")
+        engine_id = agent.model(agent.client.snapshot(), "m1")["engine_id"]
+        (agent.shm_dir / f"{engine_id}.stopped").mkdir()  # no marker can be written either
         # a record write in flight holds a file open for writing: the remount would be refused
         assert wait_until(lambda: record_settled(disk / "state", "active"), 10)
-        records = disk / "state" / "engines"  # read-only from here on: a bind mount over it
-        subprocess.run(["mount", "--bind", str(records), str(records)], check=True)
-        subprocess.run(["mount", "-o", "remount,ro,bind", str(records)], check=True)
-        try:
+        with read_only(disk / "state" / "engines"):
             with pytest.raises(AgentError) as err:
                 agent.client.deactivate("m1")
             assert err.value.status == 503 and "cannot be written" in str(err.value)
@@ -103,6 +113,5 @@ def test_a_read_only_state_directory_refuses_a_stop_it_could_not_remember(
             # find its record and start it again, so the agent does not stop it
             model = agent.model(agent.client.snapshot(), "m1")
             assert model["phase"] == "active" and "StorageUnavailable" in model["conditions"]
-        finally:
-            subprocess.run(["umount", str(records)], check=True)
+        (agent.shm_dir / f"{engine_id}.stopped").rmdir()
         assert agent.client.deactivate("m1")["phase"] == "stopped"
