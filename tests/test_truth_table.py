@@ -50,10 +50,7 @@ PENDING: dict[tuple[str, str], str] = {
        for column in ("adopted sleeping-1", "adopted sleeping-2", "adopted waking")},
 }
 # column -> why it fails as a whole today (a whole column of `absent` with its engine there)
-PENDING_COLUMNS: dict[str, str] = {
-    "adopted stopping": f"{FOUND}: a stop the new agent takes over leaves a 'stopped' entry "
-    "in the snapshot and the list (StartMode.STOP is not removed from the pool)",
-}
+PENDING_COLUMNS: dict[str, str] = {}
 
 
 class Walk:
