@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,18 +65,23 @@ PORT_ATTEMPTS = 8  # starts of one daemon that may each lose a port before a tes
 _TAKEN = re.compile(r"(--[a-z-]+) (\d+): \S+ is already in use")
 
 
-def port_taken(code: int | None, said: str, ours: Sequence[str]) -> list[str]:
-    """The flags, of ``ours``, whose ports another process took first; empty for any other end.
+def port_taken(code: int | None, said: str, ours: Mapping[str, int],
+               is_free: Callable[[int], bool] | None = None) -> list[str]:
+    """The flags, of ``ours`` (flag: port), whose ports another process took first; empty for
+    any other end, which stays the test's failure.
 
     The agent exits 5 (``EXIT_PORT``) saying ``--flag N: host:N is already in use`` for a port
-    it binds at start; its embedded reconciler and door bind later and exit 1 with "cannot
-    listen: ... in use" naming no flag, so every port of ours but ``--port`` (bound before
-    them) is picked again. A free port is only a guess until the daemon binds it."""
+    it binds at start. Its embedded reconciler and door bind later and exit 1 with "... (port
+    N) ... cannot listen: ... in use", naming ports but not which one: a port of ours named
+    there that is still held now is the one (a test that holds a port of its own on purpose
+    keeps that failure). A free port is only a guess until the daemon binds it."""
     named = [m.group(1) for m in _TAKEN.finditer(said) if m.group(1) in ours]
     if code == 5 and named:
         return named
     if code in (1, 5) and "cannot listen" in said and "in use" in said:
-        return [flag for flag in ours if flag != "--port"]
+        free = is_free or _free
+        return [flag for flag, port in ours.items() if flag != "--port"
+                and f"(port {port})" in said and not free(port)]
     return []
 
 
@@ -196,7 +201,7 @@ class AgentProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 said = self.log_path.read_bytes()[log_from:].decode(errors="replace")
-                taken = port_taken(self.proc.returncode, said, ["--port", *self.ports])
+                taken = port_taken(self.proc.returncode, said, {"--port": self.port, **self.ports})
                 if taken:
                     return taken
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log_tail()}")

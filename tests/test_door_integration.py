@@ -442,9 +442,8 @@ async def test_a_door_port_in_use_stops_the_agent_with_a_clear_message(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        agent = agent_factory(start=False, extra_args=[
-            *CARD, "--claims", str(claims), "--claims-port", str(free_port()),
-            "--door-port", str(port)])
+        agent = agent_factory(start=False, free_ports=["--claims-port"], extra_args=[
+            *CARD, "--claims", str(claims), "--door-port", str(port)])
         with contextlib.suppress(RuntimeError):  # it may answer /healthz before it stops
             agent.start()
         assert agent.proc is not None and agent.proc.wait(30) != 0

@@ -74,29 +74,44 @@ def test_a_taken_claims_port_is_picked_again_and_read_back(
     assert status == 200
 
 
+OURS = {"--port": 4100, "--claims-port": 4101, "--door-port": 4103}
+DOOR_LINE = ("runtime-agent: the embedded reconciler (port 4101) or its front door (port 4103) "
+             "cannot listen: [Errno 98] address already in use; choose other ports")
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(("code", "said", "taken"), [
+@pytest.mark.parametrize(("code", "said", "held", "taken"), [
     (5, "runtime-agent serve: --port 4100: 127.0.0.1:4100 is already in use (another agent?)",
-     ["--port"]),
-    (5, "--claims-port 4101: 127.0.0.1:4101 is already in use", ["--claims-port"]),
-    (1, "the embedded reconciler (port 1) or its front door (port 2) cannot listen: [Errno 98] "
-        "address already in use", ["--claims-port"]),
-    (5, "--state-dir x is busy", []),  # not a port: the test fails as before
-    (3, "--port 4100: 127.0.0.1:4100 is already in use", []),
-    (5, "--health-probe-port 4102: 127.0.0.1:4102 is already in use", []),  # not ours
+     set(), ["--port"]),
+    (5, "--claims-port 4101: 127.0.0.1:4101 is already in use", set(), ["--claims-port"]),
+    (1, DOOR_LINE, {4103}, ["--door-port"]),  # the one still held is the one that was taken
+    (1, DOOR_LINE, {4101, 4103}, ["--claims-port", "--door-port"]),
+    (1, DOOR_LINE, set(), []),  # given back already: no way to tell, the test fails as before
+    (1, DOOR_LINE.replace("(port 4103)", "(port 4200)"), {4200}, []),  # the test's own port
+    (5, "--state-dir x is busy", set(), []),  # not a port
+    (3, "--port 4100: 127.0.0.1:4100 is already in use", set(), []),
+    (5, "--health-probe-port 4102: 127.0.0.1:4102 is already in use", set(), []),  # not ours
 ])
 def test_only_a_port_of_ours_that_was_taken_is_picked_again(
-        code: int, said: str, taken: list[str]) -> None:
-    assert port_taken(code, said, ["--port", "--claims-port"]) == taken
+        code: int, said: str, held: set[int], taken: list[str]) -> None:
+    assert port_taken(code, said, OURS, lambda port: port not in held) == taken
+
+
+def _free_now(ports: range) -> set[int]:
+    free = set()
+    for port in ports:
+        sock = take(port, "127.0.0.1")
+        if sock is not None:
+            free.add(port)
+            sock.close()
+    return free
 
 
 @pytest.mark.timeout(30)
 def test_port_noise_takes_ports_only_in_its_ranges_and_gives_them_back() -> None:
-    ranges = [(42000, 42009)]
+    ports = range(9100, 9110)  # below the harness's engine blocks and the ephemeral range
     rng = random.Random(1)
-    assert {pick(rng, ranges) for _ in range(50)} <= set(range(42000, 42010))
-    assert run(0.3, 200.0, (0.001, 0.002), 4, ranges, host="127.0.0.1", seed=1) > 0
-    for port in range(42000, 42010):  # all closed again
-        sock = take(port, "127.0.0.1")
-        assert sock is not None
-        sock.close()
+    assert {pick(rng, [(9100, 9109)]) for _ in range(50)} <= set(ports)
+    free = _free_now(ports)
+    assert run(0.3, 200.0, (0.001, 0.002), 4, [(9100, 9109)], host="127.0.0.1", seed=1) > 0
+    assert _free_now(ports) >= free  # every port it took is closed again
