@@ -215,7 +215,7 @@ class AgentProcess:
         if flag == "--port":
             self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
-            self.client = AgentClient(self.url, timeout_s=60)
+            self.client.url = self.url  # the test's own client (a token, a timeout) moves along
         else:
             self.ports[flag] = free_port()
 
