@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,30 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+PORT_ATTEMPTS = 8  # starts of one daemon that may each lose a port before a test gives up
+_TAKEN = re.compile(r"(--[a-z-]+) (\d+): \S+ is already in use")
+
+
+def port_taken(code: int | None, said: str, ours: Mapping[str, int],
+               is_free: Callable[[int], bool] | None = None) -> list[str]:
+    """The flags, of ``ours`` (flag: port), whose ports another process took first; empty for
+    any other end, which stays the test's failure.
+
+    The agent exits 5 (``EXIT_PORT``) saying ``--flag N: host:N is already in use`` for a port
+    it binds at start. Its embedded reconciler and door bind later and exit 1 with "... (port
+    N) ... cannot listen: ... in use", naming ports but not which one: a port of ours named
+    there that is still held now is the one (a test that holds a port of its own on purpose
+    keeps that failure). A free port is only a guess until the daemon binds it."""
+    named = [m.group(1) for m in _TAKEN.finditer(said) if m.group(1) in ours]
+    if code == 5 and named:
+        return named
+    if code in (1, 5) and "cannot listen" in said and "in use" in said:
+        free = is_free or _free
+        return [flag for flag, port in ours.items() if flag != "--port"
+                and f"(port {port})" in said and not free(port)]
+    return []
 
 
 def engine_port() -> int:
@@ -129,7 +154,8 @@ class AgentProcess:
     def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
                  ports: int = 100, extra_args: Sequence[str] = (),
                  env: dict[str, str] | None = None, root: Path = ROOT,
-                 engine_host: str | None = "127.0.0.1", shm_dir: Path | None = None) -> None:
+                 engine_host: str | None = "127.0.0.1", shm_dir: Path | None = None,
+                 free_ports: Sequence[str] = ()) -> None:
         self.state_dir = state_dir
         self.root = root  # the source tree the agent runs from (a bench compares two)
         self.port = free_port()
@@ -138,11 +164,13 @@ class AgentProcess:
         self.restart_delays = restart_delays
         self.extra_args = list(extra_args)
         self.env = dict(env or {})  # over the test's own environment
+        # Port flags the harness picks (``--claims-port``...), read back after start.
+        self.ports = {flag: free_port() for flag in free_ports}
         self.engine_host = engine_host  # None: the agent's own default
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = AgentClient(self.url, timeout_s=60)
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = state_dir.parent / f"agent-{self.port}.log"
+        self.log_path = state_dir.parent / f"agent-{state_dir.name}.log"  # not by port: it may move
         # kvcached segments, shared by agents restarted on this state directory: one machine
         # (a Pod's /dev/shm is its own tmpfs). Two agents of one test are two machines, unless
         # a test passes them one shm_dir on purpose: they would claim each other's names.
@@ -150,38 +178,70 @@ class AgentProcess:
         self.shm_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, timeout_s: float = 15.0) -> None:
-        argv = [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
+        """Start the agent and wait until it answers. A port of ours (``--port``, or a flag
+        named in ``free_ports``) that another process took between our pick and the agent's
+        bind is no test failure: the agent exits 5 naming it, and it starts again on another
+        (the ports are read back from ``port``, ``url`` and ``ports``)."""
+        for _ in range(PORT_ATTEMPTS):
+            taken = self._start_once(timeout_s)
+            if not taken:
+                return
+            for flag in taken:
+                self._repick(flag)
+        raise RuntimeError(f"agent lost its port {PORT_ATTEMPTS} times:\n{self.log_tail()}")
+
+    def _argv(self) -> list[str]:
+        return [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
                 "--port", str(self.port), "--state-dir", str(self.state_dir), "--engines", "sim",
                 "--engine-ports", f"{self.port_low}-{self.port_high}",
                 *(["--engine-host", self.engine_host] if self.engine_host else []),
                 "--restart-delays", self.restart_delays,
                 "--stop-grace", "3", "--scrape-interval", "0.2", "--log-format", "text",
                 "--kv-shm-dir", str(self.shm_dir), "--kv-hold-interval", "0.2",
-                *self.extra_args]
+                *self.extra_args,
+                *(word for flag, port in self.ports.items() for word in (flag, str(port)))]
+
+    def _start_once(self, timeout_s: float) -> list[str]:
+        """One start: nothing once the agent answers, or the flags whose ports were taken."""
         log = self.log_path.open("ab")
+        log_from = log.tell()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        self.proc = subprocess.Popen(argv, cwd=self.root, stdout=log, stderr=log, env=env,
+        self.proc = subprocess.Popen(self._argv(), cwd=self.root, stdout=log, stderr=log, env=env,
                                      start_new_session=True)
         log.close()
+        # A short timeout: until the agent binds, a stranger may hold the port and never answer.
+        probe = AgentClient(self.url, timeout_s=2)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                said = self.log_path.read_bytes()[log_from:].decode(errors="replace")
+                taken = port_taken(self.proc.returncode, said, {"--port": self.port, **self.ports})
+                if taken:
+                    return taken
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(OSError, AgentError):
-                self.client.health()
+                probe.health()
                 if all(_answers(port) for port in self._embedded_ports()):
-                    return
+                    return []
             time.sleep(0.02)
         raise RuntimeError(f"agent did not answer within {timeout_s} s:\n{self.log_tail()}")
 
     def _embedded_ports(self) -> list[int]:
         """The embedded reconciler's and door's ports (``--claims``): they listen once the
         agent does, so a test that goes on after the agent answered waits for them too."""
-        args = list(self.extra_args)
+        args = self._argv()
         if "--claims" not in args:
             return []
         flags = ["--claims-port"] + ([] if "--no-door" in args else ["--door-port"])
         return [int(args[args.index(flag) + 1]) for flag in flags if flag in args]
+
+    def _repick(self, flag: str) -> None:
+        if flag == "--port":
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.client.url = self.url  # the test's own client (a token, a timeout) moves along
+        else:
+            self.ports[flag] = free_port()
 
     def log_tail(self, lines: int = 40) -> str:
         try:

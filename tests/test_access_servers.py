@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from reconciler.openapi import openapi_document as reconciler_document
 from runtime_agent.api.openapi import ROUTES as AGENT_ROUTES
 from runtime_agent.client import AgentClient
-from tests.harness import AgentProcess, free_port
+from tests.harness import AgentProcess
 from tests.reconciler_fakes import claim_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -56,17 +56,16 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     (where / "claims" / "m.yaml").write_text(claim_yaml("m", "m", "3Gi", "1Gi", SIM))
     (where / "token").write_text(TOKEN + "\n")
     (where / "keys").write_text(KEY + "\n")
-    claims_port, door_port = free_port(), free_port()
-    agent = AgentProcess(where / "state", engine_host=None, extra_args=[
+    agent = AgentProcess(where / "state", engine_host=None, free_ports=[
+        "--claims-port", "--door-port"], extra_args=[
         "--simulate-gpus", "1x16GiB", "--claims", str(where / "claims"),
-        "--claims-port", str(claims_port), "--door-port", str(door_port),
         "--token-file", str(where / "token"), "--auth-reads",
         "--door-api-keys", str(where / "keys"), "--door-access-log", "off"])
     agent.client = AgentClient(agent.url, timeout_s=60, token=TOKEN)
     try:
         agent.start()
         agent.wait_phase("m", "active", timeout_s=60)
-        yield Node(agent, claims_port, door_port)
+        yield Node(agent, agent.ports["--claims-port"], agent.ports["--door-port"])
     finally:
         agent.cleanup()
 
@@ -266,11 +265,10 @@ def test_a_rotated_token_file_is_taken_by_the_agent_and_its_reconciler_without_a
     token = tmp_path / "token"
     token.write_text("first-token-000000\n")
     (tmp_path / "claims").mkdir()
-    claims_port = free_port()
-    agent: AgentProcess = agent_factory(start=False, extra_args=[
-        "--claims", str(tmp_path / "claims"), "--claims-port", str(claims_port), "--no-door",
-        "--token-file", str(token)])
+    agent: AgentProcess = agent_factory(start=False, free_ports=["--claims-port"], extra_args=[
+        "--claims", str(tmp_path / "claims"), "--no-door", "--token-file", str(token)])
     agent.start()
+    claims_port = agent.ports["--claims-port"]
     body = json.dumps({"model_name": "nope"}).encode()
     assert ask(agent.port, "POST", "/v1/runtime/models/wake", ("Bearer first-token-000000",),
                body)[0] == 404  # taken: there is no such model

@@ -415,10 +415,9 @@ async def test_serve_with_claims_opens_the_door_and_keeps_engines_on_loopback(
     claims = tmp_path / "claims"
     claims.mkdir()
     (claims / "m.yaml").write_text(claim("m"))
-    door_port, claims_port = free_port(), free_port()
-    agent = agent_factory(engine_host=None, extra_args=[
-        *CARD, "--claims", str(claims), "--claims-port", str(claims_port),
-        "--door-port", str(door_port)])
+    agent = agent_factory(engine_host=None, free_ports=["--claims-port", "--door-port"],
+                          extra_args=[*CARD, "--claims", str(claims)])
+    door_port, claims_port = agent.ports["--door-port"], agent.ports["--claims-port"]
     async with aiohttp.ClientSession() as http:
         async with http.post(f"http://127.0.0.1:{door_port}/v1/chat/completions",
                              json={"model": "m", "messages": CHAT}) as resp:

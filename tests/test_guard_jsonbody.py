@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guard.jsonbody import MAX_DEPTH, JsonBodyError, JsonTooDeep, loads
-from tests.harness import AgentProcess, free_port, http_json
+from tests.harness import AgentProcess, http_json
 
 pytestmark = pytest.mark.timeout(60)
 CARD = ["--simulate-gpus", "1x16GiB", "--gpu-reserve", "1GiB"]
@@ -60,9 +60,9 @@ def test_the_agent_api_and_the_door_answer_a_deep_body_422_and_log_no_traceback(
         tmp_path: Path, agent_factory: Callable[..., AgentProcess]) -> None:
     claims = tmp_path / "claims"
     claims.mkdir()
-    door_port = free_port()
-    agent = agent_factory(extra_args=[*CARD, "--claims", str(claims), "--claims-port",
-                                      str(free_port()), "--door-port", str(door_port)])
+    agent = agent_factory(free_ports=["--claims-port", "--door-port"],
+                          extra_args=[*CARD, "--claims", str(claims)])
+    door_port = agent.ports["--door-port"]
     deep = b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, doc = http_json(f"{agent.url}/v1/runtime/models/activate", "POST", deep)
     assert status == 422 and "more than" in doc["message"], doc

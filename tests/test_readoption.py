@@ -29,9 +29,10 @@ def restart_agent(agent_factory, old: AgentProcess) -> AgentProcess:
 
 def test_a_killed_agent_is_replaced_and_readopts_every_engine(agent_factory) -> None:
     agent: AgentProcess = agent_factory()
-    before = {name: agent.activate_sim(name) for name in ("a", "b", "c")}
-    for name in before:
-        agent.wait_phase(name, "active")
+    for name in ("a", "b", "c"):
+        agent.activate_sim(name)
+    # Read once active: under load the activation can answer before the engine has a pid.
+    before = {name: agent.wait_phase(name, "active") for name in ("a", "b", "c")}
     agent.client.sleep("c", 1)
     new = restart_agent(agent_factory, agent)
     snap = new.wait_for(lambda s: all(m["phase"] in ("active", "sleeping") and m["adopted"]

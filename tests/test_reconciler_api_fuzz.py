@@ -23,7 +23,7 @@ from schemathesis import checks
 from reconciler.openapi import openapi_document
 from reconciler.server import make_app
 from runtime_agent.client import AgentClient
-from tests.harness import AgentProcess, free_port
+from tests.harness import AgentProcess
 from tests.reconciler_fakes import claim_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -48,17 +48,17 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reconciler]:
     (where / "claims" / "m.yaml").write_text(claim_yaml("m", "m", "3Gi", "1Gi", {
         "--sim-startup-seconds": "0.1", "--sim-memory-bytes": str(GiB)}))
     (where / "token").write_text(TOKEN)
-    port = free_port()
-    agent = AgentProcess(where / "state", engine_host=None, extra_args=[
-        "--simulate-gpus", "1x16GiB", "--claims", str(where / "claims"),
-        "--claims-port", str(port), "--no-door", "--token-file", str(where / "token")])
+    agent = AgentProcess(where / "state", engine_host=None, free_ports=["--claims-port"],
+                         extra_args=["--simulate-gpus", "1x16GiB", "--claims",
+                                     str(where / "claims"), "--no-door",
+                                     "--token-file", str(where / "token")])
     agent.client = AgentClient(agent.url, timeout_s=60, token=TOKEN)
     try:
         agent.start()
         agent.wait_phase("m", "active", timeout_s=60)
         agent.client.sleep("m")  # a wake with something to do
         agent.wait_phase("m", "sleeping")
-        yield Reconciler(f"http://127.0.0.1:{port}", agent)
+        yield Reconciler(f"http://127.0.0.1:{agent.ports['--claims-port']}", agent)
     finally:
         agent.cleanup()
 

@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from contract.flags import known_flags, unrecognized
+from contract.flags import invalid_values, known_flags, unrecognized
+from contract.flags.values import ValueType, convert
 from engines.sim.kvcache import DEFAULT_SHM_DIR, ipc_name_from_env, round_up_to_pages
 from engines.sim.ollama_config import (
     OllamaSettings,
@@ -158,6 +159,17 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
 POOLING_TASKS = frozenset({"embed", "embedding", "classify", "score", "reward", "pooling"})
 
 
+def _size(kind: str, word: str) -> Callable[[str], int]:
+    """``type=`` for a length flag, read as the real engine reads it (``1k``, vLLM's ``auto``)."""
+    def size(value: str) -> int:
+        number = convert(value, ValueType(word), kind)
+        assert isinstance(number, int)
+        return number
+
+    size.__name__ = word  # argparse names it in "invalid size value"
+    return size
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser for the flags the simulator models; unknown flags are left to the caller."""
     parser = argparse.ArgumentParser(
@@ -173,13 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default=None)
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--enable-sleep-mode", action="store_true")
-    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-model-len", type=_size("vllm", "size-or-auto"), default=4096)
     parser.add_argument("--disable-uvicorn-access-log", action="store_true")
     parser.add_argument("--disable-access-log-for-endpoints", default="")
     parser.add_argument("--uvicorn-access-log-exclude-prefixes", nargs="*", default=[])
     # SGLang's own spellings (--sim-mode sglang)
     parser.add_argument("--model-path", dest="model_path", default=None)
-    parser.add_argument("--context-length", type=int, default=None)
+    parser.add_argument("--context-length", type=_size("sglang", "size"), default=None)
     parser.add_argument("--enable-memory-saver", action="store_true")
     parser.add_argument("--enable-weights-cpu-backup", action="store_true")
     parser.add_argument("--enable-metrics", action="store_true")
@@ -239,6 +251,14 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
             parser.error(f"unrecognized arguments: {' '.join(refused)}")
         except SystemExit as exc:  # argparse printed the usage and the error, as the real engine does
             raise OptionsError(f"unrecognized arguments: {' '.join(refused)}") from exc
+    invalid = [] if sim["mode"] == "ollama" else invalid_values(
+        list(argv)[1:], accepted_flags(sim["mode"]), sim["mode"],
+        positionals=int(sim["mode"] != "sglang"))
+    if invalid:  # as the real parser: usage, "argument --flag: invalid ... value", exit 2
+        try:
+            parser.error(f"argument {invalid[0]}")
+        except SystemExit as exc:
+            raise OptionsError(f"argument {invalid[0]}") from exc
     if sim["mode"] == "sglang":
         model = namespace.model_path or namespace.model_flag
         if not model:
@@ -285,7 +305,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         host=host,
         port=port,
         enable_sleep_mode=namespace.enable_sleep_mode,
-        max_model_len=namespace.context_length or namespace.max_model_len,
+        max_model_len=namespace.context_length or (4096 if namespace.max_model_len == -1
+                                                   else namespace.max_model_len),  # -1: auto
         access_log=not namespace.disable_uvicorn_access_log,
         quiet_paths=tuple(p for p in namespace.disable_access_log_for_endpoints.split(",") if p),
         quiet_prefixes=tuple(namespace.uvicorn_access_log_exclude_prefixes),

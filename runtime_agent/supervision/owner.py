@@ -89,7 +89,7 @@ from runtime_agent.supervision.messages import (
     Unusable,
 )
 from runtime_agent.supervision.outcomes import EngineFailed, NotFound, Outcome
-from runtime_agent.supervision.ports import port_is_free
+from runtime_agent.supervision.ports import lost_its_port, port_is_free
 from runtime_agent.supervision.views import EngineEvent, EngineView
 
 log = logging.getLogger(__name__)
@@ -427,6 +427,7 @@ class EngineOwner:
         The decision and its transition come first (they need no I/O); the leftover segment,
         the log tail and the durable record follow (before the move, for a terminal failure). A restart that falls due meanwhile waits
         in the inbox until this returns."""
+        was_ready = self._ready
         self._cancel_helpers()
         self._end_turn()
         self._gen += 1  # results already queued by the dead process's helpers are void
@@ -441,7 +442,16 @@ class EngineOwner:
         self.record.last_error = self.record.last_exit = cause
         self.record.pid = self.record.pid_start_time = None
         delay = restart_delay(self.record.restart_count, self._settings.restart_delays)
-        if delay is None:  # terminal: no hurry; the log tail belongs in last_error at once,
+        if not was_ready and info is not None and await self._port_was_taken():
+            # Not a crash: a stranger bound the port after our check. Start again at once; the
+            # start waits for the port (PortHeld) while it is held. No restart is spent.
+            self._deps.memory.exited(self.name)
+            await self._transition(Phase.RESTARTING, PORT_HELD, f"port {self.record.port} was "
+                                   "taken by another process before the engine bound it",
+                                   persist=False)
+            self._restart_timer = asyncio.get_running_loop().call_later(
+                0, self._inbox.put_nowait, RestartDue(self._gen))
+        elif delay is None:  # terminal: no hurry; the log tail belongs in last_error at once,
             await self._add_log_tail(cause)  # and `failed` is read as "nothing of it is left"
             await self._kv.remove_leftover()
             self.record.budget_exhausted += 1
@@ -463,6 +473,10 @@ class EngineOwner:
         await asyncio.to_thread(self._deps.launcher.kill_leftovers,
                                 str(self._settings.state_dir), self.record.engine_id)
         await self._persist()
+
+    async def _port_was_taken(self) -> bool:
+        tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
+        return lost_its_port(tail, self.record.port)
 
     async def _add_log_tail(self, cause: str) -> None:
         tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read

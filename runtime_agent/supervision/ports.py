@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 
@@ -45,3 +46,19 @@ def overlaps_ephemeral(low: int, high: int, ephemeral: tuple[int, int]) -> bool:
     the agent's own probe of a booting engine: TCP self-connect), and the engine then cannot
     bind its port until the TIME_WAIT ends."""
     return low <= ephemeral[1] and ephemeral[0] <= high
+
+
+_IN_USE = re.compile(r"address already in use", re.IGNORECASE)
+
+
+def lost_its_port(log_tail: Sequence[str], port: int) -> bool:
+    """The engine's last lines say it could not bind its own ``port``: another process took
+    it between the agent's check and the engine's bind. uvicorn (SGLang, the simulator, which
+    bind after loading the model): "[Errno 98] error while attempting to bind on address
+    ('h', P): address already in use"; Ollama: "listen tcp h:P: bind: address already in
+    use"; vLLM binds its API socket first thing, and its traceback names the function
+    (``create_server_socket``) instead of the port. A port other than the engine's own (a
+    distributed rendezvous) is the engine's fault, and spends a restart as before."""
+    named = re.compile(rf"(?<![0-9]){port}(?![0-9])")
+    api_socket = any("create_server_socket" in line for line in log_tail)
+    return any(_IN_USE.search(line) and (api_socket or named.search(line)) for line in log_tail)
