@@ -106,6 +106,10 @@ class EngineRecord(BaseModel):
     last_exit: str | None = None
     last_transition: float = 0.0
     created_at: float = 0.0
+    # The most GPU memory process ``hbm_peak_pid`` held, as the agent last wrote it (at each
+    # record write): a re-adopting agent goes on from it instead of starting the peak again.
+    hbm_peak_bytes: int | None = None
+    hbm_peak_pid: int | None = None
     operations: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # GPU placement: the cards the engine runs on, and what it declared it needs on each.
     devices: list[int] = Field(default_factory=list)

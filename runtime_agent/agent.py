@@ -135,6 +135,9 @@ class Agent:
                             engine_id)
         for step in steps:  # taken-over engines keep their place on their cards
             rec = step.record
+            if step.mode is StartMode.ADOPT and step.pid is not None \
+                    and rec.hbm_peak_pid == step.pid and rec.hbm_peak_bytes is not None:
+                self.memory.adopt_peak(rec.spec.model_name, step.pid, rec.hbm_peak_bytes)
             if step.mode in (StartMode.ADOPT, StartMode.RESTART) and rec.devices:
                 self.memory.adopt(rec.spec.model_name, tuple(rec.devices),
                                   rec.per_gpu.need_bytes if rec.per_gpu else 0,

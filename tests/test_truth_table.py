@@ -43,12 +43,7 @@ WINDOW_S = 2.0  # each column is polled this long after it first held (> HISTORY
 TRANSIENT = {"booting", "waking", "restarting", "stopping", "adopted booting"}
 # (row, column) -> why the cell fails today: each must fail, and the test errors once one
 # holds, so that the entry goes with the fix.
-FOUND = "issue 22, found by the truth table"
-PENDING: dict[tuple[str, str], str] = {
-    **{("hbm_peak_bytes", column): f"{FOUND}: an adopted engine's peak restarts from what the "
-       "new agent measures (a sleeping one: its footprint), not since its process started"
-       for column in ("adopted sleeping-1", "adopted sleeping-2", "adopted waking")},
-}
+PENDING: dict[tuple[str, str], str] = {}
 # column -> why it fails as a whole today (a whole column of `absent` with its engine there)
 PENDING_COLUMNS: dict[str, str] = {}
 

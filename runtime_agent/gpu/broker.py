@@ -247,6 +247,11 @@ class MemoryBroker:
         if valid:
             self.ledger = declare(self.ledger, key, valid, declared_bytes, sleeping)
 
+    def adopt_peak(self, key: str, pid: int, peak_bytes: int) -> None:
+        """A re-adopted engine's HBM peak as the previous agent recorded it for process
+        ``pid``: its peak goes on from there (a new process starts again)."""
+        self._peaks[key] = (pid, peak_bytes)
+
     def claim_wake(self, key: str) -> Admit | Refuse | None:
         """Claim back what the engine held awake; None when it is not in the ledger."""
         holding = self.ledger.holdings.get(key)

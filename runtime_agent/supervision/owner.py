@@ -620,6 +620,7 @@ class EngineOwner:
         """Write the record (fsync: off the event loop); False when the disk refused it, which
         is reported and retried (``durability``), never fatal."""
         self._kv.persist_into(self.record)
+        self._peak_into(self.record)
         snapshot = self.record.model_copy(deep=True)
         try:
             await asyncio.to_thread(self._deps.store.save, snapshot)
@@ -628,6 +629,17 @@ class EngineOwner:
             return False
         durability.write_succeeded(self)
         return True
+
+    def _peak_into(self, record: EngineRecord) -> None:
+        """The HBM peak of the engine's process so far, kept with the record."""
+        figures = self._deps.memory.figures.get(self.name)
+        peak = figures.hbm_peak_bytes if figures is not None else None
+        if record.pid is None or peak is None:
+            return
+        if record.hbm_peak_pid != record.pid:  # a new process: its own peak
+            record.hbm_peak_pid, record.hbm_peak_bytes = record.pid, peak
+        else:
+            record.hbm_peak_bytes = max(peak, record.hbm_peak_bytes or 0)
 
     def _emit(self, reason: str, message: str, src: Phase | None = None,
               to: Phase | None = None, duration_s: float | None = None) -> None:
