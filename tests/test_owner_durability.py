@@ -141,3 +141,21 @@ def test_a_stop_on_a_read_only_state_directory_is_made_and_never_undone_by_a_res
         assert carrying(last, engine_id) == []
         last.activate_sim("m1")  # and the name is free for a new engine
         last.wait_phase("m1", "active")
+
+
+def test_an_agent_killed_as_its_engine_restarts_keeps_how_the_engine_ended(
+        agent_factory) -> None:
+    """The view said `restarting` before the record did (the log tail and the leftover sweep
+    came first): an agent SIGKILLed in that gap left the old pid on disk, and the next agent
+    wrote "its process was gone when the agent started" over the real exit."""
+    agent: AgentProcess = agent_factory(restart_delays="30,30,30,30,30")
+    agent.activate_sim("m1")
+    pid = agent.wait_phase("m1", "active")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    agent.wait_for(lambda s: agent.model(s, "m1")["phase"] == "restarting", timeout_s=10,
+                   what="m1 restarting")
+    new = restart_agent(agent_factory, agent)  # at once: SIGKILL, as a node's OOM killer does
+    model = new.wait_for(lambda s: new.model(s, "m1")["phase"] in ("restarting", "booting",
+                                                                  "active"),
+                         what="m1 taken over").get("models")[0]
+    assert "SIGKILL" in (model["last_exit"] or ""), model["last_exit"]

@@ -424,9 +424,10 @@ class EngineOwner:
                           restart_now: bool = False) -> None:
         """The engine's process is gone without being asked to stop: restart it or fail it.
 
-        The decision and its transition come first (they need no I/O); the leftover segment,
-        the log tail and the durable record follow (before the move, for a terminal failure). A restart that falls due meanwhile waits
-        in the inbox until this returns."""
+        The decision and its transition come first, written to the record at once (an agent
+        killed next must find the exit, not the dead pid); the leftover segment, the log tail
+        and the record again follow (the tail before the move, for a terminal failure). A
+        restart that falls due meanwhile waits in the inbox until this returns."""
         was_ready = self._ready
         self._cancel_helpers()
         self._end_turn()
@@ -447,8 +448,7 @@ class EngineOwner:
             # start waits for the port (PortHeld) while it is held. No restart is spent.
             self._deps.memory.exited(self.name)
             await self._transition(Phase.RESTARTING, PORT_HELD, f"port {self.record.port} was "
-                                   "taken by another process before the engine bound it",
-                                   persist=False)
+                                   "taken by another process before the engine bound it")
             self._restart_timer = asyncio.get_running_loop().call_later(
                 0, self._inbox.put_nowait, RestartDue(self._gen))
         elif delay is None:  # terminal: no hurry; the log tail belongs in last_error at once,
@@ -463,8 +463,9 @@ class EngineOwner:
             if restart_now:
                 delay = 0.0  # the agent was down for longer than any backoff already
             self.record.restart_count += 1  # counted when scheduled, as AIBrix reads it
-            await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s",
-                                   persist=False)
+            # written at once: an agent killed before the log tail is read must leave the
+            # exit on disk, not the dead pid (the next agent would call it "gone at start")
+            await self._transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s")
             self._restart_timer = asyncio.get_running_loop().call_later(
                 delay, self._inbox.put_nowait, RestartDue(self._gen))
             await self._add_log_tail(cause)
@@ -611,10 +612,11 @@ class EngineOwner:
             check_transition(src, to)
             self.record.phase = to
             self.record.last_transition = self._deps.clock()
+        if persist and to is not Phase.STOPPED:  # on disk before anyone is told: an agent
+            await self._persist()  # killed right after leaves what its readers saw
+        if to is not src:
             self._publish()
             self._emit(reason, message, src=src, to=to, duration_s=duration_s)
-        if persist and to is not Phase.STOPPED:
-            await self._persist()
 
     async def _persist(self) -> bool:
         """Write the record (fsync: off the event loop); False when the disk refused it, which
