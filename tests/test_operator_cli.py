@@ -320,7 +320,7 @@ def test_mutating_commands_say_in_one_line_what_happened(agent: AgentProcess) ->
     assert out.returncode == 1 and out.stderr.rstrip().endswith("its models: qwen")
     out = cli("deactivate", "qwen", env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stderr.startswith("warning: claim team/qwen-claim owns qwen's engine")
+    assert out.stderr.startswith("warning: claim team/qwen-claim owns this engine")
     assert re.fullmatch(r"deactivate qwen: stopped in \d+\.\d s.*\n", out.stdout), out.stdout
 
 

@@ -26,7 +26,7 @@ from contract.quantity import QuantityError, parse_size
 from contract.flags import known_flags
 from reconciler.client import AgentUnreachable, HttpAgentClient, NotTheApi, Refusal, ok_body
 from runtime_agent.console.output import add_output_flag, render
-from runtime_agent.console.results import claim_warning, result_line
+from runtime_agent.console.results import result_line
 from runtime_agent.console.tables import snapshot_table
 from runtime_agent.preflight import StartupError, read_token_file
 
@@ -226,11 +226,6 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
             print(line)
         return 0
     started = time.monotonic()
-    warning = None
-    if args.command == "deactivate":
-        warning = claim_warning(args.model, await _engine(client, args.model))
-        if warning is not None:
-            print(warning, file=sys.stderr)
     if args.command == "activate":
         body: dict[str, Any] = {"model_name": args.model, "artifact_url": args.artifact,
                                 "engine": args.engine, "port": args.engine_port,
@@ -248,6 +243,8 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
     else:
         reply = await client.wake(args.model, args.operation_id)
     result = ok_body(reply)
+    if result.get("note"):  # a deactivated engine a claim owns: it comes back
+        print(f"warning: {result['note']}", file=sys.stderr)
     if args.output == "json":
         print(json.dumps(result, indent=2))
     else:
@@ -260,9 +257,6 @@ async def _models(client: HttpAgentClient) -> list[dict[str, Any]]:
     return list(ok_body(await client.request("GET", "/v1/runtime/snapshot")).get("models", []))
 
 
-async def _engine(client: HttpAgentClient, model: str) -> dict[str, Any]:
-    """The snapshot's entry for ``model`` ({} when none)."""
-    return next((m for m in await _models(client) if m.get("model_name") == model), {})
 
 
 def engine_flags(items: Sequence[str]) -> dict[str, str]:

@@ -42,17 +42,6 @@ def result_line(command: str, model: str, answer: Mapping[str, Any], elapsed_s: 
     return f"{head}: {state}" + (f" (level {level})" if level is not None else "") + took
 
 
-def claim_warning(model: str, engine: dict[str, Any]) -> str | None:
-    """The line a hand-run ``deactivate`` of a claimed engine prints first: the reconciler
-    starts it again while its claim says so."""
-    ref = engine.get("claim_ref") or {}
-    if not ref.get("name"):
-        return None
-    claim = f"{ref.get('namespace') or 'default'}/{ref['name']}"
-    return (f"warning: claim {claim} owns {model}'s engine: the reconciler starts it again while "
-            f"the claim asks for it; delete or disable the claim to stop it for good")
-
-
 def _kv_words(answer: Mapping[str, Any], applied: bool) -> str:
     applied_bytes = answer.get("applied_bytes")
     capacity = answer.get("capacity_bytes")

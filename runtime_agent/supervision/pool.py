@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contract.engines import lora_enabled
 from contract.names import ipc_name_for
@@ -259,6 +259,14 @@ class EnginePool:
         self._forget(owner)
         if isinstance(outcome, NotFound):  # stopped by a concurrent deactivate: the same end
             return Done(model_name, Phase.STOPPED, changed=False)
+        ref = owner.record.spec.claim_ref
+        if isinstance(outcome, Done) and ref is not None and ref.name:
+            # a claim that still asks for the model brings it back: say whose it is
+            claim = f"{ref.namespace or 'default'}/{ref.name}"
+            return replace(outcome, details={
+                **outcome.details, "claim_ref": ref.model_dump(),
+                "note": f"claim {claim} owns this engine: its reconciler starts it again while "
+                        "the claim asks for it; delete or disable the claim to stop it"})
         return outcome
 
     async def lifecycle(self, model_name: str, intent: Intent,
