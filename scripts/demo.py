@@ -39,7 +39,8 @@ from runtime_agent.client import AgentClient, AgentError  # noqa: E402
 
 SLEEP_AFTER_S = 6
 POOL = """\
-# The seed's pool-a, here one agent (this one); idle models sleep after SLEEP s.
+# The seed's pool-a; idle models sleep after SLEEP s. It lists no agents: in embedded mode
+# (serve --claims) the agent that runs the reconciler is the pool, named after its host.
 kind: WarmPool
 metadata:
   name: pool-a
@@ -49,9 +50,6 @@ metadata:
     claim.model.aibrix.ai/enabled: "true"
 spec:
   policy: {"lifecycle": {"sleepAfterSeconds": SLEEP}}
-  agents:
-    - name: local
-      url: http://127.0.0.1:PORT
 """
 
 
@@ -158,7 +156,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
     claims_dir = work / "claims"
     claims_dir.mkdir()
     (claims_dir / "pool.yaml").write_text(
-        POOL.replace("SLEEP", str(SLEEP_AFTER_S)).replace("PORT", str(args.port)))
+        POOL.replace("SLEEP", str(SLEEP_AFTER_S)))
     agent_url = f"http://127.0.0.1:{args.port}"
     rec_url = f"http://127.0.0.1:{args.claims_port}"
     client = AgentClient(agent_url, timeout_s=60)
