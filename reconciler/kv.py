@@ -97,7 +97,10 @@ class KvReconciler:
             return False
         st = self._status(engine)
         if st is not None:
-            was = f" (was {gib(change.old)})" if change.old is not None else ""
+            inst = st.instance
+            before = inst.kv_limit_bytes if inst is not None and inst.agent == agent else None
+            # "was" only for a limit this claim set before: the engine's own size is no limit
+            was = f" (was {gib(before)})" if before is not None else ""
             held = "" if reply.in_force else "; applied once the engine's KV cache exists"
             applied = reply.body.get("applied_bytes")
             clamped = f", held at {gib(applied)} (its capacity)" \

@@ -8,6 +8,7 @@ Each test runs the real command line (``runtime-agent serve``, ``runtime-agent r
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import socket
@@ -212,3 +213,31 @@ def test_a_file_as_state_dir_and_an_unknown_flag_say_what_to_do(tmp_path: Path) 
     one_line(serve(tmp_path, "--state-dir", str(state)), 4, "is a file, not a directory")
     assert state.read_text() == "root:x:0:0\n"
     one_line(serve(tmp_path, "--bogus"), 2, "--bogus", "see runtime-agent serve --help")
+
+
+def test_a_new_claims_first_kv_limit_says_no_was(agent_factory, tmp_path: Path) -> None:
+    """The first KVLimitSet read "KV limit 59.0 GiB (was 1.0 GiB)": the engine's own KV size
+    taken for a limit the claim had set before."""
+    from tests.reconciler_fakes import claim_yaml
+
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    port = free_port()
+    agent = agent_factory(extra_args=("--claims", str(claims), "--claims-port", str(port),
+                                      "--no-door"))
+    (claims / "c.yaml").write_text(claim_yaml("c", args={"--sim-startup-seconds": "0.1"}))
+    agent.wait_phase("c", "active", timeout_s=30)
+
+    def kv_events() -> list[str]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", "/v1/claims/default/c")
+            doc = json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+        return [e["message"] for e in doc.get("events", [])
+                if e["reason"] == "KVLimitSet"]
+
+    assert wait_until(lambda: bool(kv_events()), 30), "no KVLimitSet event"
+    first = kv_events()[0]
+    assert first.startswith("KV limit ") and "(was" not in first, first
