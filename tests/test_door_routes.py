@@ -14,7 +14,8 @@ import ollama
 import openai
 import pytest
 
-from tests.test_door_integration import CHAT, SLEEPY, Door, asleep, claim, door, metric
+from tests.reconciler_fakes import claim_yaml
+from tests.test_door_integration import CHAT, SIM, SLEEPY, Door, asleep, claim, door, metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 __all__ = ["door"]  # the fixture, used by name
@@ -215,3 +216,32 @@ async def test_a_person_at_the_door_releases_a_model_with_a_key_that_may_use_it(
     status, body, _ = await door.post("/v1/chat/completions",
                                       {"model": "a", "messages": CHAT, "max_tokens": 2}, only_a)
     assert status == 200 and door.wakes("a") == 1  # a request wakes it as after an idle sleep
+
+
+async def test_an_sglang_claim_answers_its_own_paths_through_the_door(door: Door) -> None:
+    door.pool()
+    await door.start()
+    door.write("s", claim_yaml("s", "s", "3Gi", "1Gi", {"--context-length": "2048", **SIM},
+                               engine="sglang").replace('\n      "--max-model-len": "2048",',
+                                                        ""))
+    await door.phase("s", "Active", timeout=60)
+    status, ids, _ = await door.post("/v1/tokenize", {"model": "s", "prompt": "ocean and"})
+    assert status == 200 and ids["count"] == 2, ids
+    status, body, _ = await door.post("/v1/detokenize", {"model": "s", "tokens": ids["tokens"]})
+    assert status == 200 and body["prompt"] == "ocean and"
+    async with client(door) as oai:
+        answer = await oai.responses.create(model="s", input="hi", max_output_tokens=2)
+    assert answer.output_text
+    status, body, _ = await door.post("/pooling", {"model": "s", "input": "a"})
+    assert status == 400 and "vLLM engines" in body["error"]["message"]
+
+
+def test_the_release_route_is_an_operators_flag_off_by_default() -> None:
+    from reconciler.cli import door_settings
+    from runtime_agent.cli import parser
+
+    argv = ["reconcile", "--claims", "c", "--pool", "p", "--door-port", "0"]
+    default = door_settings(parser().parse_args(argv), "h")
+    assert default is not None and default.allow_release is False
+    on = door_settings(parser().parse_args([*argv, "--door-allow-release"]), "h")
+    assert on is not None and on.allow_release is True
