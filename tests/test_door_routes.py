@@ -6,6 +6,7 @@ closed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,11 @@ import httpx
 import ollama
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from reconciler.door.ollama import native_body
+from reconciler.door.proxy import usage_of
 from tests.reconciler_fakes import claim_yaml
 from tests.test_door_integration import CHAT, SIM, SLEEPY, Door, asleep, claim, door, metric
 
@@ -245,3 +250,31 @@ def test_the_release_route_is_an_operators_flag_off_by_default() -> None:
     assert default is not None and default.allow_release is False
     on = door_settings(parser().parse_args([*argv, "--door-allow-release"]), "h")
     assert on is not None and on.allow_release is True
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(doc=st.dictionaries(st.text(max_size=10), JSON, max_size=6), keep=JSON,
+       tag=st.text(min_size=1, max_size=12))
+def test_no_ollama_body_leaves_the_door_with_a_keep_alive(doc: dict[str, Any], keep: Any,
+                                                          tag: str) -> None:
+    for given_doc in (doc, {**doc, "keep_alive": keep}):
+        body = json.dumps(given_doc).encode()
+        sent = json.loads(native_body(given_doc, body, tag))
+        assert "keep_alive" not in sent and sent["model"] == tag
+        assert {k: v for k, v in sent.items() if k != "model"} == \
+            {k: v for k, v in given_doc.items() if k not in ("model", "keep_alive")}
+
+
+def test_usage_is_read_from_the_responses_api_and_ollamas_native_counts() -> None:
+    responses = b'{"id":"resp_1","usage":{"input_tokens":7,"output_tokens":3,"total_tokens":10}}'
+    assert usage_of(responses) == (7, 3)
+    ndjson = (b'{"model":"q","message":{"content":"a"},"done":false}\n'
+              b'{"model":"q","done":true,"prompt_eval_count":12,"prompt_eval_duration":5,'
+              b'"eval_count":4,"eval_duration":9}\n')
+    assert usage_of(ndjson) == (12, 4)
+    assert usage_of(b'{"tokens":[1,2],"count":2}') is None
