@@ -184,6 +184,9 @@ def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
                         help="an engine that sends nothing this long while it owes an answer "
                         "(a non-streamed one is silent until it is done) is given up: 504 "
                         "(default %(default)s)")
+    parser.add_argument("--door-allow-release", action="store_true",
+                        help="serve POST /v1/models/MODEL/release: a caller whose API key may "
+                        "use MODEL asks the pool to put it to sleep now (default: off, 404)")
     parser.add_argument("--door-access-log", default="-", metavar="-|off|FILE",
                         help="the door's JSON access log: stderr (-), off, or a file "
                         "(default %(default)s)")
@@ -219,6 +222,7 @@ def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
                         upstream_timeout_s=args.door_upstream_timeout,
                         api_keys=Path(args.door_api_keys) if args.door_api_keys else None,
                         access_log=args.door_access_log,
+                        allow_release=args.door_allow_release,
                         max_connections=args.door_max_connections,
                         max_connections_per_client=args.door_max_connections_per_client,
                         head_timeout_s=args.door_head_timeout,

@@ -29,6 +29,7 @@ from reconciler.observe import (
     candidate,
 )
 from reconciler.planning.state import Candidate
+from reconciler.release_book import ReleaseBook, ReleaseRequest
 from reconciler.room_book import RoomBook
 from reconciler.routes import RouteHolds, WakeBook, WakeRequest
 from reconciler.runtime.clock import Clock
@@ -79,6 +80,7 @@ class Deps:
     reservations: Reservations = field(default_factory=Reservations)
     holds: RouteHolds = field(default_factory=RouteHolds)
     wakes: WakeBook = field(default_factory=WakeBook)
+    releases: ReleaseBook = field(default_factory=ReleaseBook)  # the door's release route
     metrics: ClaimMetrics | None = None
     timings: Timings = field(default_factory=Timings)
     kick_kv: Callable[[str], None] = lambda agent: None
@@ -215,6 +217,13 @@ class Deps:
         if new:
             self.kick_claim(key)
         return req, new
+
+    def ask_release(self, model: str, key: ClaimKey) -> ReleaseRequest:
+        """Record a request to put ``model`` to sleep now (``reconciler.release_book``) and look
+        at its claim now."""
+        req = self.releases.ask(model, self.clock.now())
+        self.kick_claim(key)
+        return req
 
     def kick_waiting(self) -> None:
         for key in self.waiting_keys():

@@ -59,6 +59,7 @@ log = logging.getLogger("reconciler.lifecycle")
 
 
 WAKE_REFUSALS_BEFORE_REPLAN = 3
+RELEASE_RECHECK_S = 0.2  # a model released at the door, busy or starting: look again soon
 SLEEP_FAILED_PAUSE_S = 60.0  # a model that refused to sleep for room is not asked again so soon
 BLIND_PAUSE_S = 300.0  # an agent that cannot measure sleeping footprints: no sleeps for room
 
@@ -100,14 +101,18 @@ class Lifecycle:
                          cand: Candidate) -> Result:
         pool, policy = self._pool(agent)
         model = claim.model_name
-        if not policy.idle_sleep or claim.engine != "vllm" or self.d.wakes.get(model):
+        released = self.d.releases.pending(model, self.d.clock.now())  # asked at the door
+        if not (policy.idle_sleep or released) or claim.engine != "vllm" \
+                or self.d.wakes.get(model):
             return Result()
         if self.d.metrics:
             self.d.metrics.evaluated(pool)
         resident = cand.residents.get(model)
         if resident is None:
             return Result()
-        if not idle_to_sleep([resident], policy, world.now):
+        if released and not (resident.can_sleep and resident.state is EngineState.AWAKE):
+            return Result(requeue_after=RELEASE_RECHECK_S)  # starting or waking: soon
+        if not released and not idle_to_sleep([resident], policy, world.now):
             idle = resident.idle_for(world.now)
             left = policy.sleep_after_seconds - (idle or 0.0)
             return Result(requeue_after=max(0.1, left))
@@ -120,12 +125,15 @@ class Lifecycle:
             fresh = (await self.d.cache.fresh(agent)).engine(model)
             if fresh is None or not self._idle(fresh, model):
                 self.d.tracker.busy(agent, model, self.d.clock.now())
-                return Result(requeue_after=policy.sleep_after_seconds)
+                return Result(requeue_after=RELEASE_RECHECK_S if released
+                              else policy.sleep_after_seconds)
             reply = await self._call_sleep(agent, model)
             now = self.d.wall()
             if reply.ok:
                 idle = resident.idle_for(world.now) or 0.0
-                st.event(now, "Sleeping", f"idle for {idle:.0f} s; put to sleep on {agent}")
+                self.d.releases.drop(model)
+                st.event(now, "Sleeping", f"released at the front door; put to sleep on {agent}"
+                         if released else f"idle for {idle:.0f} s; put to sleep on {agent}")
                 st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
                                              f"asleep on {agent}; a request wakes it"))
                 if self.d.metrics:
@@ -133,6 +141,7 @@ class Lifecycle:
                 self.d.kick_waiting()
                 return Result()
             log.warning("claim %s: sleep on %s failed: %s", claim.key, agent, reply.message)
+            self.d.releases.failed(model, f"the agent did not put it to sleep: {reply.message}")
             return Result(requeue_after=retry_delay(0))
         finally:
             self.d.holds.release(model)

@@ -390,13 +390,13 @@ async def test_api_keys_guard_the_door_and_limit_keys_to_their_models(door: Door
     assert (await door.logged(5))["key"].startswith("sha256:")
 
 
-async def test_only_openai_routes_are_reachable_through_the_door(door: Door) -> None:
+async def test_only_the_engines_model_routes_are_reachable_through_the_door(door: Door) -> None:
     door.pool()
     await door.start()
     door.write("m", claim("m"))
     await door.phase("m", "Active")
     assert door.http is not None
-    for method, path in (("POST", "/sleep"), ("POST", "/wake_up"), ("POST", "/tokenize"),
+    for method, path in (("POST", "/sleep"), ("POST", "/wake_up"), ("POST", "/v1/load_lora_adapter"),
                          ("GET", "/metrics"), ("GET", "/sim/state"), ("GET", "/v1/routes")):
         async with door.http.request(method, door.url + path) as resp:
             assert resp.status in (404, 405), path

@@ -7,7 +7,8 @@ vLLM). ``/wake_up`` takes vLLM's repeatable ``tags`` query parameter (``weights`
 all), and ``/collective_rpc`` (dev mode only) runs ``reload_weights``, the step that brings a level-2
 sleeper back: ``wake_up?tags=weights``, ``collective_rpc {"method": "reload_weights"}``,
 ``wake_up?tags=kv_cache``. This module wires those endpoints, plus the inference endpoints from
-``openai_api``, ``/tokenize`` and ``/v1/embeddings`` from ``tokens_api`` and a private ``/sim/state``
+``openai_api``, ``/tokenize`` and ``/v1/embeddings`` from ``tokens_api``, ``/v1/responses``
+(``responses_api``), score, rerank, pooling, classify and ``/detokenize`` (``scores_api``) and a private ``/sim/state``
 debugging document, onto one aiohttp application.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engines.sim import logs, lora, openai_api, tokens_api
+from engines.sim import logs, lora, openai_api, responses_api, scores_api, tokens_api
 from engines.sim.openai_api import STATE_KEY, error_response
 from engines.sim.state import EngineState, RpcFailed, WakeFailed
 
@@ -164,6 +165,8 @@ def build_app(state: EngineState, dev_mode: bool) -> web.Application:
     app.router.add_get("/sim/state", _sim_state)
     openai_api.add_routes(app)
     tokens_api.add_routes(app)
+    responses_api.add_routes(app)
+    scores_api.add_routes(app, scores_api.vllm_paths)
     if dev_mode:
         app.router.add_post("/collective_rpc", _collective_rpc)
     if lora.runtime_updates_allowed(os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")):

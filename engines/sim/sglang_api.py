@@ -7,7 +7,9 @@ It answers as ``python -m sglang.launch_server`` does (SGLang 0.5): ``/health`` 
 saver's ``/release_memory_occupation`` and ``/resume_memory_occupation`` take GET or POST with a
 required JSON body (``{}`` at least; ``tags`` a list), answer 200 ``null``, and bring the server
 down on a release while requests are in flight or a resume of a tag that was not released
-(``engines.sim.state``). The OpenAI-compatible inference routes are shared with vLLM mode.
+(``engines.sim.state``). The OpenAI-compatible inference routes are shared with vLLM mode, with
+SGLang's paths for the rest: ``/v1/responses``, ``/v1/score``, ``/v1/rerank``, ``/v1/classify``,
+``/tokenize``, ``/v1/tokenize``, ``/detokenize``, ``/v1/detokenize``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engines.sim import logs, lora, openai_api
+from engines.sim import logs, lora, openai_api, responses_api, scores_api, tokens_api
 from engines.sim.openai_api import STATE_KEY
 from engines.sim.state import EngineState
 
@@ -137,4 +139,8 @@ def build_sglang_app(state: EngineState) -> web.Application:
     app.router.add_post("/load_lora_adapter", lora.sglang_load)
     app.router.add_post("/unload_lora_adapter", lora.sglang_unload)
     openai_api.add_routes(app)
+    responses_api.add_routes(app)
+    scores_api.add_routes(app, scores_api.sglang_paths)
+    for path in ("/tokenize", "/v1/tokenize"):
+        app.router.add_post(path, tokens_api.tokenize)
     return app

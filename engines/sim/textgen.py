@@ -75,3 +75,8 @@ def embedding(text: str, dim: int) -> list[float]:
 
 
 _INDEX = {word.strip(): index for index, word in enumerate(_VOCABULARY)}
+
+
+def word_of(token: int) -> str:
+    """The word behind a vocabulary id (``/detokenize``); ``<id>`` for a hashed one."""
+    return _VOCABULARY[token].strip() if 0 <= token < len(_VOCABULARY) else f"<{token}>"

@@ -33,7 +33,7 @@ from engines.sim.state import EngineAsleep, EngineState, WeightsDiscarded
 from engines.sim.textgen import chat_prompt, embedding, token_ids
 
 
-async def _tokenize(request: web.Request) -> web.Response:
+async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     try:
         body = await read_body(request)
@@ -135,5 +135,5 @@ async def _embeddings(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/v1/embeddings", _embeddings)

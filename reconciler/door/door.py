@@ -33,7 +33,7 @@ from yarl import URL
 from guard import jsonbody
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, key_text
-from reconciler.door import errors, plan, proxy, usage, window
+from reconciler.door import endpoints, errors, ollama, plan, proxy, usage, window
 from reconciler.door.access import AccessRecord
 from reconciler.door.catalog import Catalog
 from reconciler.door.http1 import Answer, Request, Stream
@@ -235,6 +235,13 @@ class Door:
             raise Refused(errors.unknown_model(name, self.visible_names(key)), "unknown_model")
         if key is not None and not self.allowed(key, name, keys):
             raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
+        kinds = endpoints.engines_for(request.path)
+        first = self.catalog.claim(keys[0])
+        if first is not None and first.engine not in kinds:  # before any wake is asked
+            raise Refused(errors.bad_request(
+                f"{request.path} is served by {endpoints.kinds_text(kinds)} engines; model "
+                f"{name!r} runs on {endpoints.kinds_text(frozenset((first.engine,)))}.",
+                "model"), "wrong_engine")
         fwd = await self.admit(name, keys, ticket, rec, key)
         claim = self.catalog.claim(fwd.claim)
         assert claim is not None  # admit looked, with no await since
@@ -244,8 +251,10 @@ class Door:
         self.catalog.learn_soon(self.session, fwd.claim, fwd.host, fwd.port)
         upstream_name = self.catalog.upstream_name(claim, name)
         await self.check_window(endpoint, doc, body, fwd, claim.engine, upstream_name, name)
-        # the engine's own token counts for every stream, asked for the client if need be
-        body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
+        if endpoint in endpoints.OLLAMA_NATIVE:  # the pool keeps it loaded, not the client
+            body, hide_usage = ollama.native_body(doc, body, upstream_name), False
+        else:  # the engine's own token counts for every stream, asked for the client if need be
+            body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
         self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
         try:
             return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
@@ -267,7 +276,7 @@ class Door:
                            fwd: plan.Forward, engine: str, upstream_name: str,
                            name: str) -> None:
         context = self.catalog.context(fwd.claim, name)
-        if not window.needs_count(len(body), context):
+        if endpoint not in window.COUNTED or not window.needs_count(len(body), context):
             return
         prompt = window.prompt_of(endpoint, doc, upstream_name)
         if prompt is None:
@@ -333,4 +342,18 @@ class Door:
                     continue
                 out.append({"id": name, **common, "root": root, "parent": parent,
                             "max_model_len": self.catalog.context(ckey, name)})
+        return out
+
+    def ollama_claims(self, key: Key | None) -> list[tuple[ClaimKey, str, float, str,
+                                                         tuple[str, int] | None]]:
+        """Each Ollama claim ``key`` may use: (claim, artifact, created, route state, where its
+        engine listens), for ``/api/tags`` and ``/api/ps`` (``reconciler.door.ollama``)."""
+        out = []
+        for ckey, claim in sorted(self.d.desired.claims.items()):
+            if claim.engine != "ollama" or key is not None and not self.allowed(
+                    key, claim.model_name, (ckey,)):
+                continue
+            st, route = self.status_and_route(ckey)
+            out.append((ckey, claim.artifact_url, st.created if st else time.time(),
+                        route.state if route else "activating", self.endpoint(ckey)))
         return out

@@ -5,7 +5,8 @@ request, whose server knows its model by the Ollama tag), over the door's own ke
 connections (``upstream``). The answer comes back untouched:
 
 * a JSON answer is read whole and sent on with the engine's status and content type;
-* a Server-Sent Event stream (``text/event-stream``) is piped: each piece the engine sends is
+* a Server-Sent Event stream (``text/event-stream``), or Ollama's NDJSON stream
+  (``application/x-ndjson``), is piped: each piece the engine sends is
   written to the client in the engine connection's own callback (``Response.pipe``), with no
   task switch between the two sockets. When the client's socket buffer fills, reading from the
   engine stops until it drains (backpressure: a slow reader slows the engine's stream instead of
@@ -30,6 +31,7 @@ and the client.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -44,6 +46,8 @@ PASS_REQUEST = (("content-type", "Content-Type"), ("accept", "Accept"),
                 ("accept-encoding", "Accept-Encoding"), ("x-request-id", "X-Request-Id"))
 PASS_RESPONSE = ("Content-Type", "Content-Encoding", "Cache-Control", "X-Request-Id")
 _USAGE = b'"usage"'
+STREAMS = frozenset(("text/event-stream", "application/x-ndjson"))  # SSE; Ollama's native API
+_OLLAMA_COUNTS = re.compile(rb'"prompt_eval_count":\s*(\d+)(?:.*?"eval_count":\s*(\d+))?')
 _DECODER = json.JSONDecoder()
 
 
@@ -61,7 +65,21 @@ class Outcome:
 
 
 def usage_of(data: bytes) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) of the last ``"usage": {...}`` in ``data``."""
+    """(prompt_tokens, completion_tokens) of the last ``"usage": {...}`` in ``data`` (the
+    Responses API's ``input_tokens``, ``output_tokens`` too), else of Ollama's last
+    ``prompt_eval_count`` and ``eval_count`` (its native API)."""
+    found = _usage_object(data)
+    if found is not None:
+        return found
+    counts = None
+    for counts in _OLLAMA_COUNTS.finditer(data):
+        pass
+    if counts is None:
+        return None
+    return int(counts.group(1)), int(counts.group(2) or 0)
+
+
+def _usage_object(data: bytes) -> tuple[int, int] | None:
     at = data.rfind(_USAGE)
     while at >= 0:
         start = data.find(b"{", at + len(_USAGE), at + len(_USAGE) + 8)
@@ -71,7 +89,8 @@ def usage_of(data: bytes) -> tuple[int, int] | None:
             except ValueError:
                 usage = None
             if isinstance(usage, dict):
-                prompt, done = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+                prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+                done = usage.get("completion_tokens", usage.get("output_tokens", 0))
                 if isinstance(prompt, int) and isinstance(done, int):
                     return prompt, done
         at = data.rfind(_USAGE, 0, at)
@@ -114,7 +133,7 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
         return upstream_failed(f"the model's engine gave no usable answer: {err}")
     try:
         outcome.status = upstream.status
-        if upstream.content_type == "text/event-stream":
+        if upstream.content_type in STREAMS:
             outcome.stream = True
             return await _stream(request, upstream, outcome, Hider() if hide_usage else None)
         try:

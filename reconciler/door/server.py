@@ -4,10 +4,13 @@
 |---|---|
 | ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` | routed by ``model`` |
 | ``GET /v1/models``, ``GET /v1/models/{model}`` | every model the key may use, with ``max_model_len`` and ``state`` |
+| ``POST`` the engines' other routes (``reconciler.door.endpoints``: responses, rerank, score, pooling, classify, tokenize, detokenize; Ollama's ``/api/chat``, ``/api/generate``) | routed by ``model``, held, keyed and counted as chat |
+| ``GET /api/tags``, ``GET /api/ps`` | the door's Ollama claims, Ollama's shape (``reconciler.door.ollama``) |
+| ``POST /v1/models/{model}/release`` | with ``--door-allow-release``: sleep the model now (``reconciler.door.release``) |
 | ``GET /healthz`` | ``{"status": "ok"}`` (no key needed); on a standby 503 ``standby`` |
 
-Everything else is a 404 in OpenAI's error format: no engine's sleep, wake, tokenize or debug
-route is reachable through the door. With API keys configured, every route but ``/healthz``
+Everything else is a 404 in OpenAI's error format: no engine's sleep, wake, LoRA, metrics, RPC
+or debug route is reachable through the door. With API keys configured, every route but ``/healthz``
 needs ``Authorization: Bearer KEY`` (401 without a valid one). A replica that cannot serve (a
 Kubernetes standby: ``Door.standby``) answers every route 503 ``not_leading`` before anything
 else: it has no claims to answer from, and must never route.
@@ -26,17 +29,18 @@ import time
 from typing import Any
 
 from guard import jsonbody
-from reconciler.door import errors
+from reconciler.door import errors, release
 from reconciler.door.access import AccessLog, AccessRecord
 from reconciler.door.door import Door, Refused, Ticket
+from reconciler.door.endpoints import ENDPOINTS
 from reconciler.door.http1 import Answer, Request, Server, Stream, json_answer
 from guard.access import Audit, Refusal, check
 from reconciler.door.keys import Key, KeyFile
+from reconciler.door.ollama import Listing
 from reconciler.door.proxy import Outcome, usage_of
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
-             "/v1/embeddings": "embedding"}
 MODELS = "/v1/models"
+LISTS = {"/api/tags": "tags", "/api/ps": "ps"}  # Ollama's, of the door's Ollama claims
 CLIENT_CLOSED = 499  # nginx's code for a client that went away before the answer
 READS = ("GET", "HEAD")
 
@@ -52,20 +56,29 @@ class DoorRoutes:
 
     async def handle(self, request: Request) -> Answer | Stream:
         path, method = request.path, request.method
-        if path in ENDPOINTS:
+        known = ENDPOINTS.get(path)
+        if known is not None:
             if method == "POST":
-                return await self.infer(request, ENDPOINTS[path])
+                return await self.infer(request, known[0])
             return _wrong_method(request, "POST")
+        if method == "POST" and path.startswith(MODELS + "/") and path.endswith(release.SUFFIX) \
+                and len(path) > len(MODELS) + 1 + len(release.SUFFIX):
+            return await self.release(request, path[len(MODELS) + 1:-len(release.SUFFIX)])
         if path == MODELS or path.startswith(MODELS + "/") and len(path) > len(MODELS) + 1:
             if method in READS:
                 return await self.models(request, path[len(MODELS) + 1:] or None)
+            return _wrong_method(request, "GET")
+        which = LISTS.get(path)
+        if which is not None:
+            if method in READS:
+                return await self.ollama_list(request, which)
             return _wrong_method(request, "GET")
         if path == "/healthz":
             if method in READS:
                 return self.healthz()
             return _wrong_method(request, "GET")
         return errors.error_response(404, f"No such endpoint: {method} {path}. The door serves "
-                                     f"{', '.join(ENDPOINTS)} and {MODELS}.",
+                                     f"{', '.join(ENDPOINTS)}, {MODELS}, {', '.join(LISTS)}.",
                                      "invalid_request_error", "unknown_url")
 
     def too_large(self) -> Answer:
@@ -92,6 +105,15 @@ class DoorRoutes:
             self.audit.refused(request.method, request.path, request.remote, found)
             raise Refused(errors.unauthorized(found.message), "unauthorized")
         return found
+
+    def _caller(self, request: Request) -> tuple[Key | None, Answer | None]:
+        """(the API key, None) for a replica that serves and a caller with a valid key, else
+        (None, the refusal)."""
+        try:
+            self._serving()
+            return self._authorize(request), None
+        except Refused as refused:
+            return None, refused.response
 
     async def infer(self, request: Request, endpoint: str) -> Answer | Stream:
         door = self.door
@@ -153,11 +175,9 @@ class DoorRoutes:
     async def models(self, request: Request, name: str | None) -> Answer:
         """``GET /v1/models`` and ``GET /v1/models/{model}``."""
         door = self.door
-        try:
-            self._serving()
-            key = self._authorize(request)
-        except Refused as refused:
-            return refused.response
+        key, refused = self._caller(request)
+        if refused is not None:
+            return refused
         await door.refresh_names()
         listed = door.listing(key)
         if name is None:
@@ -166,6 +186,30 @@ class DoorRoutes:
         if not found:
             return errors.unknown_model(name, door.visible_names(key))
         return json_answer(found[0])
+
+    async def release(self, request: Request, name: str) -> Answer:
+        """``POST /v1/models/{model}/release`` (``reconciler.door.release``)."""
+        key, refused = self._caller(request)
+        if refused is not None:
+            return refused
+        answer = await release.release(self.door, name, key)
+        self.audit_release(request, name, key, answer)
+        return answer
+
+    def audit_release(self, request: Request, name: str, key: Key | None,
+                      answer: Answer) -> None:
+        rec = AccessRecord("POST", request.path, request.remote, time.monotonic())
+        rec.model, rec.key, rec.status = name, key.id if key else None, answer.status
+        self.access_log.write(rec)
+
+    async def ollama_list(self, request: Request, which: str) -> Answer:
+        """``GET /api/tags`` and ``GET /api/ps``: the door's Ollama claims, Ollama's shape."""
+        door = self.door
+        key, refused = self._caller(request)
+        if refused is not None:
+            return refused
+        assert door.session is not None
+        return json_answer(await Listing(door.session).build(which, door.ollama_claims(key)))
 
     def healthz(self) -> Answer:
         why = self.door.standby()

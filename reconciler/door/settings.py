@@ -22,6 +22,7 @@ class DoorSettings:
     max_body_bytes: int = 64 << 20
     recheck_s: float = 1.0  # held requests look again at least this often (changes wake them)
     upstream_timeout_s: float = 600.0  # an engine silent this long mid-answer: 504
+    allow_release: bool = False  # POST /v1/models/{model}/release (reconciler.door.release)
     # connections: at most this many (and a quarter of the fd soft limit), per client address
     # at most ``max_connections_per_client`` (0: half the cap); a request head must be whole
     # within ``head_timeout_s``, a body within ``body_timeout_s`` of its head

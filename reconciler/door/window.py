@@ -39,6 +39,9 @@ class Prompt:
     token_ids: int | None = None  # a prompt given as token ids: its length is its count
 
 
+COUNTED = frozenset(("chat", "completion", "embedding"))  # endpoints whose prompt is checked
+
+
 def needs_count(body_bytes: int, context: int | None) -> bool:
     """Whether a body of ``body_bytes`` could hold more than ``context`` prompt tokens."""
     return context is not None and body_bytes > context
