@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,13 @@ from hypothesis import HealthCheck, settings
 from tests.guards import event_loop_guard
 from tests.harness import AgentProcess
 from tests.owner_fakes import OwnerRig, fast_settings
+
+# The simulator's start, sleep and wake take as long as its model's size says (engines/sim/
+# timing.py): right for a person, slow for 1,500 tests. Every process the suite starts inherits
+# these (a test's own --sim-* flag still wins): the times the suite was written against.
+for _knob, _seconds in (("SIM_STARTUP_SECONDS", "0.5"), ("SIM_SLEEP_SECONDS", "0"),
+                        ("SIM_WAKE_SECONDS", "0"), ("SIM_RELOAD_SECONDS", "0")):
+    os.environ.setdefault(_knob, _seconds)
 
 # Property tests judge results, not speed: on a loaded 2-core CI machine one slow example must
 # not fail a test (hypothesis's default 200 ms deadline and too-slow health check would).

@@ -70,6 +70,7 @@ def _launch(tmp_dir: Path, sims: list[Sim], *flags: str, dev_mode: bool = True, 
     """Start one engine (recorded in ``sims`` for the group kill) and by default wait for its port."""
     port = engine_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_") and k != "VLLM_SERVER_DEV_MODE"}
+    full_env.update(SIM_SLEEP_SECONDS="0", SIM_WAKE_SECONDS="0", SIM_RELOAD_SECONDS="0")  # fast unless a test says otherwise
     if dev_mode:
         full_env["VLLM_SERVER_DEV_MODE"] = "1"
     full_env.update(env or {})
@@ -253,7 +254,7 @@ async def test_chat_completions_answer_with_an_assistant_message(shared_sim: Sim
     assert status == 200 and reply["object"] == "chat.completion"
     choice = reply["choices"][0]
     assert choice["message"]["role"] == "assistant" and len(choice["message"]["content"].split()) == 4
-    assert choice["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == 4
+    assert choice["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == 4  # cut short
 
 
 async def test_streaming_sends_server_sent_events_ending_in_done(shared_sim: Sim) -> None:
@@ -269,7 +270,7 @@ async def test_streaming_sends_server_sent_events_ending_in_done(shared_sim: Sim
             chat_events = sse_events(await response.text())
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # 3 tokens cut the answer short
     chat_chunks = [json.loads(e) for e in chat_events[:-1]]
     assert chat_chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["object"] == "chat.completion.chunk" for c in chat_chunks)
@@ -482,7 +483,7 @@ async def test_metrics_count_running_waiting_and_successful_requests(launch: Lau
     sim = launch("--sim-request-seconds", "2", "--sim-max-running", "1")
     async with aiohttp.ClientSession() as session:
         assert await get_metric(session, sim, "vllm:num_requests_running", model_name="opt") == 0
-        before = await get_metric(session, sim, "vllm:request_success_total", model_name="opt", finished_reason="stop")
+        before = await get_metric(session, sim, "vllm:request_success_total", model_name="opt", finished_reason="length")
         url = f"{sim.url}/v1/completions"
         requests = [asyncio.create_task(post_json(session, url, {"prompt": f"p{i}"})) for i in range(3)]
 
@@ -493,7 +494,7 @@ async def test_metrics_count_running_waiting_and_successful_requests(launch: Lau
 
         assert await async_wait_for(one_running_two_waiting, timeout=5.0)  # true for most of the first 2 s
         assert [status for status, _ in await asyncio.gather(*requests)] == [200, 200, 200]
-        after = await get_metric(session, sim, "vllm:request_success_total", model_name="opt", finished_reason="stop")
+        after = await get_metric(session, sim, "vllm:request_success_total", model_name="opt", finished_reason="length")
         assert after - before == 3
         assert await get_metric(session, sim, "vllm:num_requests_running", model_name="opt") == 0
         assert await get_metric(session, sim, "vllm:num_requests_waiting", model_name="opt") == 0

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from engines.sim.state import EngineAsleep, EngineState, WeightsDiscarded
-from engines.sim.textgen import chat_prompt, count_tokens, generate_tokens
+from engines.sim.textgen import chat_prompt, count_tokens, finish_reason, generate_tokens
 
 STATE_KEY: web.AppKey[EngineState] = web.AppKey("sim_state", EngineState)
 DEFAULT_MAX_TOKENS = 16
@@ -143,15 +143,16 @@ class _Completion:
         self.obj = "chat.completion" if job.kind == "chat" else "text_completion"
         self.chunk_obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
 
-    def full(self, texts: list[str], completion_tokens: int) -> dict[str, Any]:
+    def full(self, answers: list[tuple[list[str], str]]) -> dict[str, Any]:
         if self.job.kind == "chat":
             choices = [
-                {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": "stop"}
-                for i, t in enumerate(texts)
+                {"index": i, "message": {"role": "assistant", "content": "".join(tokens)}, "logprobs": None,
+                 "finish_reason": finish}
+                for i, (tokens, finish) in enumerate(answers)
             ]
         else:
-            choices = [_choice(self.job, i, t, "stop") for i, t in enumerate(texts)]
-        usage = _usage(self.job.prompts, completion_tokens)
+            choices = [_choice(self.job, i, "".join(tokens), finish) for i, (tokens, finish) in enumerate(answers)]
+        usage = _usage(self.job.prompts, sum(len(tokens) for tokens, _ in answers))
         return {**self.base, "object": self.obj, "choices": choices, "usage": usage}
 
     def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
@@ -167,26 +168,42 @@ async def _stream(
     """Send the SSE stream; return the response and the finished reason ("abort" if the client left)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
+    answers = _answers(job)
     try:
-        await _write_events(response, job, state, out)
+        await _write_events(response, job, state, out, answers)
     except ConnectionResetError:  # the client went away mid-stream, as vLLM counts it: an abort
         return response, "abort"
-    return response, "stop"
+    return response, _reason(answers)
 
 
-async def _write_events(response: web.StreamResponse, job: Job, state: EngineState, out: _Completion) -> None:
-    token_lists = [generate_tokens(p, job.max_tokens) for p in job.prompts]
+def _answers(job: Job) -> list[tuple[list[str], str]]:
+    """Each prompt's tokens and finish reason: "length" when ``max_tokens`` cut it short."""
+    answers = []
+    for prompt in job.prompts:
+        count, finish = finish_reason(prompt, job.max_tokens)
+        answers.append((generate_tokens(prompt, count), finish))
+    return answers
+
+
+def _reason(answers: list[tuple[list[str], str]]) -> str:
+    """The request's ``finished_reason`` metric label."""
+    return "length" if any(finish == "length" for _, finish in answers) else "stop"
+
+
+async def _write_events(response: web.StreamResponse, job: Job, state: EngineState, out: _Completion,
+                        answers: list[tuple[list[str], str]]) -> None:
     if job.kind == "chat":
         await response.write(out.chunk([_choice(job, i, None, None, first=True) for i in range(len(job.prompts))]))
-    for position in range(job.max_tokens):
+    for position in range(max(len(tokens) for tokens, _ in answers)):
         if position and state.options.token_seconds:
             await asyncio.sleep(state.options.token_seconds)
-        choices = [_choice(job, i, tokens[position], None) for i, tokens in enumerate(token_lists)]
+        choices = [_choice(job, i, tokens[position], None) for i, (tokens, _) in enumerate(answers)
+                   if position < len(tokens)]
         await response.write(out.chunk(choices))
     last_text = None if job.kind == "chat" else ""
-    await response.write(out.chunk([_choice(job, i, last_text, "stop") for i in range(len(job.prompts))]))
+    await response.write(out.chunk([_choice(job, i, last_text, finish) for i, (_, finish) in enumerate(answers)]))
     if job.include_usage:
-        await response.write(out.chunk([], usage=_usage(job.prompts, job.max_tokens * len(job.prompts))))
+        await response.write(out.chunk([], usage=_usage(job.prompts, sum(len(t) for t, _ in answers))))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
 
@@ -206,11 +223,12 @@ async def _serve(request: web.Request, kind: str) -> web.StreamResponse:
                 if job.stream:
                     response, reason = await _stream(request, job, state, out)
                 else:
+                    answers = _answers(job)
                     if state.options.token_seconds:
-                        await asyncio.sleep(state.options.token_seconds * max(0, job.max_tokens - 1))
-                    texts = ["".join(generate_tokens(p, job.max_tokens)) for p in job.prompts]
-                    response = web.json_response(out.full(texts, job.max_tokens * len(job.prompts)))
-                    reason = "stop"
+                        longest = max(len(tokens) for tokens, _ in answers)
+                        await asyncio.sleep(state.options.token_seconds * max(0, longest - 1))
+                    response = web.json_response(out.full(answers))
+                    reason = _reason(answers)
             except asyncio.CancelledError:
                 state.finished("abort")
                 raise

@@ -8,7 +8,8 @@ the engine does not have ends the process with exit code 2 and argparse's "unrec
 as ``vllm serve`` does. So a spec that works in the simulator works on the real engine. It models a
 few of those flags, accepts the rest (``ignored_args``), and adds its own ``--sim-*`` knobs for tuning
 and fault injection. Each ``--sim-*`` flag has an environment fallback (``SIM_STARTUP_SECONDS`` for
-``--sim-startup-seconds`` and so on); the flag wins.
+``--sim-startup-seconds`` and so on); the flag wins. Without them, starting, sleeping and waking
+take as long as they would for a model of ``--sim-memory-bytes`` of weights (``engines.sim.timing``).
 Like vLLM, ``--runner pooling`` (or the older ``--task embed``, ``--convert embed``) makes a pooling
 model: it serves ``/v1/embeddings`` (``--sim-embedding-dim`` wide) instead of completions.
 
@@ -37,6 +38,7 @@ from engines.sim.ollama_config import (
     normalize_model_name,
     settings_from_env,
 )
+from engines.sim.timing import start_seconds
 
 KIB = 1024
 MIB = 1024**2
@@ -44,6 +46,7 @@ GIB = 1024**3
 SUPPORTED_MODES = ("vllm", "ollama", "sglang")
 VLLM_DEFAULT_HOST = "0.0.0.0"
 VLLM_DEFAULT_PORT = 8000
+OLLAMA_STARTUP_S = 0.5
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -68,13 +71,13 @@ class SimOptions:
     quiet_paths: tuple[str, ...] = ()
     quiet_prefixes: tuple[str, ...] = ()
     mode: str = "vllm"
-    startup_seconds: float = 0.5
+    startup_seconds: float = 0.5  # parse_options: the model's own (engines.sim.timing) unless given
     hang_on_start: bool = False
     crash_after: float | None = None
     crash_exit_code: int = 1
     fail_wake: bool = False
-    sleep_seconds: float = 0.0
-    wake_seconds: float = 0.0
+    sleep_seconds: float | None = None  # None: by the model's size and the level (engines.sim.timing)
+    wake_seconds: float | None = None
     memory_bytes: int = GIB
     spawn_child: bool = False
     spawn_escaped: bool = False  # a helper in its own session, escaped from the group
@@ -86,7 +89,7 @@ class SimOptions:
     kv_bytes_per_request: int = 64 * MIB
     kv_page_bytes: int = 2 * MIB
     kv_layers: int = 1
-    reload_seconds: float = 0.0  # vLLM: collective_rpc reload_weights
+    reload_seconds: float | None = None  # vLLM: collective_rpc reload_weights (None: by the size)
     load_seconds: float = 0.2  # Ollama: loading one model
     stop_seconds: float = 0.0  # a SIGTERM ends the process this much later (a slow shutdown)
     kv_bytes_per_token: int = 64 * KIB  # Ollama: KV slab = this x context_length x num_parallel
@@ -131,13 +134,13 @@ def _parse_bool(text: str) -> bool:
 # (flag destination, type converter, default, is_boolean_flag)
 _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("mode", str, "vllm", False),
-    ("startup_seconds", float, 0.5, False),
+    ("startup_seconds", float, None, False),
     ("hang_on_start", _parse_bool, False, True),
     ("crash_after", float, None, False),
     ("crash_exit_code", int, 1, False),
     ("fail_wake", _parse_bool, False, True),
-    ("sleep_seconds", float, 0.0, False),
-    ("wake_seconds", float, 0.0, False),
+    ("sleep_seconds", float, None, False),
+    ("wake_seconds", float, None, False),
     ("memory_bytes", int, GIB, False),
     ("spawn_child", _parse_bool, False, True),
     ("spawn_escaped", _parse_bool, False, True),
@@ -149,7 +152,7 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("kv_bytes_per_request", int, 64 * MIB, False),
     ("kv_page_bytes", int, 2 * MIB, False),
     ("kv_layers", int, 1, False),
-    ("reload_seconds", float, 0.0, False),
+    ("reload_seconds", float, None, False),
     ("load_seconds", float, 0.2, False),
     ("kv_bytes_per_token", int, 64 * KIB, False),
     ("stop_seconds", float, 0.0, False),
@@ -271,8 +274,10 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> SimOptions:
         raise OptionsError("--sim-max-running must be at least 1")
     for dest in ("startup_seconds", "sleep_seconds", "wake_seconds", "request_seconds", "token_seconds",
                  "reload_seconds", "load_seconds", "stop_seconds"):
-        if sim[dest] < 0:
+        if sim[dest] is not None and sim[dest] < 0:
             raise OptionsError(f"--sim-{dest.replace('_', '-')} must not be negative")
+    if sim["startup_seconds"] is None:  # Ollama's server loads no model at start; its load is --sim-load-seconds
+        sim["startup_seconds"] = OLLAMA_STARTUP_S if sim["mode"] == "ollama" else start_seconds(sim["memory_bytes"])
     if sim["crash_after"] is not None and sim["crash_after"] < 0:
         raise OptionsError("--sim-crash-after must not be negative")
     for dest in ("kv_capacity_bytes", "kv_page_bytes", "kv_layers"):

@@ -113,8 +113,9 @@ async def _sleep(request: web.Request) -> web.Response:
     if level not in (1, 2):
         return error_response(400, f"Invalid sleep level {raw_level!r}; use 1 or 2.", "BadRequestError")
     logs.engine_log("INFO", f"Putting the engine to sleep (level {level}).", "api_server.py")
+    took = state.sleep_time(level)
     await state.sleep(level)
-    logs.engine_log("INFO", f"It took {state.options.sleep_seconds:.6f} seconds to fall asleep.", "gpu_worker.py")
+    logs.engine_log("INFO", f"It took {took:.6f} seconds to fall asleep.", "gpu_worker.py")
     return web.Response(status=200)
 
 

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from engines.sim import logs
 from engines.sim.kvcache import KvCache
 from engines.sim.options import SimOptions
+from engines.sim.timing import reload_seconds, sleep_seconds, wake_seconds
 
 FINISHED_REASONS = ("stop", "length", "abort")
 MEMORY_TAGS = ("weights", "kv_cache")  # vLLM's CuMemAllocator tags
@@ -201,8 +202,24 @@ class EngineState:
         if reason != "abort":
             self.success_total += 1
 
+    def sleep_time(self, level: int) -> float:
+        """``--sim-sleep-seconds``, or what falling asleep at ``level`` takes this model."""
+        given = self.options.sleep_seconds
+        return sleep_seconds(self.options.memory_bytes, level) if given is None else given
+
+    def wake_time(self, tags: set[str]) -> float:
+        """``--sim-wake-seconds``, or what waking ``tags`` from the current level takes this model."""
+        given = self.options.wake_seconds
+        return (wake_seconds(self.options.memory_bytes, self.sleep_level, "weights" in tags)
+                if given is None else given)
+
+    def reload_time(self) -> float:
+        """``--sim-reload-seconds``, or what reading this model's weights from disk takes."""
+        given = self.options.reload_seconds
+        return reload_seconds(self.options.memory_bytes) if given is None else given
+
     async def sleep(self, level: int) -> None:
-        """Go to sleep at ``level`` (1 or 2), taking ``--sim-sleep-seconds``.
+        """Go to sleep at ``level`` (1 or 2), taking ``sleep_time(level)``.
 
         Like vLLM's executor, a sleep while any tag is still asleep changes nothing (not even the level).
         """
@@ -212,7 +229,7 @@ class EngineState:
                 return
             self.transition = "sleeping"
             try:
-                await asyncio.sleep(self.options.sleep_seconds)
+                await asyncio.sleep(self.sleep_time(level))
                 self.asleep_tags = set(MEMORY_TAGS)
                 self.sleep_level = level
                 if level >= 2:
@@ -222,7 +239,7 @@ class EngineState:
                 self.transition = None
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        """Wake the named memory tags (all without ``tags``), taking ``--sim-wake-seconds``.
+        """Wake the named memory tags (all without ``tags``), taking ``wake_time()``.
 
         Raise WakeFailed under ``--sim-fail-wake``. As in vLLM, naming a tag that is not asleep makes
         the whole call a no-op, and the engine stays asleep until every tag is awake.
@@ -239,7 +256,7 @@ class EngineState:
                 return
             self.transition = "waking"
             try:
-                await asyncio.sleep(self.options.wake_seconds)
+                await asyncio.sleep(self.wake_time(wanted))
                 if self.options.fail_wake:
                     raise WakeFailed("simulated wake-up failure")
                 self.asleep_tags -= wanted
@@ -288,7 +305,7 @@ class EngineState:
         """Run ``method`` on the (one) simulated worker; return the per-worker results.
 
         Only ``reload_weights`` is modelled: it loads the weights in place, taking
-        ``--sim-reload-seconds``, and needs the weight memory mapped (awake).
+        ``reload_time()``, and needs the weight memory mapped (awake).
         """
         if method != "reload_weights":
             raise RpcFailed(f"'Worker' object has no attribute {method!r} (the simulator models only "
@@ -299,11 +316,12 @@ class EngineState:
                                 "POST /wake_up?tags=weights first")
             self.transition = "reloading"
             try:
-                await asyncio.sleep(self.options.reload_seconds)
+                took = self.reload_time()
+                await asyncio.sleep(took)
                 self.weights_valid = True
             finally:
                 self.transition = None
-        logs.engine_log("INFO", f"Reloading weights inplace took {self.options.reload_seconds:.6f} seconds "
+        logs.engine_log("INFO", f"Reloading weights inplace took {took:.6f} seconds "
                         "(simulated).", "gpu_model_runner.py")
         return [None]
 

@@ -31,6 +31,24 @@ def generate_tokens(prompt: str, count: int) -> list[str]:
     return [word if index == 0 else " " + word for index, word in enumerate(words)]
 
 
+ANSWER_TOKENS = (24, 200)  # the range of a natural answer's length, end-of-sequence excluded
+
+
+def answer_length(prompt: str) -> int:
+    """How many tokens the "model" says to ``prompt`` before its end-of-sequence token: a real
+    model stops on its own, and vLLM then reports ``finish_reason`` "stop"; cut short by
+    ``max_tokens``, it reports "length". Derived from the prompt, so reproducible."""
+    seed = int.from_bytes(hashlib.sha256(("length:" + prompt).encode("utf-8")).digest()[:8], "big")
+    low, high = ANSWER_TOKENS
+    return low + seed % (high - low)
+
+
+def finish_reason(prompt: str, max_tokens: int) -> tuple[int, str]:
+    """(tokens generated, vLLM's ``finish_reason``) for ``prompt`` under ``max_tokens``."""
+    natural = answer_length(prompt)
+    return (max_tokens, "length") if max_tokens <= natural else (natural, "stop")
+
+
 def count_tokens(text: str) -> int:
     """A tokenizer stand-in: whitespace-separated words, at least one for any prompt."""
     return max(1, len(text.split()))
