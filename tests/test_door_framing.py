@@ -138,7 +138,6 @@ HEADER_BYTES = st.binary(max_size=16) | st.text(max_size=12).map(str.encode)
 @example(b"X-A", b"a\x00b", [])
 @example(b"X-A", b"a\rb", [])
 @example(b"", b"x", [])
-@example(b"", b"", [])
 @example(b"*:", b"", [])
 def test_a_header_line_is_taken_only_with_a_token_name_and_a_clean_value(
         name: bytes, value: bytes, cuts: list[int]) -> None:

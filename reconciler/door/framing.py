@@ -130,8 +130,6 @@ class ResponseParser:
         if self.head is not None:
             return  # a trailer: never taken for a header
         self._head_bytes += len(name) + len(value) + 4
-        if not name:  # llhttp takes ": x" with an empty name; RFC 9110 names are 1+ tokens
-            raise UpstreamError("the engine's answer has a header line without a name")
         key = name.lower().decode("latin-1")
         text = value.rstrip().decode("latin-1")  # llhttp strips what leads
         if key == "transfer-encoding":
