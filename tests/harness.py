@@ -66,6 +66,9 @@ PORT_ATTEMPTS = 8  # starts of one daemon that may each lose a port before a tes
 _TAKEN = re.compile(r"(--[a-z-]+) (\d+): \S+ is already in use")
 
 
+_BIND_ADDRESS = re.compile(r"while attempting to bind on address \('[^']*', (\d+)\)")
+
+
 def port_taken(code: int | None, said: str, ours: Mapping[str, int],
                is_free: Callable[[int], bool] | None = None) -> list[str]:
     """The flags, of ``ours`` (flag: port), whose ports another process took first; empty for
@@ -73,13 +76,18 @@ def port_taken(code: int | None, said: str, ours: Mapping[str, int],
 
     The agent exits 5 (``EXIT_PORT``) saying ``--flag N: host:N is already in use`` for a port
     it binds at start. Its embedded reconciler and door bind later and exit 1 with "... (port
-    N) ... cannot listen: ... in use", naming ports but not which one: a port of ours named
-    there that is still held now is the one (a test that holds a port of its own on purpose
+    N) ... cannot listen: ... in use", naming the address the loop tried to bind when it says
+    it (that port is the one), else ports but not which one: a port of ours named there that
+    is still held now is the one (a test that holds a port of its own on purpose
     keeps that failure). A free port is only a guess until the daemon binds it."""
     named = [m.group(1) for m in _TAKEN.finditer(said) if m.group(1) in ours]
     if code == 5 and named:
         return named
     if code in (1, 5) and "cannot listen" in said and "in use" in said:
+        bound = _BIND_ADDRESS.search(said)  # the loop's own error names the address it tried
+        if bound is not None:
+            return [flag for flag, port in ours.items()
+                    if flag != "--port" and port == int(bound.group(1))]
         free = is_free or _free
         return [flag for flag, port in ours.items() if flag != "--port"
                 and f"(port {port})" in said and not free(port)]

@@ -88,6 +88,8 @@ DOOR_LINE = ("runtime-agent: the embedded reconciler (port 4101) or its front do
     (1, DOOR_LINE, {4101, 4103}, ["--claims-port", "--door-port"]),
     (1, DOOR_LINE, set(), []),  # given back already: no way to tell, the test fails as before
     (1, DOOR_LINE.replace("(port 4103)", "(port 4200)"), {4200}, []),  # the test's own port
+    (1, DOOR_LINE.replace("[Errno 98]", "[Errno 98] error while attempting to bind on address "
+                          "('127.0.0.1', 4103):"), set(), ["--door-port"]),  # named: given back
     (5, "--state-dir x is busy", set(), []),  # not a port
     (3, "--port 4100: 127.0.0.1:4100 is already in use", set(), []),
     (5, "--health-probe-port 4102: 127.0.0.1:4102 is already in use", set(), []),  # not ours

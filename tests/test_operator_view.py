@@ -177,7 +177,7 @@ def test_top_against_the_demo(tmp_path: Path, pane_factory: Callable[[list[str]]
                             preexec_fn=sigint_default)
     try:
         deadline = time.monotonic() + 240
-        while "== running:" not in (tmp_path / "demo.log").read_text():
+        while "== running until Ctrl-C" not in (tmp_path / "demo.log").read_text():
             assert demo.poll() is None, (tmp_path / "demo.log").read_text()
             assert time.monotonic() < deadline, (tmp_path / "demo.log").read_text()
             time.sleep(0.5)

@@ -51,18 +51,9 @@ async def _answered(owner: EngineOwner, probe: Health) -> None:
         target = Phase.SLEEPING if probe.sleeping else Phase.ACTIVE
         owner._deps.memory.set_sleeping(owner.name, probe.sleeping)
         # The record first, then the move: the view a move publishes says all of it at once
-        # (never `sleeping` with the desired state of before).
-        # A call cut short by an agent restart: the engine may still be at it (a wake takes
-        # seconds), so it ends once the engine is where the call was going, or once the call
-        # can no longer be running (its lifecycle timeout); desired is then what was reached.
-        op = owner.record.operation
-        if op is not None and (probe.sleeping is (op.action == "sleep")
-                               or now - op.started_at > s.lifecycle_timeout_s):
-            owner.record.operation = None
-            owner.record.desired = "asleep" if probe.sleeping else "awake"
-            if probe.sleeping and op.action == "sleep":
-                owner.record.sleep_level = op.level  # the call's own level, not a guess
-            changed = True
+        # (never `sleeping` with the desired state of before). A call cut short by an agent
+        # restart may still run in the engine (a wake takes seconds): ``settle_operation``.
+        changed = settle_operation(owner, probe.sleeping)
         if probe.sleeping and owner.record.sleep_level is None:
             owner.record.sleep_level = 2  # a level not known: wake the way that reloads weights
             changed = True
@@ -81,6 +72,21 @@ async def _answered(owner: EngineOwner, probe: Health) -> None:
         changed = True
     if changed:
         await owner._persist()
+
+
+def settle_operation(owner: EngineOwner, sleeping: bool) -> bool:
+    """A sleep or wake a previous agent left in flight ends once the engine is where the call
+    was going, or once the call can no longer be running (its lifecycle timeout); desired is
+    then what was reached. True when it ended (the record changed)."""
+    op = owner.record.operation
+    if op is None or not (sleeping is (op.action == "sleep") or owner._deps.clock()
+                          - op.started_at > owner._settings.lifecycle_timeout_s):
+        return False
+    owner.record.operation = None
+    owner.record.desired = "asleep" if sleeping else "awake"
+    if sleeping and op.action == "sleep":
+        owner.record.sleep_level = op.level  # the call's own level, not a guess
+    return True
 
 
 async def on_sleep_level(owner: EngineOwner, level: int | None) -> None:

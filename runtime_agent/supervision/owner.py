@@ -499,8 +499,9 @@ class EngineOwner:
         # The engine's own word: a re-adopted engine may have finished a sleep its record
         # never saw (the agent died during the call), and the ledger must charge it so.
         self._deps.memory.set_sleeping(self.name, target is Phase.SLEEPING)
+        if self._adopted and not self._converge:  # before the move: its view says it all
+            health.settle_operation(self, sleeping)  # a call the old agent left in flight
         if self._adopted and not self._converge and self.record.operation is None:
-            # (a call the old agent left in flight settles desired when it ends: health.py)
             self.record.desired = "asleep" if sleeping else "awake"
             if sleeping and self.record.sleep_level is None:
                 self.record.sleep_level = 2  # unknown: wake it the way that reloads weights

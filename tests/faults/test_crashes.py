@@ -62,6 +62,38 @@ def test_an_agent_killed_mid_call_reports_what_the_engine_did_after_its_restart(
     assert undo["applied"] is True and undo["phase"] == before  # a real call, not a no-op
 
 
+def test_a_sleep_the_engine_finished_while_no_agent_watched_is_asleep_in_every_snapshot(
+        agent_factory) -> None:
+    """The new agent found the engine asleep at its first look and moved to `sleeping` before
+    it settled the call the old agent left in flight: the snapshot said `sleeping` with
+    `desired: awake` until the next health probe."""
+    agent: AgentProcess = agent_factory(extra_args=PROBES)
+    agent.activate_sim("m1", "--sim-sleep-seconds=1")
+    port = agent.wait_phase("m1", "active")["port"]
+    call = threading.Thread(target=lambda: _quietly(agent.client.sleep, "m1"))
+    call.start()
+    agent.wait_for(lambda s: agent.model(s, "m1")["operation"] == "sleep", what="in flight",
+                   poll_s=0.05)
+    agent.kill()
+    call.join(10)
+    assert wait_until(lambda: _engine_asleep(port), 10), "the engine never finished its sleep"
+    new = restart_agent(agent_factory, agent)
+    snap = new.wait_for(lambda s: new.model(s, "m1")["phase"] == "sleeping", timeout_s=15,
+                        what="asleep, as the engine says")
+    model = new.model(snap, "m1")
+    assert (model["desired"], model["operation"], model["sleep_level"]) == ("asleep", None, 1)
+
+
+def _engine_asleep(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/is_sleeping", timeout=2) as resp:
+            return bool(json.loads(resp.read())["is_sleeping"])
+    except OSError:
+        return False
+
+
 def _quietly(call, *args) -> None:  # type: ignore[no-untyped-def]
     try:
         call(*args)
