@@ -25,6 +25,8 @@ WAKE_FAILED = "WakeFailed"
 STORAGE_UNAVAILABLE = "StorageUnavailable"
 ENGINE_MISSING = "EngineExecutableMissing"
 PORT_HELD = "PortHeld"
+# an activation that a concurrent deactivate stopped (409): the callers raced, nothing failed
+STOPPED_MEANWHILE = "DeactivatedMeanwhile"
 
 # Claim conditions and events (the reconciler's).
 AGENT_NOT_READY = "AgentNotReady"

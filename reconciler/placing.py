@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from contract.reasons import INSUFFICIENT_GPU
+from contract.reasons import INSUFFICIENT_GPU, STOPPED_MEANWHILE
 from contract.reasons import INVALID_ENGINE_CONFIG as AGENT_INVALID_CONFIG
 from contract.reasons import TOO_LARGE as AGENT_TOO_LARGE
 from reconciler.client import ActivateSpec, AgentUnreachable, Reply
@@ -58,6 +58,7 @@ from reconciler.status import (
 )
 
 log = logging.getLogger("reconciler.placing")
+RACED_RETRY_S = 1.0  # an activation a concurrent deactivate stopped: placed again this soon
 PRE_STAGING = "PreStaging"
 REFRESH_TRIES = 8  # agents read again for one placement before every agent is read
 INF = float("inf")
@@ -210,6 +211,12 @@ class Placer:
             st.event(now, INVALID_ENGINE_CONFIG, f"{agent}: {error}", warning=True)
             st.set(now, FAILED, ready=(False, INVALID_ENGINE_CONFIG, error))
             return Result()
+        if reply is not None and reply.reason == STOPPED_MEANWHILE:
+            # a hand-run deactivate raced this start: nothing failed; place it again soon
+            st.event(now, "Rescheduled", f"{agent}: {error}")
+            st.set(now, PENDING, scheduled=(False, NO_MATCHING_PODS, f"{agent}: {error}"),
+                   ready=(False, NOT_PLACED, "the claim waits to be placed again"))
+            return Result(requeue_after=RACED_RETRY_S)
         refused = reply is not None and reply.reason in (INSUFFICIENT_GPU, AGENT_TOO_LARGE)
         if metrics:
             metrics.activation("refused" if refused else "failed")

@@ -142,6 +142,23 @@ async def test_an_agent_refusal_is_recorded_and_retried(tmp_path: Path, a: FakeA
     assert rig.status("qwen3-0-6b").phase == "Activating"
 
 
+async def test_an_activation_a_hand_run_deactivate_raced_is_placed_again_not_failed(
+        tmp_path: Path, a: FakeAgent) -> None:
+    """A person deactivated a claimed engine and the reconciler's new activation met the stop:
+    the agent's 409 DeactivatedMeanwhile was taken for a failed start (Failed for 15 s)."""
+    a.activate_reply = Reply(409, {"status": "error", "reason": "DeactivatedMeanwhile",
+                                   "message": "model 'qwen3-0.6b' was deactivated by another "
+                                   "request while this activation was starting it"})
+    rig = Rig(tmp_path, [a], TWO)
+    result = await rig.reconcile("qwen3-0-6b")
+    st = rig.status("qwen3-0-6b")
+    assert (st.phase, st.reason("Ready")) == ("Pending", "NotPlaced")
+    assert result.requeue_after is not None and result.requeue_after < 10.0  # soon, no backoff
+    a.activate_reply = None
+    await rig.reconcile("qwen3-0-6b", advance=result.requeue_after)
+    assert rig.status("qwen3-0-6b").phase == "Activating"
+
+
 async def test_an_engine_failed_for_good_moves_to_an_agent_with_room(
         tmp_path: Path, a: FakeAgent, b: FakeAgent) -> None:
     rig = Rig(tmp_path, [a, b], TWO)

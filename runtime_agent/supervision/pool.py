@@ -21,7 +21,12 @@ from dataclasses import dataclass, field, replace
 from contract.engines import lora_enabled
 from contract.names import ipc_name_for
 from contract.phases import Phase
-from contract.reasons import ENGINE_MISSING, INSUFFICIENT_GPU, INVALID_ENGINE_CONFIG
+from contract.reasons import (
+    ENGINE_MISSING,
+    INSUFFICIENT_GPU,
+    INVALID_ENGINE_CONFIG,
+    STOPPED_MEANWHILE,
+)
 from registry.record import EngineRecord, EngineSpec, PerGpu
 from runtime_agent.gpu.admission import Admit, Refuse
 from runtime_agent.kv.ownership import NameTaken, claim, holds, release
@@ -65,7 +70,7 @@ def _stopped_meanwhile(name: str) -> Refused:
     callers raced (409), the engine did not fail (not a 502)."""
     return Refused(Refusal.CONFLICT, f"model {name!r} was deactivated by another request "
                    "while this activation was starting it; activate it again if it should run",
-                   model_name=name, phase=Phase.STOPPED)
+                   reason=STOPPED_MEANWHILE, model_name=name, phase=Phase.STOPPED)
 
 
 @dataclass(frozen=True)
