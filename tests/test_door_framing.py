@@ -103,6 +103,8 @@ LENGTHS = st.one_of(
 def test_a_content_length_is_its_digits_or_the_answer_is_refused(length: bytes,
                                                                  cuts: list[int]) -> None:
     outcome = alike(json_answer(length), cuts)
+    if b"\r" in length or b"\n" in length:
+        return  # another line, or the head's end: framing that is checked elsewhere
     if length.isdigit() and int(length) < 1 << 64:
         n = int(length)
         # shorter: the answer ends there (the rest spends the connection); longer: cut short
