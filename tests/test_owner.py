@@ -550,7 +550,8 @@ async def test_a_sleep_that_ends_after_the_restart_is_published_whole(probed: Ow
     running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
     probed.adapter.sleeping = False  # still going to sleep when the new agent looks
     record = make_record(pid=running.pid, pid_start_time=running.start_time, phase=Phase.ACTIVE,
-                         desired="awake", operation=InFlight(action="sleep", level=1))
+                         desired="awake", operation=InFlight(action="sleep", level=1,
+                                                           started_at=time.time()))
     owner = probed.start(record, StartMode.ADOPT, running.pid)
     await probed.until(lambda: owner.view.phase is Phase.ACTIVE and owner.view.ready, "ready")
     probed.adapter.sleeping = True  # the sleep the old agent asked for ends now
