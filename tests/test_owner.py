@@ -542,8 +542,10 @@ async def test_a_sleep_cut_short_by_an_agent_restart_is_resolved_by_asking_the_e
     record = make_record(pid=running.pid, pid_start_time=running.start_time, phase=Phase.ACTIVE,
                          desired="awake", operation=InFlight(action="sleep", level=1))
     owner = probed.start(record, StartMode.ADOPT, running.pid)
-    await probed.until(lambda: owner.record.operation is None, "resolved")
-    assert owner.view.phase is Phase.SLEEPING and owner.record.desired == "asleep"
+    # the record is written before the view is published: wait for the view
+    await probed.until(lambda: owner.record.operation is None
+                       and owner.view.phase is Phase.SLEEPING, "resolved")
+    assert owner.record.desired == "asleep" == owner.view.desired
 
 
 async def test_a_sleep_that_ends_after_the_restart_is_published_whole(probed: OwnerRig) -> None:
@@ -588,7 +590,8 @@ async def test_a_cut_short_call_that_can_no_longer_be_running_settles_on_what_is
                          phase=Phase.SLEEPING, desired="awake", sleep_level=1,
                          operation=InFlight(action="wake", level=1, started_at=long_ago))
     owner = probed.start(record, StartMode.ADOPT, running.pid)
-    await probed.until(lambda: owner.record.operation is None, "settled")
+    await probed.until(lambda: owner.record.operation is None
+                       and owner.view.desired == owner.record.desired, "settled")
     assert owner.view.phase is Phase.SLEEPING and owner.view.desired == "asleep"
 
 
