@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from contract.flags import arity_of, flag_problem, known_flags
+from contract.numbers import whole_number
 
 
 class EngineKind(enum.StrEnum):
@@ -87,7 +88,7 @@ def normalise_flag(flag: str, engine: str = "vllm") -> str:
 
 
 def _positive_int(value: str) -> bool:
-    return value.isascii() and value.isdigit() and int(value) >= 1
+    return (whole_number(value) or 0) >= 1
 
 
 def looks_like_flag(value: str) -> bool:

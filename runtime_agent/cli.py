@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from contract.numbers import whole_number
+
 from reconciler.door.settings import DoorSettings
 from reconciler.runtime.loop import run as run_on_uvloop
 from runtime_agent import __version__
@@ -79,9 +81,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    port = whole_number(text)
+    if port is None or not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
-    return int(text)
+    return port
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -122,9 +125,10 @@ def _interval(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    count = whole_number(text)
+    if count is None or count < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return int(text)
+    return count
 
 
 def _size_or_zero(text: str) -> int:

@@ -125,6 +125,21 @@ def test_a_cursor_from_an_earlier_boot_is_told_to_relist_then_gets_this_boots_ev
         reader.close()
 
 
+@pytest.mark.parametrize("cursor", ["\u00b2", "\u0661", "9" * 5000, "-1", "2.0"])
+def test_a_cursor_that_is_not_a_plain_number_is_ignored_not_a_server_error(
+        agent: AgentProcess, cursor: str) -> None:
+    """``"²".isdigit()`` is true and ``int("²")`` raises; 5,000 digits are more than ``int()``
+    reads. Such a Last-Event-ID once answered 500; it is a cursor the agent does not know, so the
+    stream starts from the beginning."""
+    agent.activate_sim("m1")
+    agent.wait_phase("m1", "active")
+    reader = SseReader(agent, last_event_id=cursor)
+    try:
+        assert [e["seq"] for e in reader.wait_count(2)] == [1, 2]
+    finally:
+        reader.close()
+
+
 def test_long_poll_returns_as_soon_as_something_happens(agent: AgentProcess) -> None:
     cursor = agent.client.events(0)["cursor"]
     result: dict = {}

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from contract.numbers import whole_number
+
 CHANNEL_ENV = "AIBRIX_SIM_GPU_DIR"
 _FIELDS = ("weights_bytes", "kv_bytes", "context_bytes", "host_bytes")
 
@@ -120,10 +122,11 @@ def devices_from_env(env: Mapping[str, str]) -> list[int]:
     devices: list[int] = []
     for part in raw.split(","):
         token = part.strip()
-        if not token.isdigit():
+        index = whole_number(token)
+        if index is None:
             raise ValueError(f"CUDA_VISIBLE_DEVICES={raw!r}: {token!r} is not a device index "
                              "(the simulation understands only indices like '0,1')")
-        devices.append(int(token))
+        devices.append(index)
     return devices
 
 

@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from contract.numbers import whole_number
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 11434
 DEFAULT_CONTEXT_LENGTH = 4096
@@ -133,10 +135,11 @@ def _unsigned(env: Mapping[str, str], name: str, default: int, warnings: list[st
     raw = env.get(name, "").strip()
     if not raw:
         return default
-    if not raw.isdigit():
+    value = whole_number(raw)
+    if value is None:
         warnings.append(f"invalid environment variable, using default key={name} value={raw} default={default}")
         return default
-    return int(raw) or default
+    return value or default
 
 
 def settings_from_env(env: Mapping[str, str]) -> OllamaSettings:

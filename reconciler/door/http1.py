@@ -54,6 +54,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from contract.numbers import MAX_DIGITS, whole_number
 from guard.conns import Census, ConnLimits, peer_of
 from reconciler.door.answers import Answer, Handler, Request, Stream, answer_head, json_answer
 from reconciler.door.answers import refusal as _error
@@ -287,7 +288,7 @@ class _Connection(asyncio.Protocol):
                 raise httptools.HttpParserError("the Host header")
         limit = self._server.max_body
         length = self._headers.get("content-length", "").strip()
-        if length.isdigit() and int(length) > limit:
+        if (whole_number(length) or 0) > limit or len(length) > MAX_DIGITS:
             self._refused = self._server.too_large()
             raise httptools.HttpParserError("the body is too large")  # read no more of it
         if self._headers.get("expect", "").lower() == "100-continue" and self.transport \
@@ -320,12 +321,12 @@ class _Connection(asyncio.Protocol):
                           parser.should_keep_alive(), self)
         if parser.should_upgrade():
             length = self._headers.get("content-length", "0").strip() or "0"
-            if "transfer-encoding" in self._headers or not length.isdigit():
+            if "transfer-encoding" in self._headers or whole_number(length) is None:
                 self._refused = _error(400, "A request with Upgrade must send its body with "
                                        "Content-Length.")
                 raise httptools.HttpParserError("an upgrade with a chunked body")
-            if int(length):  # the parser skips its body: read here (data_received)
-                self._upgrade, self._upgrade_left, self._body = request, int(length), []
+            if size := whole_number(length) or 0:  # the parser skips its body: read here
+                self._upgrade, self._upgrade_left, self._body = request, size, []
                 self._partial = True  # its body's deadline still runs
                 return
         self._enqueue(request)

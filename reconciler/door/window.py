@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.numbers import whole_number
+
 CHARS_PER_TOKEN = 3.5
 
 
@@ -103,6 +105,6 @@ def context_from_args(engine: str, args: Mapping[str, str]) -> int | None:
         "--max-model-len", "--max_model_len", "--context-length")
     for name in names:
         value = args.get(name)
-        if value is not None and value.strip().isdigit() and int(value) > 0:
-            return int(value)
+        if value is not None and (tokens := whole_number(value, strip=True) or 0) > 0:
+            return tokens
     return None

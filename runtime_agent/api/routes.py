@@ -12,6 +12,8 @@ import logging
 from aiohttp import web
 from aiohttp_sse import sse_response
 
+from contract.numbers import whole_number
+
 from runtime_agent.api.context import agent_of
 from runtime_agent.api.errors import BadRequest, parse
 from runtime_agent.api.metrics import CONTENT_TYPE
@@ -124,8 +126,8 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     cursor = _int_query(request, "since", 0, 0, 2**62)
     boot, _, seq = header.rpartition(":")
     reset = bool(boot) and boot != feed.boot_id  # a bare SEQ (an older client) is this boot's
-    if header and not reset and seq.isdigit():
-        cursor = int(seq)
+    if header and not reset and (given := whole_number(seq)) is not None:
+        cursor = given
     async with agent.streams.slot(), sse_response(request, sep="\n", ping_interval=15,
                                                   headers={"Cache-Control": "no-cache"}) as resp:
         # aiohttp-sse frames the events and sends a comment every 15 s to keep proxies open
