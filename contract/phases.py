@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import enum
 
+# The seed's contract: restarts after 2, 4, 8, 16 and 32 seconds, five over an engine's life,
+# then the engine is failed.
+DEFAULT_RESTART_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 32.0)
+
 
 class Phase(enum.StrEnum):
     ACTIVATING = "activating"  # record written, process not started yet

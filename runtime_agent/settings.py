@@ -9,8 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.phases import DEFAULT_RESTART_DELAYS
 from guard.tokens import TokenSource
-from runtime_agent.supervision.backoff import DEFAULT_RESTART_DELAYS
 
 DEFAULT_STATE_DIR = Path("/var/run/aibrix")
 SIM_ENGINE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "engines.sim", "serve")

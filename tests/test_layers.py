@@ -2,7 +2,7 @@
 
 The contract package imports none of its users; engines/ and registry/ never import the daemon
 or the reconciler; the reconciler never imports the agent; inside the agent, the API sits above
-supervision, which sits above KV and GPU memory.
+supervision, which sits above KV and GPU memory; no package's modules import each other in a cycle.
 """
 
 from __future__ import annotations

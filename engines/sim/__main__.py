@@ -24,7 +24,7 @@ from prometheus_client import disable_created_metrics
 
 from engines.sim import logs
 from engines.sim.gpu_feed import MemoryFeed
-from engines.sim.ollama_api import build_ollama_app
+from engines.sim.ollama_app import build_ollama_app
 from engines.sim.ollama_state import OLLAMA_SIM_VERSION, OllamaState
 from engines.sim.options import OptionsError, SimOptions, parse_options
 from engines.sim.server import SIM_VERSION, build_app, dev_mode_enabled

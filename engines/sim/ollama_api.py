@@ -307,7 +307,7 @@ def _peer(request: web.Request) -> str:
 
 
 @web.middleware
-async def _gin_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+async def gin_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
     started = time.monotonic()
     try:
         response = await handler(request)
@@ -317,10 +317,8 @@ async def _gin_middleware(request: web.Request, handler: _Handler) -> web.Stream
     return response
 
 
-def build_ollama_app(state: OllamaState) -> web.Application:
-    """The complete application of one simulated ``ollama serve``."""
-    app = web.Application(middlewares=[_gin_middleware])
-    app[OLLAMA_STATE_KEY] = state
+def add_routes(app: web.Application) -> None:
+    """Ollama's native routes (and the simulator's ``/sim/state``) on ``app``."""
     app.router.add_get("/", _root)
     app.router.add_get("/api/version", _version)
     app.router.add_get("/api/tags", _tags)
@@ -329,7 +327,3 @@ def build_ollama_app(state: OllamaState) -> web.Application:
     app.router.add_post("/api/generate", _handler("generate"))
     app.router.add_post("/api/chat", _handler("chat"))
     app.router.add_get("/sim/state", _sim_state)
-    from engines.sim import ollama_openai  # it builds on this module's helpers
-
-    ollama_openai.add_routes(app)
-    return app

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-# The seed's contract: restarts after 2, 4, 8, 16 and 32 seconds, five over an engine's life.
-DEFAULT_RESTART_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 32.0)
+from contract.phases import DEFAULT_RESTART_DELAYS
+
+__all__ = ["DEFAULT_RESTART_DELAYS", "probe_delays", "restart_delay"]
 
 
 def restart_delay(restarts_done: int, delays: Sequence[float]) -> float | None:
