@@ -2,7 +2,8 @@
 
 Every change to a ``ClaimStatus`` marks its claim dirty; one flusher task writes dirty statuses
 atomically (temporary file, fsync, rename, directory fsync) to
-``<claims_dir>/.status/<namespace>_<name>.json``, coalescing bursts of changes into one write,
+``<status_dir>/<namespace>_<name>.json`` (``<state-dir>/claims-status`` from the command
+line), coalescing bursts of changes into one write,
 and never two writes at once. A restarted reconciler reads them back, so it knows where its
 claims were placed, their uids, and since when they wait; an unreadable file is skipped.
 """
@@ -13,30 +14,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from guard.files import write_atomically
 from reconciler.desired import ClaimKey
 from reconciler.model.manifests import ModelClaim
 from reconciler.status import ClaimStatus
 
 log = logging.getLogger("reconciler.store")
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StatusStore:
@@ -167,7 +154,7 @@ class StatusStore:
         # the next poll would read as "every claim deleted".
         self.directory.mkdir(exist_ok=True)
         for key, data in docs.items():
-            _write_atomically(self._path(key), data)
+            write_atomically(self._path(key), data)
         for key in removed:
             with contextlib.suppress(FileNotFoundError):
                 self._path(key).unlink()

@@ -23,12 +23,13 @@ import contextlib
 import os
 import re
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+
+from guard.files import fsync_dir, write_atomically
 
 from registry.record import EngineRecord
 
@@ -60,14 +61,6 @@ def validate_engine_id(engine_id: str) -> str:
     return engine_id
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _ensure_dir(path: Path) -> None:
     """Create ``path`` and any missing parents (mode 0o700), each made durable in its parent."""
     if path.is_dir():
@@ -75,7 +68,7 @@ def _ensure_dir(path: Path) -> None:
     _ensure_dir(path.parent)
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=_DIR_MODE)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class RegistryStore:
@@ -94,20 +87,8 @@ class RegistryStore:
         final = self.path_for(record.engine_id)
         data = record.model_dump_json().encode()
         _ensure_dir(self.engines_dir)
-        fd, tmp = tempfile.mkstemp(
-            dir=self.engines_dir, prefix=f"{_TMP_PREFIX}{record.engine_id}.", suffix=_TMP_SUFFIX
-        )
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(self.engines_dir)
+        write_atomically(final, data, tmp_prefix=f"{_TMP_PREFIX}{record.engine_id}.",
+                         tmp_suffix=_TMP_SUFFIX)
 
     def delete(self, engine_id: str) -> None:
         """Remove an engine's record durably; a missing record is not an error."""
@@ -116,7 +97,7 @@ class RegistryStore:
             os.unlink(path)
         except FileNotFoundError:
             return
-        _fsync_dir(self.engines_dir)
+        fsync_dir(self.engines_dir)
 
     def load_all(self) -> LoadResult:
         """Load every record; quarantine bad files and remove stray temp files. Never raises
@@ -140,7 +121,7 @@ class RegistryStore:
             else:
                 quarantined.append(self._quarantine(path, reason))
         if removed_tmp:
-            _fsync_dir(self.engines_dir)
+            fsync_dir(self.engines_dir)
         records.sort(key=lambda r: (r.created_at, r.engine_id))
         return LoadResult(records=records, quarantined=quarantined)
 
@@ -179,6 +160,6 @@ class RegistryStore:
         except OSError as e:
             return Quarantined(original=path, kept_at=path, reason=f"{reason}; could not move: {e}")
         with contextlib.suppress(OSError):  # the move is done; its durability is best effort
-            _fsync_dir(self.corrupt_dir)
-            _fsync_dir(self.engines_dir)
+            fsync_dir(self.corrupt_dir)
+            fsync_dir(self.engines_dir)
         return Quarantined(original=path, kept_at=kept_at, reason=reason)

@@ -11,10 +11,11 @@ directory fsync.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from guard.files import write_atomically
 
 MANIFEST = "manifest.json"
 JOB = "job.json"
@@ -106,23 +107,9 @@ def to_json(value: Manifest | JobFile) -> dict[str, Any]:
     return asdict(value)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomically replace ``path`` (blocking: call in a thread)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_atomically(path, json.dumps(data, indent=1, sort_keys=True).encode())
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -20,13 +20,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from guard.files import fsync_dir
 from runtime_agent.artifacts.manifest import (
     FILES,
     JOB,
     MANIFEST,
     JobFile,
     Manifest,
-    fsync_dir,
     job_from,
     manifest_from,
     read_json,

@@ -16,7 +16,8 @@ import threading
 import unicodedata
 from pathlib import Path
 
-from runtime_agent.artifacts.manifest import Plan, PlannedFile, fsync_dir
+from guard.files import fsync_dir
+from runtime_agent.artifacts.manifest import Plan, PlannedFile
 from runtime_agent.artifacts.sources.base import FetchError, FetchKind, Source
 from runtime_agent.artifacts.verify import Cancelled, HashingWriter, Progress, choose
 
