@@ -112,7 +112,8 @@ class Agent:
         backend, sim_dir = await asyncio.to_thread(make_gpu_backend, s)
         self.settings = s = replace(s, sim_gpu_dir=sim_dir)
         self.memory = MemoryBroker(backend, self._engine_refs, s.gpu_reserve_bytes,
-                                   s.host_reserve_bytes, s.gpu_sample_interval_s)
+                                   s.host_reserve_bytes, s.gpu_sample_interval_s,
+                                   s.gpu_sample_interval_s * s.steady_backoff)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=8)
         self._session = aiohttp.ClientSession(connector=connector)
         session = self._session

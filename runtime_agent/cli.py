@@ -124,6 +124,16 @@ def _interval(text: str) -> float:
     return value
 
 
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 1 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 (1: no slowing down)")
+    return value
+
+
 def _count(text: str) -> int:
     count = whole_number(text)
     if count is None or count < 1:
@@ -194,6 +204,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         auth_reads=args.auth_reads,
         health_interval_s=args.health_interval, unresponsive_after=args.unresponsive_after,
         unresponsive_grace_s=args.unresponsive_grace, budget_reset_s=args.budget_reset,
+        steady_backoff=args.steady_backoff,
         allow_trust_remote_code=args.allow_trust_remote_code,
         artifact_reserve_bytes=args.artifact_reserve,
         artifact_local_roots=tuple(Path(os.path.abspath(p)) for p in args.artifact_local_root),
@@ -394,6 +405,10 @@ def serve_parser(sub: Any) -> None:
                      "(default %(default)g)")
     sup.add_argument("--scrape-interval", type=_interval, default=2.0,
                      help="seconds between scrapes of an engine's /metrics (default %(default)g)")
+    sup.add_argument("--steady-backoff", type=_factor, default=5.0,
+                     help="while nothing changes, health probes, scrapes and KV checks of an "
+                     "engine slow down, doubling, to this many times their interval; any change "
+                     "or missed probe brings them back (default %(default)g; 1: never)")
     mem = s.add_argument_group("GPU and host memory (sizes take units: 1GiB, 512MiB, 6Gi)")
     mem.add_argument("--gpu", choices=("auto", "nvml", "sim"), default="auto",
                      help="GPU memory source: auto = NVML when it finds a GPU, else simulated "

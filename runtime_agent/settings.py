@@ -11,6 +11,7 @@ from pathlib import Path
 
 from contract.phases import DEFAULT_RESTART_DELAYS
 from guard.tokens import TokenSource
+from runtime_agent.cadence import Cadence
 
 DEFAULT_STATE_DIR = Path("/var/run/aibrix")
 SIM_ENGINE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "engines.sim", "serve")
@@ -97,8 +98,24 @@ class Settings:
     health_interval_s: float = 1.0
     unresponsive_after: int = 3
     unresponsive_grace_s: float = 30.0
+    # While nothing changes, a steady engine's health probes, scrapes and KV checks slow down,
+    # doubling up to this many times their interval (1: a fixed interval); any change brings
+    # them back to it (runtime_agent.cadence).
+    steady_backoff: float = 5.0
     # The restart budget starts again after an engine served this long without a crash.
     budget_reset_s: float = 600.0
+
+    @property
+    def health_cadence(self) -> Cadence:
+        return Cadence(self.health_interval_s, self.health_interval_s * self.steady_backoff)
+
+    @property
+    def scrape_cadence(self) -> Cadence:
+        return Cadence(self.scrape_interval_s, self.scrape_interval_s * self.steady_backoff)
+
+    @property
+    def kv_hold_cadence(self) -> Cadence:
+        return Cadence(self.kv_hold_s, self.kv_hold_s * self.steady_backoff)
 
     @property
     def engines_dir(self) -> Path:

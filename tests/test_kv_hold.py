@@ -114,6 +114,7 @@ def test_the_agent_never_writes_above_the_capacity_or_to_a_stale_inode(steps: li
 from pathlib import Path  # noqa: E402
 
 from registry.record import EngineRecord, EngineSpec  # noqa: E402
+from runtime_agent.cadence import Cadence, Pacer  # noqa: E402
 from runtime_agent.kv.keeper import KvKeeper  # noqa: E402
 from runtime_agent.kv.segment import create_segment, read_segment, write_limit  # noqa: E402
 
@@ -177,6 +178,17 @@ class _Sleeps:
         await asyncio.sleep(0)
 
 
+class _PacedBy(Pacer):
+    """A pacer whose pauses are recorded by ``_Sleeps`` instead of waited."""
+
+    def __init__(self, sleeps: _Sleeps, floor_s: float = 1.0, cap_s: float = 1.0) -> None:
+        super().__init__(Cadence(floor_s, cap_s))
+        self._sleeps = sleeps
+
+    async def pause(self) -> None:
+        await self._sleeps.sleep(self.interval_s)
+
+
 async def test_no_segment_is_looked_for_often_once_the_engine_is_ready_without_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import runtime_agent.kv.keeper as keeper_module
@@ -192,7 +204,7 @@ async def test_no_segment_is_looked_for_often_once_the_engine_is_ready_without_o
         return ready
 
     with pytest.raises(asyncio.CancelledError):
-        await keeper.watch(lambda info, writes: None, 0.01, 1.0, pauses_so_far)
+        await keeper.watch(lambda info, writes: None, 0.01, _PacedBy(sleeps), pauses_so_far)
     assert sleeps.asked == [0.01, 0.01, 0.01, 1.0, 1.0, 1.0]
 
 
@@ -211,9 +223,28 @@ async def test_a_segment_that_appears_while_the_engine_boots_is_read_at_once(
         return False
 
     with pytest.raises(asyncio.CancelledError):
-        await keeper.watch(lambda info, writes: readings.append(info), 0.01, 1.0, booting)
+        await keeper.watch(lambda info, writes: readings.append(info), 0.01, _PacedBy(sleeps),
+                           booting)
     assert sleeps.asked[:2] == [0.01, 0.01] and readings and readings[0] is not None
     assert readings[0].total_size == 4 * GIB
+
+
+async def test_a_steady_segment_is_read_less_often_and_a_moved_one_at_once_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime_agent.kv.keeper as keeper_module
+
+    sleeps = _Sleeps(limit=7)
+    monkeypatch.setattr(keeper_module, "asyncio", sleeps)
+    create_segment("kvc_m", 4 * GIB, tmp_path)
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+
+    def post(info: SegmentInfo | None, writes: int) -> None:
+        if len(sleeps.asked) == 4:  # the segment moves (another writer, here)
+            write_limit("kvc_m", 2 * GIB, tmp_path)
+
+    with pytest.raises(asyncio.CancelledError):
+        await keeper.watch(post, 0.01, _PacedBy(sleeps, 1.0, 4.0), lambda: True)
+    assert sleeps.asked == [1.0, 2.0, 4.0, 4.0, 4.0, 1.0, 2.0]
 
 
 # ---- every field of each decision (mutation testing showed which ones nothing checked) --------

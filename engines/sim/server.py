@@ -42,9 +42,12 @@ def dev_mode_enabled(value: str | None) -> bool:
 def _make_access_log_middleware(enabled: bool, quiet_paths: tuple[str, ...] = (),
                                  quiet_prefixes: tuple[str, ...] = ()) -> Any:
     """uvicorn's access log, less the paths the engine was told to leave out (vLLM: exact
-    paths, SGLang: prefixes)."""
+    paths, SGLang: prefixes); every request, logged or not, is counted by path
+    (``requests_seen`` in /sim/state)."""
     @web.middleware
     async def middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        seen = request.app[STATE_KEY].requests_seen
+        seen[request.path] = seen.get(request.path, 0) + 1
         try:
             response = await handler(request)
         except web.HTTPException as exc:

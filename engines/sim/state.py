@@ -78,6 +78,8 @@ class EngineState:
         self.running = 0
         self.waiting = 0
         self.success_total = 0
+        # Requests answered, by path: what a test or bench counts of the agent's probes and scrapes.
+        self.requests_seen: dict[str, int] = {}
         self._slots = asyncio.Semaphore(options.max_running)
         self.kv: KvCache | None = None  # present when the engine runs with kvcached
         if options.kvcached_ipc_name is not None:
@@ -365,4 +367,5 @@ class EngineState:
             "max_running": self.options.max_running,
             "kv": None if self.kv is None else self.kv.snapshot(),
             "lora_adapters": dict(self.lora_adapters),
+            "requests_seen": dict(self.requests_seen),
         }

@@ -1,7 +1,8 @@
 """The memory broker: the agent's one view of GPU and host memory, and the one place it is spent.
 
-It samples the GPU backend (NVML, or the simulated GPU) on an interval and right after every
-engine transition, attributes each GPU process to an engine by process tree, and keeps the GPU
+It samples the GPU backend (NVML, or the simulated GPU) right after every engine transition
+and on an interval that backs off, up to ``steady_cap_s``, while samples see no change
+(``runtime_agent.cadence``), attributes each GPU process to an engine by process tree, and keeps the GPU
 and host ledgers. Activations and wakes claim memory here before they start (claim first, so
 two never spend the same free bytes), waiting callers are woken by memory changes (an engine
 stopping, sleeping, or measured smaller), never by a timer, and readers (snapshot, metrics) get
@@ -25,6 +26,7 @@ from typing import Any
 import psutil
 
 from contract.reasons import INSUFFICIENT_GPU
+from runtime_agent.cadence import Cadence, next_interval
 from runtime_agent.gpu.admission import Admit, Refuse, admit_sleep, claim
 from runtime_agent.gpu.attribution import (
     EngineMemory,
@@ -87,6 +89,11 @@ class _Taken:
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def _same_memory(a: GpuSample | None, b: GpuSample | None) -> bool:
+    """Two samples that saw the same memory on the same devices and processes."""
+    return a is not None and b is not None and replace(a, taken_at=0.0) == replace(b, taken_at=0.0)
+
+
 def _rss(pid: int) -> int:
     """Resident bytes of one process from ``/proc/<pid>/statm`` (0 when it is gone)."""
     try:
@@ -108,12 +115,13 @@ def _take(backend: GpuBackend, roots: list[int]) -> _Taken:
 class MemoryBroker:
     def __init__(self, backend: GpuBackend, engines: Callable[[], Mapping[str, EngineRef]],
                  reserve_bytes: int = 0, host_reserve_bytes: int = 0,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, steady_cap_s: float | None = None) -> None:
         self.backend = backend
         self.gate = DeviceGate()
         self._engines = engines
         self._reserve = reserve_bytes
         self._interval = interval_s
+        self._cadence = Cadence(interval_s, max(interval_s, steady_cap_s or interval_s))
         self.sample: GpuSample | None = None
         self.ledger = GpuLedger(devices={})
         self.host = HostLedger(total_bytes=0, reserve_bytes=host_reserve_bytes)
@@ -147,14 +155,19 @@ class MemoryBroker:
         self._poke.set()
 
     async def _loop(self) -> None:
+        interval = self._interval
         while True:
-            await wait_event(self._poke, self._interval)
+            changed = await wait_event(self._poke, interval)
             self._poke.clear()
+            before = self.sample
             try:
                 await self.sample_now()
             except Exception as exc:  # noqa: BLE001 - a bad sample must not end sampling
+                changed = True
                 self._throttled.warning("gpu-sample", "GPU sample failed (%s: %s)",
                                         type(exc).__name__, exc)
+            changed = changed or not _same_memory(before, self.sample)
+            interval = next_interval(self._cadence, interval, changed)
 
     async def sample_now(self) -> None:
         refs = dict(self._engines())

@@ -20,6 +20,7 @@ from typing import Any
 
 from registry.record import EngineRecord
 from contract.reasons import KV_SEGMENT_MISSING
+from runtime_agent.cadence import Pacer
 from runtime_agent.kv.hold import (
     KvState,
     Write,
@@ -69,19 +70,27 @@ class KvKeeper:
                              applied=record.kv_applied_bytes)
 
     async def watch(self, post: Callable[[SegmentInfo | None, int], None], first_s: float,
-                    hold_s: float, ready: Callable[[], bool] = lambda: False) -> None:
+                    hold: Pacer, ready: Callable[[], bool] = lambda: False) -> None:
         """Post a reading (and how many writes the agent had finished before taking it) when
-        the segment appears, then every ``hold_s``; ``None`` when a segment seen is gone. The segment is looked for every
+        the segment appears, then as ``hold`` paces it (its floor is the hold interval; a
+        reading other than the last, its use moving say, is an event, and steady readings
+        back off); ``None`` when a segment seen is gone. The segment is looked for every
         ``first_s`` while the engine boots (it creates it as it sizes its KV cache, and a
         limit must be in force before the cache fills); once the engine is ``ready`` without
-        one (Ollama, a vLLM without kvcached), every ``hold_s``: a hundred looks a second for
-        the engine's whole life would cost each such engine a little CPU for nothing."""
+        one (Ollama, a vLLM without kvcached), as ``hold`` paces it: a hundred looks a second
+        for the engine's whole life would cost each such engine a little CPU for nothing."""
         path = self._shm_dir / self._ipc
+        last: SegmentInfo | None = None
         while True:
             if not os.path.exists(path):  # a stat on tmpfs: microseconds, fine on the loop
                 if self.state.present or self.state.inode is not None:
                     post(None, self.writes)  # it was there: deleted under the engine
-                await asyncio.sleep(hold_s if ready() else first_s)
+                if ready():
+                    hold.looked(event=last is not None)
+                    last = None
+                    await hold.pause()
+                else:
+                    await asyncio.sleep(first_s)
                 continue
             writes = self.writes
             try:
@@ -94,7 +103,12 @@ class KvKeeper:
                                    self._record.spec.model_name, exc)
                 info = None
             post(info, writes)
-            await asyncio.sleep(hold_s if info is not None else first_s)
+            if info is None:  # unreadable: look again soon
+                await asyncio.sleep(first_s)
+                continue
+            hold.looked(event=info != last)
+            last = info
+            await hold.pause()
 
     async def reading(self, info: SegmentInfo | None, writes: int | None = None) -> bool:
         """Handle one reading; True when the record changed and must be persisted. A reading

@@ -49,6 +49,7 @@ from registry import stops
 from registry.record import EngineRecord, EngineSpec
 from registry.store import RegistryStore
 from runtime_agent.artifacts.staging import EngineStager, StagingView
+from runtime_agent.cadence import Pacer
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.kv.keeper import KvKeeper
 from runtime_agent.loops import Throttled, keep_running
@@ -139,6 +140,11 @@ class EngineOwner:
         self._staging: StagingView | None = None
         self._stage_token = 0
         self._unresponsive_since: float | None = None  # health probes unanswered since
+        # The paces of the health probe, the scrape and the KV check: fast after any event
+        # (each nudged by ``_changed``), backing off while nothing changes (runtime_agent.cadence).
+        self._health_pace = Pacer(self._settings.health_cadence)
+        self._scrape_pace = Pacer(self._settings.scrape_cadence)
+        self._kv_pace = Pacer(self._settings.kv_hold_cadence)
         self._throttled = deps.throttled
         self._persist_pending = False  # a retry of a failed record write is scheduled
         self._persist_retry_s = 0.0
@@ -270,6 +276,7 @@ class EngineOwner:
             return  # from a process that is gone
         match message:
             case Request():
+                self._changed()  # an intent (a KV limit, a sleep...): look closely again
                 await intents.on_request(self, message)
             case StagingProgress():
                 staging.on_progress(self, message)
@@ -298,9 +305,14 @@ class EngineOwner:
                                                               Phase.RESTARTING):
                     await self._spawn(reason)
             case KvReading(info=info, writes=writes):
+                kv_before = self._kv.state
                 if await self._kv.reading(info, writes):
                     await self._persist()
+                if self._kv.state != kv_before:  # its use moved, a write, a loss
+                    self._changed()
             case Figures(observation=observation):
+                if observation != self._figures:  # requests came or went
+                    self._changed()
                 self._figures, self._figures_at = observation, self._deps.clock()
                 await health.on_sleep_level(self, observation.sleep_level)
             case OpDone():
@@ -418,7 +430,7 @@ class EngineOwner:
                                              lambda: self._ready))
         self._loop("KV-limit holding", lambda: self._kv.watch(
             lambda info, writes: self._inbox.put_nowait(KvReading(gen, info, writes)),
-            self._settings.kv_watch_s, self._settings.kv_hold_s, lambda: self._ready))
+            self._settings.kv_watch_s, self._kv_pace, lambda: self._ready))
 
     async def _after_exit(self, info: ExitInfo | None, why: str | None,
                           restart_now: bool = False) -> None:
@@ -512,11 +524,12 @@ class EngineOwner:
         await self._transition(target, "Ready", "answers /health")
         await self._watch_workers()
         gen, post = self._gen, self._inbox.put_nowait
-        self._loop("request-figure scrape",
-                   lambda: watchers.scrape(self._adapter, self._settings, post, gen))
+        self._loop("request-figure scrape", lambda: watchers.scrape(
+            self._adapter, self._settings, post, gen, self._scrape_pace))
         self._loop("health probe", lambda: watchers.watch_health(
             self._adapter, self._settings, post, gen,
-            lambda: self.view.phase is Phase.SLEEPING, lambda: self._op is not None))
+            lambda: self.view.phase is Phase.SLEEPING, lambda: self._op is not None,
+            self._health_pace))
         if self._converge and self.record.desired == "asleep" and target is Phase.ACTIVE:
             await intents.sleep_after_restart(self)  # its adapters come back when it is woken
         elif target is Phase.ACTIVE:
@@ -644,8 +657,14 @@ class EngineOwner:
         else:
             record.hbm_peak_bytes = max(peak, record.hbm_peak_bytes or 0)
 
+    def _changed(self) -> None:
+        """Something happened to the engine: its watchers look at the fast pace again."""
+        for pace in (self._health_pace, self._scrape_pace, self._kv_pace):
+            pace.nudge()
+
     def _emit(self, reason: str, message: str, src: Phase | None = None,
               to: Phase | None = None, duration_s: float | None = None) -> None:
+        self._changed()  # every event (a transition, a KV limit set, a miss) is a change
         self._deps.on_event(EngineEvent(
             at=self._deps.clock(), model_name=self.name, engine_id=self.record.engine_id,
             src=(src or self.view.phase).value, dst=(to or self.view.phase).value,

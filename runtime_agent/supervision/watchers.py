@@ -8,9 +8,11 @@ on it with its own, current state, or drops it when that process is gone.
   ask whether it sleeps -> ``Ready`` or ``Unusable``.
 * ``watch_progress``: a booting engine that neither answers nor logs for ``start_stall_s`` is
   stuck -> ``Unusable``.
-* ``scrape``: request figures every ``scrape_interval_s`` -> ``Figures``.
-* ``watch_health``: once ready, a probe every ``health_interval_s`` -> ``Health`` (answered,
-  the engine's word on sleep, misses in a row).
+* ``scrape``: request figures -> ``Figures``, paced (``runtime_agent.cadence``): every
+  ``scrape_interval_s`` while they change, backing off while they do not.
+* ``watch_health``: once ready, a probe -> ``Health`` (answered, the engine's word on sleep,
+  misses in a row), paced: every ``health_interval_s`` after any change or miss, backing off
+  while the answers stay the same.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from engines.adapter import EngineAdapter
 from engines.client import EngineCallError
+from runtime_agent.cadence import Pacer
 from runtime_agent.settings import Settings
 from runtime_agent.supervision.backoff import probe_delays
 from runtime_agent.supervision.messages import Figures, Health, Message, Ready, Unusable
@@ -68,23 +71,33 @@ async def watch_progress(log_path: Path, settings: Settings, post: Post, gen: in
         await asyncio.sleep(min(1.0, stall / 4))
 
 
-async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: int) -> None:
+async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
+                 pacer: Pacer) -> None:
+    """Read the engine's request figures now, then as ``pacer`` says: figures other than the
+    last ones (requests came or went) are an event."""
+    last: object = None
     while True:
         figures = await adapter.observe(settings.probe_timeout_s)
         if figures is not None:
             post(Figures(gen, figures))
-        await asyncio.sleep(settings.scrape_interval_s)
+        pacer.looked(event=figures != last)
+        last = figures
+        await pacer.pause()
 
 
 async def watch_health(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
-                       asleep: Callable[[], bool], busy: Callable[[], bool]) -> None:
-    """Probe a ready engine every ``health_interval_s``: its answer (or none within the probe
-    timeout) and its word on sleep -> ``Health``, with the count of misses in a row. While a
-    sleep or wake runs (``busy``), the engine's core may take its time over it, so only its
-    server's liveness is probed (its own health endpoint)."""
+                       asleep: Callable[[], bool], busy: Callable[[], bool],
+                       pacer: Pacer) -> None:
+    """Probe a ready engine as ``pacer`` says: its answer (or none within the probe timeout)
+    and its word on sleep -> ``Health``, with the count of misses in a row. A miss, or an
+    answer other than the last, is an event: the next probe comes after the floor interval,
+    so misses in a row are counted at the fast pace. While a sleep or wake runs (``busy``),
+    the engine's core may take its time over it, so only its server's liveness is probed (its
+    own health endpoint)."""
     misses = 0
+    last: tuple[bool, bool | None] | None = None
     while True:
-        await asyncio.sleep(settings.health_interval_s)
+        await pacer.pause()
         if busy():
             answered = await adapter.healthy(settings.probe_timeout_s, asleep())
             sleeping: bool | None = None
@@ -92,3 +105,5 @@ async def watch_health(adapter: EngineAdapter, settings: Settings, post: Post, g
             answered, sleeping = await adapter.probe(settings.probe_timeout_s, asleep())
         misses = 0 if answered else misses + 1
         post(Health(gen, answered, sleeping, misses))
+        pacer.looked(event=not answered or (answered, sleeping) != last)
+        last = (answered, sleeping)
