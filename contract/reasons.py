@@ -25,6 +25,9 @@ WAKE_FAILED = "WakeFailed"
 STORAGE_UNAVAILABLE = "StorageUnavailable"
 ENGINE_MISSING = "EngineExecutableMissing"
 PORT_HELD = "PortHeld"
+# a start waiting for its turn on its cards (runtime_agent/gpu/gate.py): a measured start is
+# alone there, or one waits to be
+START_QUEUED = "StartQueued"
 # an activation that a concurrent deactivate stopped (409): the callers raced, nothing failed
 STOPPED_MEANWHILE = "DeactivatedMeanwhile"
 

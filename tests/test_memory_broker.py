@@ -127,3 +127,14 @@ async def test_a_new_sleep_forgets_the_last_sleeps_footprint_until_measured() ->
     engine.move("sleeping")
     await broker.sample_now()
     assert broker.figures["m"].sleeping_footprint_bytes == 6 * GiB
+
+
+async def test_a_wake_shares_its_cards_turn_only_when_its_size_is_known() -> None:
+    card, engine = OneCard(), Engine()
+    broker = await asleep_after_40_gib(card, engine)  # measured awake: 40 GiB
+    assert broker.wake_is_sized("m")
+    broker.adopt("declared", (0,), 2 * GiB, sleeping=True)  # never measured, but declared
+    assert broker.wake_is_sized("declared")
+    broker.adopt("unknown", (0,), 0, sleeping=True)  # nothing declared, never measured awake
+    assert not broker.wake_is_sized("unknown")
+    assert not broker.wake_is_sized("absent")  # not in the ledger at all

@@ -18,7 +18,7 @@ import pytest
 
 from contract.phases import Phase
 from engines.process import SpawnError
-from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR, EngineRecord, EngineSpec
+from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR, EngineRecord, EngineSpec, PerGpu
 from runtime_agent.logs import JsonFormatter
 from runtime_agent.supervision.messages import SpawnRetry
 from runtime_agent.supervision.owner import EngineOwner
@@ -197,6 +197,44 @@ async def test_an_engine_on_cards_starts_in_its_turn_and_gives_the_turn_back_whe
     await asyncio.wait_for(got.wait(), 5)
     mine.set()
     await next_one
+
+
+async def test_a_declared_engine_starts_beside_another_start_on_its_card(
+        rig: OwnerRig) -> None:
+    release, held = asyncio.Event(), asyncio.Event()
+    other = asyncio.ensure_future(hold_shared(rig, [0], release, held))  # a declared start
+    await held.wait()
+    owner = rig.start(make_record(devices=[0], per_gpu=PerGpu(maximum_footprint_bytes=1 << 30,
+                                                              kv_floor_bytes=1 << 29)))
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "started beside the other")
+    assert "StartQueued" not in rig.reasons()
+    release.set()
+    await other
+
+
+async def test_a_measured_engine_waiting_for_its_card_is_answered_at_once_as_queued(
+        rig: OwnerRig) -> None:
+    release, held = asyncio.Event(), asyncio.Event()
+    other = asyncio.ensure_future(hold_shared(rig, [0], release, held))
+    await held.wait()
+    owner = rig.start(make_record(devices=[0]))  # no per_gpu: measured alone
+    assert await asyncio.wait_for(owner.answered, 5) is None  # answered while it waits
+    assert owner.view.phase is Phase.ACTIVATING and rig.launcher.spawned == []
+    await rig.until(lambda: "StartQueued" in owner.view.conditions, "queued")
+    assert [e.message for e in rig.events if e.reason == "StartQueued"] == [
+        "waiting for its turn on GPU 0: it declared no per_gpu footprint, so it is measured "
+        "alone once the 1 start(s) there are done"]
+    release.set()
+    await other
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "started in its turn")
+    assert "StartQueued" not in owner.view.conditions
+
+
+async def hold_shared(rig: OwnerRig, devices: list[int], release: asyncio.Event,
+                      held: asyncio.Event) -> None:
+    async with rig.memory.gate.turn(devices, shared=True):
+        held.set()
+        await release.wait()
 
 
 # ---- the weight cache -----------------------------------------------------------------------

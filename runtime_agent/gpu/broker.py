@@ -277,6 +277,12 @@ class MemoryBroker:
         self.ledger = result[0]
         return result[1]
 
+    def wake_is_sized(self, key: str) -> bool:
+        """Whether the ledger knows what a wake of ``key`` allocates (its last awake measurement
+        on every card, or a declaration): such a wake may share its cards' turn (gate.py)."""
+        holding = self.ledger.holdings.get(key)
+        return holding is not None and all(holding.wake_need(d) > 0 for d in holding.devices)
+
     def exited(self, key: str) -> None:
         """The engine's process is gone but it will restart: it keeps its place on its cards."""
         holding = self.ledger.holdings.get(key)

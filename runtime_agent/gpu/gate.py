@@ -1,15 +1,43 @@
-"""One engine at a time starts or wakes on a card; the others wait their turn, in order.
+"""Turns on the cards for starts and wakes: declared ones share a card, measured ones have it alone.
 
-vLLM measures free GPU memory while it starts (memory profiling) and sizes its KV cache from it;
-if another engine allocates on the same card at that moment, both measure wrong and one runs out
-of memory. So starts and wakes take a *turn* on every card they use.
+vLLM sizes itself while it starts: it profiles a forward pass and takes the free memory it sees
+on the card (``gpu_memory_utilization``) as its budget. Two such starts on one card at the same
+moment see each other's allocations and both measure wrong; a start that allocates while
+another is being measured spoils that measurement too. The ledger cannot help there: an engine
+that declared nothing is charged nothing until a sample has measured it.
 
-A turn takes all its cards at once or waits; it never holds some cards while waiting for others,
-so turns on overlapping card sets cannot deadlock (the same guarantee as taking cards in a global
-order, without holding a card idle). Fairness is FIFO among turns that share a card: a turn is
-granted only when its cards are free and no earlier waiting turn wants any of them; turns on
-disjoint cards do not wait for each other. Not re-entrant: a task must not nest turns on a shared
-card. Cancelling a waiting turn withdraws it.
+An engine that declared its footprint (``per_gpu``: maximum footprint + KV floor) is different:
+admission has set its bytes aside in the ledger before it starts (claim first, so the sum of the
+reservations on a card fits), and its KV cache is kvcached's elastic pool, bounded by its
+segment's limit, not by what it measures free. Starts like that do not disturb each other, so
+they may run at once on a card as long as the ledger admitted them; a measured start must still
+run alone there. So a card is a readers/writer gate:
+
+* a **shared** turn (a declared start, or a wake of known size) may hold a card together with
+  other shared turns;
+* an **exclusive** turn (a start sized by measuring it, or a wake of unknown size) holds its
+  cards alone: nothing else starts or wakes on them meanwhile, in either direction.
+
+Wakes: vLLM's ``/wake_up`` maps back the allocations its sleep released (its CuMemAllocator
+pools) and profiles nothing, so its size is what the engine held awake; the broker claims that
+back before the call (``claim_wake``: the last awake measurement, else the declaration). A wake
+whose size the ledger knows is therefore shared; one it does not know (never measured awake,
+nothing declared, so it claimed 0) is exclusive, like a measured start. Either way a wake still
+waits for a measured start on its card, and a measured start waits for the wake: that
+measurement must see no memory move but its own.
+
+Guarantees (``CardTurns``, tested by properties in ``tests/test_gpu_gate.py``):
+
+* No deadlock: a turn takes all its cards at once or waits holding none, so turns on overlapping
+  card sets cannot wait for each other in a cycle; the first waiter only ever waits for holders.
+* FIFO among conflicting turns: a turn is granted only when no holder and no earlier waiting turn
+  conflicts with it (two turns conflict when they share a card and one is exclusive). So an
+  exclusive turn is never passed by a later start on its cards, and a stream of declared starts
+  cannot starve a measured one; shared turns never wait for each other.
+* Turns on disjoint cards never wait for each other: cards proceed in parallel.
+
+Not re-entrant: a task must not nest turns on a shared card. Releasing a waiting turn withdraws
+it; releasing twice is harmless.
 """
 
 from __future__ import annotations
@@ -17,67 +45,129 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One turn asked for: its cards, whether it needs them alone, and whose it is."""
+
+    devices: frozenset[int]
+    exclusive: bool
+    label: str = ""
+
+
+def conflict(a: Ticket, b: Ticket) -> bool:
+    """Whether two turns may not hold their cards at the same time."""
+    return bool(a.devices & b.devices) and (a.exclusive or b.exclusive)
 
 
 @dataclass
-class _Waiter:
-    devices: frozenset[int]
-    future: asyncio.Future[None]
+class CardTurns:
+    """The gate's bookkeeping, pure: who holds, who waits. Each change returns the turns it granted,
+    in the order they were asked."""
+
+    holding: list[Ticket] = field(default_factory=list)
+    waiting: list[Ticket] = field(default_factory=list)
+
+    def ask(self, ticket: Ticket) -> list[Ticket]:
+        self.waiting.append(ticket)
+        return self._grant()
+
+    def done(self, ticket: Ticket) -> list[Ticket]:
+        """The turn ended (held) or was withdrawn (waiting); unknown tickets change nothing."""
+        if ticket in self.holding:
+            self.holding.remove(ticket)
+        elif ticket in self.waiting:
+            self.waiting.remove(ticket)
+        else:
+            return []
+        return self._grant()
+
+    def _grant(self) -> list[Ticket]:
+        granted: list[Ticket] = []
+        still: list[Ticket] = []
+        for ticket in self.waiting:
+            if any(conflict(ticket, other) for other in (*self.holding, *still)):
+                still.append(ticket)
+            else:
+                self.holding.append(ticket)
+                granted.append(ticket)
+        self.waiting = still
+        return granted
+
+
+class Turn:
+    """One start's or wake's turn. ``granted`` is done once it holds its cards (at once when they
+    were free); ``release`` ends it, or withdraws it while it waits."""
+
+    def __init__(self, gate: DeviceGate, ticket: Ticket | None) -> None:
+        self._gate = gate
+        self._ticket = ticket
+        self.granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if ticket is None:  # no cards: nothing to wait for
+            self.granted.set_result(None)
+
+    @property
+    def exclusive(self) -> bool:
+        return self._ticket is not None and self._ticket.exclusive
+
+    def release(self) -> None:
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None:
+            self._gate._done(ticket)
+        if not self.granted.done():
+            self.granted.cancel()
 
 
 class DeviceGate:
     def __init__(self) -> None:
-        self._busy: set[int] = set()
-        self._queue: list[_Waiter] = []
+        self._turns = CardTurns()
+        self._futures: dict[int, Turn] = {}  # id(ticket) -> its turn
 
-    @asynccontextmanager
-    async def turn(self, devices: Iterable[int]) -> AsyncIterator[None]:
-        """Hold the turn on ``devices`` for the body of the ``async with``."""
+    def request(self, devices: Iterable[int], *, shared: bool = False, label: str = "") -> Turn:
+        """Ask for a turn on ``devices`` now; granted at once when nothing conflicts."""
         wanted = frozenset(devices)
         if not wanted:
-            yield
-            return
-        await self._acquire(wanted)
+            return Turn(self, None)
+        ticket = Ticket(wanted, not shared, label)
+        turn = Turn(self, ticket)
+        self._futures[id(ticket)] = turn
+        self._settle(self._turns.ask(ticket))
+        return turn
+
+    @asynccontextmanager
+    async def turn(self, devices: Iterable[int], *, shared: bool = False,
+                   label: str = "") -> AsyncIterator[None]:
+        """Hold the turn on ``devices`` for the body of the ``async with``."""
+        turn = self.request(devices, shared=shared, label=label)
         try:
+            await turn.granted
             yield
-        finally:
-            self._release(wanted)
+        finally:  # cancelled while waiting: withdrawn; granted just then: given back
+            turn.release()
 
-    async def _acquire(self, wanted: frozenset[int]) -> None:
-        waiter = _Waiter(wanted, asyncio.get_running_loop().create_future())
-        self._queue.append(waiter)
-        self._grant()  # free cards and nobody earlier wanting them: granted at once
-        try:
-            await waiter.future
-        except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                self._release(wanted)  # granted just as we were cancelled: give it back
-            else:
-                self._queue.remove(waiter)
-                self._grant()  # we may have been holding back later, disjoint turns
-            raise
+    def _done(self, ticket: Ticket) -> None:
+        self._futures.pop(id(ticket), None)
+        self._settle(self._turns.done(ticket))
 
-    def _release(self, devices: frozenset[int]) -> None:
-        self._busy -= devices
-        self._grant()
+    def _settle(self, granted: list[Ticket]) -> None:
+        for ticket in granted:
+            turn = self._futures.get(id(ticket))
+            if turn is not None and not turn.granted.done():
+                turn.granted.set_result(None)
 
-    def _grant(self) -> None:
-        wanted_earlier: set[int] = set()
-        for waiter in list(self._queue):
-            if not (waiter.devices & (self._busy | wanted_earlier)):
-                self._queue.remove(waiter)
-                self._busy |= waiter.devices
-                waiter.future.set_result(None)
-            else:
-                wanted_earlier |= waiter.devices
-
-    # ---- for the snapshot (never blocks) --------------------------------------------------
+    # ---- for the snapshot and for messages (never blocks) ----------------------------------
 
     def waiters(self, device: int | None = None) -> int:
         """Turns waiting (on ``device``, or on any card)."""
-        return sum(1 for w in self._queue if device is None or device in w.devices)
+        return sum(1 for t in self._turns.waiting if device is None or device in t.devices)
 
     def busy(self) -> frozenset[int]:
-        """Cards on which a start or wake holds the turn now."""
-        return frozenset(self._busy)
+        """Cards on which a start or wake holds a turn now."""
+        return frozenset(d for t in self._turns.holding for d in t.devices)
+
+    def holders(self, devices: Iterable[int]) -> list[tuple[str, bool]]:
+        """(label, exclusive) of the turns holding any of ``devices``, in the order granted."""
+        wanted = frozenset(devices)
+        return [(t.label, t.exclusive) for t in self._turns.holding if t.devices & wanted]

@@ -168,7 +168,9 @@ async def start_op(owner: EngineOwner, action: Action, level: int,
             if action is Action.SLEEP:
                 await owner._adapter.sleep(level, owner._settings.lifecycle_timeout_s)
             else:
-                async with memory.gate.turn(owner.record.devices):
+                # a wake of known size shares its cards' turn; one of unknown size is alone
+                async with memory.gate.turn(owner.record.devices, label=owner.name,
+                                            shared=memory.wake_is_sized(owner.name)):
                     await owner._adapter.wake(level, owner._settings.lifecycle_timeout_s)
         except EngineCallError as exc:
             error = str(exc)

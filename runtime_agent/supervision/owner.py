@@ -34,6 +34,7 @@ from contract.reasons import (
     PORT_HELD,
     RESTART_BUDGET_EXHAUSTED,
     START_FAILED,
+    START_QUEUED,
     STORAGE_UNAVAILABLE,
 )
 from engines.adapter import EngineAdapter, Observation
@@ -51,6 +52,7 @@ from registry.store import RegistryStore
 from runtime_agent.artifacts.staging import EngineStager, StagingView
 from runtime_agent.cadence import Pacer
 from runtime_agent.gpu.broker import MemoryBroker
+from runtime_agent.gpu.gate import Turn
 from runtime_agent.kv.keeper import KvKeeper
 from runtime_agent.loops import Throttled, keep_running
 from runtime_agent.settings import Settings
@@ -127,7 +129,7 @@ class EngineOwner:
         self._op: tuple[asyncio.Task[None], str, Request | None] | None = None
         self._deferred: deque[Request] = deque()
         self._restart_timer: asyncio.TimerHandle | None = None
-        self._turn_task: asyncio.Task[None] | None = None
+        self._turn: Turn | None = None  # the turn on its cards this start holds or waits for
         self._turn_token = 0
         self._ready = False
         self._adopted = False
@@ -150,6 +152,11 @@ class EngineOwner:
         self._persist_retry_s = 0.0
         self._port_retry_s = 0.0
         self.spawned: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        # Done once an activation can be answered: the process started (None) or could not
+        # (why), or the start waits (for its turn on its cards, the weight cache, its port),
+        # which the view says. An activation answers then, never later (issue 26).
+        self.answered: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self.spawned.add_done_callback(lambda f: self._answer(f.result()))
         # Done once the engine's first state is known: ready, gone, failed or stopped.
         self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.log_path = self._settings.logs_dir / f"{record.engine_id}.log"
@@ -226,6 +233,8 @@ class EngineOwner:
             self.record.last_error = "agent error while supervising this engine (see agent log)"
             self._publish()
             raise
+        finally:  # nobody waits for an answer that can no longer come
+            self._answer(self.record.last_error or "its supervision ended before it started")
 
     def _failed_handling(self, message: Message, exc: Exception) -> None:
         """A message could not be handled (a bug, or a fault such as no file descriptors): the
@@ -283,8 +292,10 @@ class EngineOwner:
             case Staged():
                 await staging.on_staged(self, message)
             case TurnGranted(token=token, reason=reason):
-                if (token == self._turn_token and self._proc is None
-                        and self.view.phase in (Phase.ACTIVATING, Phase.RESTARTING)):
+                if token != self._turn_token:
+                    pass  # a turn given back already; the current one is another's
+                elif self._proc is None and self.view.phase in (Phase.ACTIVATING,
+                                                                Phase.RESTARTING):
                     await self._spawn_now(reason)
                 else:
                     self._end_turn()
@@ -329,28 +340,52 @@ class EngineOwner:
     # ---- process lifecycle ----------------------------------------------------------------
 
     async def _spawn(self, reason: str) -> None:
-        """Start the engine once it has its turn on its cards (one start or wake at a time)."""
+        """Start the engine once it has its turn on its cards (``runtime_agent.gpu.gate``): an
+        engine that declared its footprint shares the turn with other declared starts there
+        (the ledger set its bytes aside), one that is measured has its cards alone. The turn
+        is held until the engine answers (or its start ends otherwise)."""
         if staging.stage_first(self, reason):  # weights first (the cache), then the turn
-            return
-        devices = tuple(self.record.devices)
-        if not devices:
-            await self._spawn_now(reason)
+            self._answer(None)  # waiting for the cache: the view says so (Staging)
             return
         self._end_turn()
         self._turn_token += 1
         token = self._turn_token
+        turn = self._deps.memory.gate.request(self.record.devices, label=self.name,
+                                              shared=self.record.per_gpu is not None)
+        self._turn = turn
+        if turn.granted.done():  # nothing conflicts on its cards: start now
+            await self._spawn_now(reason)
+            return
+        self._emit(START_QUEUED, self._queued_because(turn))
+        self._answer(None)  # the activation answers now: queued, and why (StartQueued)
 
-        async def hold() -> None:
-            async with self._deps.memory.gate.turn(devices):
+        def granted(fut: asyncio.Future[None]) -> None:
+            if not fut.cancelled():
                 self._inbox.put_nowait(TurnGranted(token, reason))
-                await asyncio.Event().wait()  # held until the start is over (cancelled)
 
-        self._turn_task = asyncio.create_task(hold(), name=f"turn:{self.name}")
+        turn.granted.add_done_callback(granted)
+
+    def _queued_because(self, turn: Turn) -> str:
+        cards = ", ".join(str(d) for d in self.record.devices)
+        holders = self._deps.memory.gate.holders(self.record.devices)
+        measured = [repr(name) for name, exclusive in holders if exclusive]
+        if measured:
+            why = f"{', '.join(measured)} is starting there and is measured alone"
+        elif turn.exclusive:
+            why = (f"it declared no per_gpu footprint, so it is measured alone once the "
+                   f"{len(holders)} start(s) there are done")
+        else:
+            why = "a measured start waits there before it"
+        return f"waiting for its turn on GPU {cards}: {why}"
 
     def _end_turn(self) -> None:
-        if self._turn_task is not None:
-            self._turn_task.cancel()
-            self._turn_task = None
+        if self._turn is not None:
+            self._turn.release()
+            self._turn = None
+
+    def _answer(self, error: str | None) -> None:
+        if not self.answered.done():
+            self.answered.set_result(error)
 
     async def _spawn_now(self, reason: str) -> None:
         spec = self.record.spec
@@ -365,6 +400,7 @@ class EngineOwner:
             if first:
                 self._emit(PORT_HELD, f"{self.record.last_error}; trying again in "
                            f"{self._port_retry_s:g} s and growing")
+            self._answer(None)  # waiting for its port: the view says so (PortHeld)
             asyncio.get_running_loop().call_later(self._port_retry_s, self._inbox.put_nowait,
                                                   SpawnRetry(self._gen, reason))
             return
@@ -504,7 +540,6 @@ class EngineOwner:
         if self.record.last_error is not None:  # healthy again: an exit stays in last_exit
             self.record.last_error = None
             self._publish()
-        self._end_turn()
         if sleeping is None:  # the engine does not say (SGLang): a new process is awake, a
             sleeping = self._adopted and self.record.phase is Phase.SLEEPING  # re-adopted as recorded
         target = Phase.SLEEPING if sleeping else Phase.ACTIVE
@@ -522,6 +557,7 @@ class EngineOwner:
         if self.record.healthy_since is None:
             self.record.healthy_since = self._deps.clock()
         await self._transition(target, "Ready", "answers /health")
+        self._end_turn()  # after its event: the next start on its cards is told after it
         await self._watch_workers()
         gen, post = self._gen, self._inbox.put_nowait
         self._loop("request-figure scrape", lambda: watchers.scrape(
@@ -709,6 +745,8 @@ class EngineOwner:
             found.append(STORAGE_UNAVAILABLE)
         if self._port_retry_s:
             found.append(PORT_HELD)
+        if self._turn is not None and not self._turn.granted.done():
+            found.append(START_QUEUED)
         if self._staging is not None:
             found.append("Staging")
         return tuple(found)

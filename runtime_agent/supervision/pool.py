@@ -25,6 +25,8 @@ from contract.reasons import (
     ENGINE_MISSING,
     INSUFFICIENT_GPU,
     INVALID_ENGINE_CONFIG,
+    PORT_HELD,
+    START_QUEUED,
     STOPPED_MEANWHILE,
 )
 from registry.record import EngineRecord, EngineSpec, PerGpu
@@ -63,6 +65,11 @@ log = logging.getLogger(__name__)
 
 
 _ENDED = (Phase.STOPPING, Phase.STOPPED)
+# What a start that answered before its process began waits for (the view's conditions).
+_WAITS = {START_QUEUED: "queued: it waits for its turn on its GPUs (a start measured alone "
+                        "is in progress there, or waits); the events feed says whose",
+          "Staging": "queued: it waits for its weights in the weight cache",
+          PORT_HELD: "queued: its port is held by another process; it starts once it is free"}
 
 
 def _stopped_meanwhile(name: str) -> Refused:
@@ -143,10 +150,9 @@ class EnginePool:
                               devices=list(admitted.devices), credentials=req.credentials,
                               kv_owner_inode=marker)
         owner = self._add(record, StartMode.SPAWN)
-        try:  # a start that waits for its turn on a busy card answers while it waits
-            error = await asyncio.wait_for(asyncio.shield(owner.spawned), 2.0)
-        except TimeoutError:
-            error = None
+        # Answered once the process started or the start waits (its turn on its cards, the
+        # weight cache, its port): at once either way; a waiting start says why in the answer.
+        error = await asyncio.shield(owner.answered)
         if owner.view.phase in _ENDED:
             return _stopped_meanwhile(name)
         if error is not None:
@@ -201,7 +207,7 @@ class EnginePool:
             return Refused(Refusal.CONFLICT, f"model {spec.model_name!r} already runs with a "
                            f"different {', '.join(diffs)}; deactivate it first to change them",
                            model_name=spec.model_name, details={"port": owner.record.port})
-        await owner.spawned
+        await asyncio.shield(owner.answered)
         if owner.view.phase in _ENDED:
             return _stopped_meanwhile(spec.model_name)
         if owner.view.phase is Phase.FAILED:  # the same spec again: start it over
@@ -216,9 +222,13 @@ class EnginePool:
 
     def _activated(self, owner: EngineOwner, changed: bool = True) -> Done:
         view = owner.view
-        return Done(owner.name, view.phase, changed, details={
-            "port": view.port, "ipc_name": owner.spec.ipc_name, "pid": view.pid,
-            "engine_id": view.engine_id})
+        details: dict[str, object] = {"port": view.port, "ipc_name": owner.spec.ipc_name,
+                                      "pid": view.pid, "engine_id": view.engine_id}
+        waiting = [c for c in view.conditions if c in _WAITS]
+        if view.phase is Phase.ACTIVATING and waiting:  # queued: say for what
+            details["reason"] = waiting[0]
+            details["message"] = _WAITS[waiting[0]]
+        return Done(owner.name, view.phase, changed, details=details)
 
     def _pick_port(self, requested: int, name: str) -> int | Refused:
         s = self._settings
