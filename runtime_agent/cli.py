@@ -8,6 +8,7 @@ Every mistake on the command line or at start-up is one line on stderr with its 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import shutil
@@ -15,15 +16,13 @@ import sys
 from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from contract.numbers import whole_number
+from contract.quantity import size_type as _size
 
-from reconciler.door.settings import DoorSettings
-from reconciler.runtime.loop import run as run_on_uvloop
+from reconciler.options import add_serve_options
 from runtime_agent import __version__
-from runtime_agent.console.commands import size_type as _size
-from runtime_agent.console.output import quiet_on_closed_pipe
 from runtime_agent.logs import setup_logging
 from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_loopback, \
     listen_host
@@ -37,6 +36,9 @@ from runtime_agent.preflight import (
     token_source_of,
 )
 from runtime_agent.settings import DEFAULT_STATE_DIR, Settings
+
+if TYPE_CHECKING:
+    from reconciler.door.settings import DoorSettings
 
 log = logging.getLogger("runtime_agent.cli")
 
@@ -213,8 +215,15 @@ def _default_engine_host(args: argparse.Namespace, api_host: str = "0.0.0.0") ->
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run the daemon on uvloop where it is installed (``reconciler.runtime.loop``)."""
-    run_on_uvloop(main)
+    """Run the daemon on uvloop where it is installed, as ``reconciler.runtime.loop`` runs the
+    reconciler (that module's package brings the controller machinery a plain ``serve`` does
+    not run)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a dependency on Linux
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -424,17 +433,19 @@ def serve_parser(sub: Any) -> None:
                     help="an S3-compatible endpoint for s3:// artifacts (env "
                     "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL; default: AWS)")
     s.set_defaults(func=_serve)
-    from reconciler.cli import add_serve_options
-
     add_serve_options(s)  # --claims DIR [--claims-port P]: the embedded reconciler
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with ``command="serve"`` only ``serve`` is known, so that the daemon
+    imports none of the client commands, the live view or the reconciler to read its flags."""
     p = Parser(prog="runtime-agent", description=DESCRIPTION, epilog=EPILOG,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"runtime-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve_parser(sub)
+    if command == "serve":
+        return p
     from runtime_agent.console.commands import add_agent_options
     from runtime_agent.console.commands import add_commands as add_client_commands
 
@@ -456,10 +467,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runtime_agent.console.commands import join_arg_values
+    words = list(sys.argv[1:] if argv is None else argv)
+    serving = words[:1] == ["serve"]  # the daemon: its parser alone (see ``parser``)
+    if not serving:
+        from runtime_agent.console.commands import join_arg_values
 
-    words = join_arg_values(sys.argv[1:] if argv is None else argv)
-    top = parser()
+        words = join_arg_values(words)
+    top = parser("serve" if serving else None)
     args, unknown = top.parse_known_args(words)
     if unknown:  # point at the command's own help, where its flags are listed
         command = " ".join(c for c in (args.command, getattr(args, "claims_command", None)) if c)
@@ -468,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("serve", "reconcile", "top"):
             return int(args.func(args))
+        from runtime_agent.console.output import quiet_on_closed_pipe
+
         return quiet_on_closed_pipe(lambda: int(args.func(args)))
     except KeyboardInterrupt:
         return 130
