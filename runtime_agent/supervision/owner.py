@@ -510,6 +510,11 @@ class EngineOwner:
         if self.record.healthy_since is None:
             self.record.healthy_since = self._deps.clock()
         await self._transition(target, "Ready", "answers /health")
+        # Readers learn it now, not after the workers' /proc scan below (a re-adopted engine
+        # makes no move, so ``_transition`` published nothing): 32 engines re-adopted at once
+        # are 32 scans of every process queued on the default thread pool (issue 26). A
+        # worker that ends meanwhile is found by ``watch_workers`` all the same.
+        self._publish()
         await self._watch_workers()
         gen, post = self._gen, self._inbox.put_nowait
         self._loop("request-figure scrape",
