@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from runtime_agent.settings import Settings
 
 log = logging.getLogger("runtime_agent.cli")
+PYDANTIC_PLUGINS = "PYDANTIC_DISABLE_PLUGINS"
 
 DESCRIPTION = """\
 The warm-pool runtime agent: supervises vLLM, SGLang and Ollama engine processes on a GPU
@@ -232,10 +234,31 @@ def _started() -> None:
     gc.enable()
 
 
+@contextlib.contextmanager
+def _without_pydantic_plugins() -> Iterator[None]:
+    """No pydantic plugin for the agent's own models, made while this lasts. Pydantic looks
+    for plugins in every installed distribution's entry points when its first model is made:
+    131 of them here, hundreds in an engine image, and a third of the agent's own import time
+    (issue 26). An operator's setting is kept; engines, which inherit this environment, see it
+    as it was."""
+    ours = PYDANTIC_PLUGINS not in os.environ
+    if ours:
+        os.environ[PYDANTIC_PLUGINS] = "__all__"
+    try:
+        yield
+    finally:
+        if ours:
+            os.environ.pop(PYDANTIC_PLUGINS, None)
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from runtime_agent.agent import serve
-    from runtime_agent.preflight import EXIT_PORT, EXIT_STATE_DIR_BUSY, StartupError, check
-    from runtime_agent.statelock import StateDirBusy
+    with _without_pydantic_plugins():
+        from runtime_agent.agent import serve
+        from runtime_agent.preflight import EXIT_PORT, EXIT_STATE_DIR_BUSY, StartupError, check
+        from runtime_agent.statelock import StateDirBusy
+
+        if args.claims:
+            from reconciler.cli import embedded_reconciler
 
     setup_logging(args.log_format, args.log_level)
     try:
@@ -255,8 +278,6 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning(warning)
     try:
         if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
-            from reconciler.cli import embedded_reconciler
-
             companion = embedded_reconciler(settings.host, settings.port, args.claims,
                                             settings.host, args.claims_port,
                                             settings.api_token, door,

@@ -71,3 +71,14 @@ def test_the_openapi_document_is_built_when_first_asked_and_stays_the_same(
     assert "/v1/runtime/snapshot" in first[1]["paths"]
     agent.terminate()
     assert "runtime_agent.api.openapi" in imported(agent.log_path)
+
+
+@pytest.mark.timeout(90)
+def test_engines_inherit_the_environment_without_the_agents_pydantic_setting(
+        agent: AgentProcess) -> None:
+    agent.start(timeout_s=60)
+    engine = agent.activate_sim("m1")
+    pid = agent.wait_phase("m1", "active")["pid"] or engine["pid"]
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert not any(item.startswith(b"PYDANTIC_DISABLE_PLUGINS=") for item in environ)
+    assert any(item.startswith(b"PYTHONPROFILEIMPORTTIME=") for item in environ)  # the rest is
