@@ -9,7 +9,8 @@ pydantic, psutil, prometheus-client) and answers one HTTP request (``FLOOR``). I
   of each agent start over the floor's beside it (one moment of a shared machine's load), and
   the CPU each had spent by its answer is shown beside (less sensitive to that load);
   ``--before DIR`` measures another tree's agent (main's) in the same rounds;
-* RSS: each process's resident memory once it answered and settled (the agent with no engine);
+* RSS: each process's resident memory once it answered and settled (the agent with no engine),
+  and the agent's with ``--scale`` engines active (``bench.bench_scale``'s figure);
 * re-adoption: 32 simulated engines, the agent SIGKILLed, a new agent on the same state
   directory: process start to every engine active, ready and adopted, none restarted
   (``bench.bench_readoption``, whose figure this is);
@@ -18,7 +19,7 @@ with each figure's ratio to the floor. Our packages are byte-compiled first, as 
 agent is (``pip install`` compiles them): the machine's ``PYTHONDONTWRITEBYTECODE=1`` would
 otherwise have the agent compile every module of its own at each start, and not the floor's.
 
-    python -m bench.bench_start [--repeats 7] [--engines 32] [--before DIR]
+    python -m bench.bench_start [--repeats 7] [--engines 32] [--scale 64] [--before DIR]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from bench import bench_readoption
+from bench import bench_readoption, bench_scale
 from bench.bench_readoption import log_marks
 from bench.common import Result, log, run_main, session
 from tests.harness import free_port
@@ -125,7 +126,8 @@ def _mib(value: float) -> str:
     return f"{value / 2**20:.1f} MiB"
 
 
-def run(repeats: int = 7, engines: int = 32, before: Path | None = None) -> Result:
+def run(repeats: int = 7, engines: int = 32, before: Path | None = None,
+        scale: int = 64) -> Result:
     for tree in (ROOT, before) if before is not None else (ROOT,):
         for package in PACKAGES:
             compileall.compile_dir(str(tree / package), quiet=1)
@@ -167,6 +169,7 @@ def run(repeats: int = 7, engines: int = 32, before: Path | None = None) -> Resu
             log(f"start {i + 1}/{repeats}: floor {floor_s[-1] * 1000:.0f} ms, agent "
                 f"{agent_s[-1] * 1000:.0f} ms")
     readoption = bench_readoption.run(engines)
+    loaded = bench_scale.run(engines=scale, idle_s=5.0, requests=20) if scale else None
     load1 = os.getloadavg()
     floor, agent = statistics.median(floor_s), statistics.median(agent_s)
     f_rss, a_rss = statistics.median(floor_rss), statistics.median(agent_rss)
@@ -193,6 +196,8 @@ def run(repeats: int = 7, engines: int = 32, before: Path | None = None) -> Resu
         f"{statistics.median(agent_cpu) * 1000:.0f} ms | {cpu_ratio:.2f}x | |",
         f"| RSS, answered and settled (agent: no engine) | {_mib(f_rss)} | {_mib(a_rss)} | "
         f"+{over:.1f} MiB | <= +{RSS_GOAL_MIB:g} MiB |",
+        *([f"| RSS with {scale} engines active (`bench.bench_scale`) | | "
+           f"{_mib(loaded.details['rss_bytes'])} | | |"] if loaded is not None else []),
         f"| re-adopt {engines} engines after SIGKILL: process start to all ready | "
         f"{floor * 1000:.0f} ms | {adopt_s * 1000:.0f} ms ({restarts} restarted, {changed} "
         f"changed) | {ratios['readoption']:.2f}x | <= {GOALS['readoption']}x, none restarted |",
@@ -227,10 +232,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--engines", type=int, default=32)
+    p.add_argument("--scale", type=int, default=64, metavar="N",
+                   help="also the agent's RSS with N engines active (0: not measured)")
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="another source tree whose agent's start is measured beside (main's)")
     args = p.parse_args()
-    return run_main(lambda: run(args.repeats, args.engines, args.before))
+    return run_main(lambda: run(args.repeats, args.engines, args.before, args.scale))
 
 
 if __name__ == "__main__":
