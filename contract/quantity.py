@@ -11,6 +11,7 @@ schema does); flags and the CLI take byte units too (``parse_size``).
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from fractions import Fraction
@@ -96,6 +97,14 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise QuantityError(f"{text!r} must be a positive size")
     return value
+
+
+def size_type(text: str) -> int:
+    """``parse_size`` as an argparse type: the agent's ``serve`` and the client commands."""
+    try:
+        return parse_size(text)
+    except QuantityError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def gib(nbytes: int) -> str:

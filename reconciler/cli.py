@@ -11,9 +11,9 @@
 * ``claims describe NAME [-n NAMESPACE] [--url URL]``: a claim's conditions, instance, route and
   events.
 
-``add_serve_options(parser)`` adds ``--claims DIR``, ``--claims-port`` and the front door's
-options (``--door-port``, on by default, or ``--no-door``) to ``serve``, and
-``embedded_reconciler`` is the reconciler the agent's serve runs beside itself.
+``embedded_reconciler`` is the reconciler the agent's ``serve --claims`` runs beside itself;
+the options it reads (``--claims DIR``, ``--claims-port``, the front door's) are added to
+``serve`` by ``reconciler.options``, which a plain ``serve`` imports without this module.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from guard.tokens import TokenError, TokenSource, token_source
 from reconciler.app import DEFAULT_PORT, ReconcilerApp, run_reconciler, start_embedded
 from reconciler.client import AgentUnreachable, JsonApi, Refusal, ok_body
 from reconciler.door.keys import KeysError, check_keys_file
-from reconciler.door.settings import DEFAULT_DOOR_PORT, DoorSettings
+from reconciler.door.settings import DoorSettings
+from reconciler.options import add_serve_options, door_options, door_settings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 EXIT_UNREACHABLE = 8  # as the agent's client commands (README, "Exit codes")
@@ -112,7 +113,7 @@ def add_commands(sub: Any) -> None:
                    f"{INSECURE_FLAG})")
     r.add_argument("--port", type=int, default=DEFAULT_PORT)
     r.add_argument("--log-level", default="info")
-    _door_options(r, None)
+    door_options(r, None)
     r.set_defaults(func=_reconcile)
     c = sub.add_parser("claims", help="show ModelClaims of a reconciler")
     csub = c.add_subparsers(dest="claims_command", required=True)
@@ -148,85 +149,6 @@ def _client_token_option(parser: argparse.ArgumentParser) -> None:
                         help="a file holding the reconciler's bearer token, sent with each "
                         "call (env RECONCILER_TOKEN_FILE or RUNTIME_AGENT_TOKEN_FILE; or the "
                         "token in RECONCILER_TOKEN or RUNTIME_AGENT_TOKEN)")
-
-
-def add_serve_options(parser: argparse.ArgumentParser) -> None:
-    """``serve --claims DIR [--claims-port P] [--door-port P | --no-door] [door options]``:
-    reconcile DIR with this agent as the pool, with the front door on by default."""
-    parser.add_argument("--claims", help="run the ModelClaim reconciler for this directory "
-                        "beside the agent, with the agent as its pool (default: none)")
-    parser.add_argument("--claims-port", type=int, default=DEFAULT_PORT,
-                        help="port of the embedded reconciler's API (default %(default)s)")
-    _door_options(parser, DEFAULT_DOOR_PORT)
-    parser.add_argument("--no-door", action="store_true",
-                        help="no front door beside the embedded reconciler (engines then "
-                        "listen on 0.0.0.0 unless --engine-host says otherwise)")
-
-
-def _door_options(parser: argparse.ArgumentParser, port: int | None) -> None:
-    on = "on by default with --claims" if port is not None else \
-        "off unless a port is given; with --kubernetes every replica listens, the leader answers"
-    parser.add_argument("--door-port", type=int, default=port,
-                        help=f"port of the OpenAI-compatible front door ({on}; 0: any free "
-                        "port; default %(default)s)")
-    parser.add_argument("--door-api-keys", default=None, metavar="FILE",
-                        help="API keys for the door, one per line, each optionally followed "
-                        "by the models it may use (re-read when it changes; default: none, "
-                        "the door is open)")
-    parser.add_argument("--door-max-held", type=int, default=DoorSettings.max_held,
-                        help="requests held per model for a wake, room or a start; more: 503 "
-                        "(default %(default)s)")
-    parser.add_argument("--door-max-wait", type=float, default=DoorSettings.max_wait_s,
-                        help="seconds a request is held at most before a 503 "
-                        "(default %(default)s)")
-    parser.add_argument("--door-upstream-timeout", type=float,
-                        default=DoorSettings.upstream_timeout_s, metavar="SECONDS",
-                        help="an engine that sends nothing this long while it owes an answer "
-                        "(a non-streamed one is silent until it is done) is given up: 504 "
-                        "(default %(default)s)")
-    parser.add_argument("--door-allow-release", action="store_true",
-                        help="serve POST /v1/models/MODEL/release: a caller whose API key may "
-                        "use MODEL asks the pool to put it to sleep now (default: off, 404)")
-    parser.add_argument("--door-access-log", default="-", metavar="-|off|FILE",
-                        help="the door's JSON access log: stderr (-), off, or a file "
-                        "(default %(default)s)")
-    parser.add_argument("--door-max-connections", type=int, default=DoorSettings.max_connections,
-                        help="connections the door holds at most (and never more than a quarter "
-                        "of the open-files soft limit); more are answered 503 and closed "
-                        "(default %(default)s)")
-    parser.add_argument("--door-max-connections-per-client", type=int, default=0, metavar="N",
-                        help="connections one client address may hold (0: half the cap; behind "
-                        "a proxy, set it to the cap; default %(default)s)")
-    parser.add_argument("--door-head-timeout", type=float, default=DoorSettings.head_timeout_s,
-                        help="seconds a request head may take, whole (408 and close after; "
-                        "default %(default)s)")
-    parser.add_argument("--door-body-timeout", type=float, default=DoorSettings.body_timeout_s,
-                        help="seconds a request body may take after its head (408 and close "
-                        "after; default %(default)s)")
-
-
-def door_settings(args: argparse.Namespace, host: str) -> DoorSettings | None:
-    """The door's settings from the command line; None when it is off."""
-    if getattr(args, "no_door", False) or args.door_port is None:
-        return None
-    if args.door_max_held < 1 or args.door_max_wait <= 0 or args.door_upstream_timeout <= 0:
-        raise SystemExit("--door-max-held must be at least 1, --door-max-wait and "
-                         "--door-upstream-timeout positive")
-    if args.door_max_connections < 1 or args.door_max_connections_per_client < 0 \
-            or args.door_head_timeout <= 0 or args.door_body_timeout <= 0:
-        raise SystemExit("--door-max-connections must be at least 1, "
-                         "--door-max-connections-per-client 0 or more, and the door's "
-                         "timeouts positive")
-    return DoorSettings(host=host, port=args.door_port, max_held=args.door_max_held,
-                        max_wait_s=args.door_max_wait,
-                        upstream_timeout_s=args.door_upstream_timeout,
-                        api_keys=Path(args.door_api_keys) if args.door_api_keys else None,
-                        access_log=args.door_access_log,
-                        allow_release=args.door_allow_release,
-                        max_connections=args.door_max_connections,
-                        max_connections_per_client=args.door_max_connections_per_client,
-                        head_timeout_s=args.door_head_timeout,
-                        body_timeout_s=args.door_body_timeout)
 
 
 def check_ports(host: str, port: int, door: DoorSettings | None) -> None:

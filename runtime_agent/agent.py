@@ -357,11 +357,15 @@ class Companion(Protocol):
 
 async def serve(settings: Settings, sockets: list[socket.socket] | None = None,
                 probe_sockets: list[socket.socket] | None = None,
-                companion: Companion | None = None) -> None:
+                companion: Companion | None = None,
+                started: Callable[[], None] | None = None) -> None:
+    """Run the agent until SIGTERM or SIGINT; ``started`` is called once the API listens."""
     loop = asyncio.get_running_loop()
     quiet_accept_errors(loop)  # out of descriptors: one line a minute, not a traceback each
     agent = Agent(settings, sockets, probe_sockets)
     await agent.start()
+    if started is not None:
+        started()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -8,37 +8,34 @@ Every mistake on the command line or at start-up is one line on stderr with its 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import gc
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from contract.numbers import whole_number
+from contract.quantity import size_type as _size
 
-from reconciler.door.settings import DoorSettings
-from reconciler.runtime.loop import run as run_on_uvloop
 from runtime_agent import __version__
-from runtime_agent.console.commands import size_type as _size
-from runtime_agent.console.output import quiet_on_closed_pipe
 from runtime_agent.logs import setup_logging
 from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_loopback, \
     listen_host
-from runtime_agent.preflight import (
-    EXIT_PORT,
-    EXIT_STATE_DIR_BUSY,
-    EXIT_UNREADABLE,
-    EXIT_USAGE,
-    StartupError,
-    check,
-    token_source_of,
-)
-from runtime_agent.settings import DEFAULT_STATE_DIR, Settings
+
+# The start-up checks and the settings are imported where they are used: ``serve`` imports them
+# with the garbage collector paused (``main``), and no other command needs them.
+if TYPE_CHECKING:
+    from reconciler.door.settings import DoorSettings
+    from runtime_agent.settings import Settings
 
 log = logging.getLogger("runtime_agent.cli")
+PYDANTIC_PLUGINS = "PYDANTIC_DISABLE_PLUGINS"
 
 DESCRIPTION = """\
 The warm-pool runtime agent: supervises vLLM, SGLang and Ollama engine processes on a GPU
@@ -76,6 +73,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, with every mistake in one line (argparse prints the usage first)."""
 
     def error(self, message: str) -> NoReturn:
+        from runtime_agent.preflight import EXIT_USAGE
+
         see = "" if "--help)" in message else f" (see {self.prog} --help)"
         self.exit(EXIT_USAGE, f"{self.prog}: {message}{see}\n")
 
@@ -174,6 +173,9 @@ def engines_choice(choice: str) -> tuple[bool, str]:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
+    from runtime_agent.preflight import EXIT_USAGE, StartupError, token_source_of
+    from runtime_agent.settings import Settings
+
     simulate, _ = engines_choice(args.engines)
     cache = args.weight_cache_dir
     env = os.environ
@@ -224,13 +226,50 @@ def _default_engine_host(args: argparse.Namespace, api_host: str = "0.0.0.0") ->
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run the daemon on uvloop where it is installed (``reconciler.runtime.loop``)."""
-    run_on_uvloop(main)
+    """Run the daemon on uvloop where it is installed, as ``reconciler.runtime.loop`` runs the
+    reconciler (that module's package brings the controller machinery a plain ``serve`` does
+    not run)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a dependency on Linux
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
+def _started() -> None:
+    """The API listens: the collector, paused by ``main`` while the start-up made objects that
+    live as long as the agent, runs from here, and never walks those again (``gc.freeze``: a
+    full collection of them took 30-50 ms, for a few hundred KiB of start-up garbage kept)."""
+    gc.freeze()
+    gc.enable()
+
+
+@contextlib.contextmanager
+def _without_pydantic_plugins() -> Iterator[None]:
+    """No pydantic plugin for the agent's own models, made while this lasts. Pydantic looks
+    for plugins in every installed distribution's entry points when its first model is made:
+    131 of them here, hundreds in an engine image, and a third of the agent's own import time
+    (issue 26). An operator's setting is kept; engines, which inherit this environment, see it
+    as it was."""
+    ours = PYDANTIC_PLUGINS not in os.environ
+    if ours:
+        os.environ[PYDANTIC_PLUGINS] = "__all__"
+    try:
+        yield
+    finally:
+        if ours:
+            os.environ.pop(PYDANTIC_PLUGINS, None)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from runtime_agent.agent import serve
-    from runtime_agent.statelock import StateDirBusy
+    with _without_pydantic_plugins():
+        from runtime_agent.agent import serve
+        from runtime_agent.preflight import EXIT_PORT, EXIT_STATE_DIR_BUSY, StartupError, check
+        from runtime_agent.statelock import StateDirBusy
+
+        if args.claims:
+            from reconciler.cli import embedded_reconciler
 
     setup_logging(args.log_format, args.log_level)
     try:
@@ -250,16 +289,15 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning(warning)
     try:
         if args.claims:  # embedded single-node mode: this agent is the pool of a local reconciler
-            from reconciler.cli import embedded_reconciler
-
             companion = embedded_reconciler(settings.host, settings.port, args.claims,
                                             settings.host, args.claims_port,
                                             settings.api_token, door,
                                             settings.state_dir / "reconciler",
                                             auth_reads=settings.auth_reads)
-            run_loop(serve(settings, checked.sockets, checked.probe_sockets, companion))
+            run_loop(serve(settings, checked.sockets, checked.probe_sockets, companion,
+                           started=_started))
         else:
-            run_loop(serve(settings, checked.sockets, checked.probe_sockets))
+            run_loop(serve(settings, checked.sockets, checked.probe_sockets, started=_started))
     except StateDirBusy as exc:
         print(f"runtime-agent serve: {exc}", file=sys.stderr)
         return EXIT_STATE_DIR_BUSY
@@ -280,6 +318,7 @@ def _door(args: argparse.Namespace, host: str) -> DoorSettings | None:
         return None
     from reconciler.cli import checked_door_settings
     from reconciler.door.keys import KeysError
+    from runtime_agent.preflight import EXIT_UNREADABLE, StartupError
 
     try:
         return checked_door_settings(args, host)
@@ -312,6 +351,9 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def serve_parser(sub: Any) -> None:
+    from reconciler.options import add_serve_options
+    from runtime_agent.settings import DEFAULT_STATE_DIR
+
     env = os.environ
     s = sub.add_parser("serve", help="run the agent daemon",
                        description="Run the runtime agent. Every start-up mistake ends it at "
@@ -439,17 +481,19 @@ def serve_parser(sub: Any) -> None:
                     help="an S3-compatible endpoint for s3:// artifacts (env "
                     "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL; default: AWS)")
     s.set_defaults(func=_serve)
-    from reconciler.cli import add_serve_options
-
     add_serve_options(s)  # --claims DIR [--claims-port P]: the embedded reconciler
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with ``command="serve"`` only ``serve`` is known, so that the daemon
+    imports none of the client commands, the live view or the reconciler to read its flags."""
     p = Parser(prog="runtime-agent", description=DESCRIPTION, epilog=EPILOG,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"runtime-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve_parser(sub)
+    if command == "serve":
+        return p
     from runtime_agent.console.commands import add_agent_options
     from runtime_agent.console.commands import add_commands as add_client_commands
 
@@ -471,10 +515,25 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runtime_agent.console.commands import join_arg_values
+    words = list(sys.argv[1:] if argv is None else argv)
+    serving = words[:1] == ["serve"]  # the daemon: its parser alone (see ``parser``)
+    if serving:
+        # Start-up makes about 90,000 objects (modules, classes, schemas) that live as long as
+        # the agent; collections in between free next to nothing and cost about a tenth of the
+        # imports (issue 26). Paused until the API listens (``_started``).
+        gc.disable()
+    try:
+        return _command(words, serving)
+    finally:
+        gc.enable()
 
-    words = join_arg_values(sys.argv[1:] if argv is None else argv)
-    top = parser()
+
+def _command(words: list[str], serving: bool) -> int:
+    if not serving:
+        from runtime_agent.console.commands import join_arg_values
+
+        words = join_arg_values(words)
+    top = parser("serve" if serving else None)
     args, unknown = top.parse_known_args(words)
     if unknown:  # point at the command's own help, where its flags are listed
         command = " ".join(c for c in (args.command, getattr(args, "claims_command", None)) if c)
@@ -483,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("serve", "reconcile", "top"):
             return int(args.func(args))
+        from runtime_agent.console.output import quiet_on_closed_pipe
+
         return quiet_on_closed_pipe(lambda: int(args.func(args)))
     except KeyboardInterrupt:
         return 130

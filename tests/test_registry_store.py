@@ -352,3 +352,65 @@ def test_a_record_with_a_phase_the_code_does_not_know_is_quarantined(tmp_path: P
     loaded = store.load_all()
     assert loaded.records == [] and len(loaded.quarantined) == 1
     assert "phase" in loaded.quarantined[0].reason
+
+
+# ---- saves of what the file already holds (issue 26) -------------------------------------------
+
+
+def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return calls
+
+
+def test_saving_a_loaded_record_unchanged_writes_nothing(
+        store: RegistryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.save(make_record(pid=1234, pid_start_time=99, phase="active"))
+    again = RegistryStore(tmp_path / "state")  # a restarted agent's store
+    (record,) = again.load_all().records
+    before = os.stat(again.path_for(record.engine_id))
+    fsyncs = _fsyncs(monkeypatch)
+    again.save(record)
+    after = os.stat(again.path_for(record.engine_id))
+    assert fsyncs == [] and (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_changed_record_is_written_whatever_was_loaded(
+        store: RegistryStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.save(make_record(phase="active"))
+    (record,) = store.load_all().records
+    record.restart_count = 1
+    fsyncs = _fsyncs(monkeypatch)
+    store.save(record)
+    assert len(fsyncs) == 2  # the file and its directory
+    assert [r.restart_count for r in RegistryStore(store.state_dir).load_all().records] == [1]
+
+
+def test_a_save_that_failed_is_made_again_in_full(
+        store: RegistryStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.save(make_record(phase="activating"))
+    active = make_record(phase="active")
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="EIO"):
+        store.save(active)
+    monkeypatch.undo()
+    store.save(active)  # not taken for what the file holds
+    assert [r.phase for r in RegistryStore(store.state_dir).load_all().records] == ["active"]
+
+
+def test_a_deleted_record_saved_again_is_written_again(store: RegistryStore) -> None:
+    record = make_record(phase="active")
+    store.save(record)
+    store.delete(record.engine_id)
+    store.save(record)
+    assert RegistryStore(store.state_dir).load_all().records == [record]

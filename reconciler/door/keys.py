@@ -12,7 +12,7 @@ first eight hex digits of its digest (``Key.id``), never by the key, and a chang
 inode, modification time or size) is re-read without a restart, a broken version keeping the
 last good keys. A file that cannot be used at start-up is a ``KeysError``, one line naming the
 line to fix; the command line reads the file before anything listens
-(``reconciler.cli.door_settings``).
+(``reconciler.options.door_settings``).
 """
 
 from __future__ import annotations

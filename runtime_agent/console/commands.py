@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from contract.endpoints import AGENT_PORT, RECONCILER_PORT, base_url
-from contract.quantity import QuantityError, parse_size
+from contract.quantity import size_type
 from contract.flags import known_flags
 from reconciler.client import AgentUnreachable, HttpAgentClient, NotTheApi, Refusal, ok_body
 from runtime_agent.console.output import add_output_flag, render
@@ -45,13 +45,6 @@ def url_type(text: str) -> str:
     try:
         return base_url(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def size_type(text: str) -> int:
-    try:
-        return parse_size(text)
-    except QuantityError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

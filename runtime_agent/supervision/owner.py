@@ -554,10 +554,18 @@ class EngineOwner:
                 self.record.sleep_level = 2  # unknown: wake it the way that reloads weights
         if target is self.view.phase:  # a re-adopted engine: no move, but followers learn it
             self._emit("Ready", "re-adopted engine answers /health", to=target)
+            # and readers with them: the move's write below is not waited for (no phase is
+            # told before the disk has it), so 32 such writes queued behind each other on the
+            # thread pool no longer hold back 32 ready views (issue 26)
+            self._publish()
         if self.record.healthy_since is None:
             self.record.healthy_since = self._deps.clock()
         await self._transition(target, "Ready", "answers /health")
         self._end_turn()  # after its event: the next start on its cards is told after it
+        # Readers learn what the move wrote now, not after the workers' /proc scan below: 32
+        # engines re-adopted at once are 32 scans of every process queued on the default
+        # thread pool (issue 26). A worker that ends meanwhile is found all the same.
+        self._publish()
         await self._watch_workers()
         gen, post = self._gen, self._inbox.put_nowait
         self._loop("request-figure scrape", lambda: watchers.scrape(
