@@ -97,6 +97,10 @@ from runtime_agent.supervision.views import EngineEvent, EngineView
 
 log = logging.getLogger(__name__)
 
+# How long an activation whose weights are being staged waits for the staging's end before it is
+# answered `activating` (a start waiting for its card or its port is answered at once).
+STAGING_ANSWER_S = 2.0
+
 
 @dataclass(frozen=True)
 class OwnerDeps:
@@ -345,7 +349,9 @@ class EngineOwner:
         (the ledger set its bytes aside), one that is measured has its cards alone. The turn
         is held until the engine answers (or its start ends otherwise)."""
         if staging.stage_first(self, reason):  # weights first (the cache), then the turn
-            self._answer(None)  # waiting for the cache: the view says so (Staging)
+            # A staging that fails does so fast (403, no such object): its caller hears it in
+            # the answer; one that takes longer is answered `activating` (Staging) meanwhile.
+            asyncio.get_running_loop().call_later(STAGING_ANSWER_S, self._answer, None)
             return
         self._end_turn()
         self._turn_token += 1
