@@ -257,7 +257,9 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
     walk.during("stopping", "stopper", lambda: agent.client.deactivate("stopper"),
                 lambda e: e["phase"] == "stopping")
 
-    # Everything the successor must take over, in flight at the SIGKILL
+    # Everything the successor must take over, in flight at the SIGKILL. Their phases began
+    # here, before the kill: a time the table asks of them may be as early as this.
+    began = time.time()
     agent.client.sleep("s1", 1)
     agent.client.sleep("waker", 1)
     walk.activate("boot2", "--sim-startup-seconds=8")
@@ -272,16 +274,15 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
     # the restart is durable (the view says `restarting` a moment before the record does)
     assert wait_until(lambda: recorded(agent, "crash2").get("phase") == "restarting", 10)
     walk.remember()
-    since = time.time()
     new = restart_agent(agent_factory, agent)
     walk.agent = new
-    walk.column("adopted booting", "boot2", since, 0,
+    walk.column("adopted booting", "boot2", began, 0,
                 still=lambda: not new.model(new.client.snapshot(), "boot2")["ready"])
     for column, name in (("adopted active", "awake"), ("adopted sleeping-1", "s1"),
                          ("adopted sleeping-2", "s2"), ("adopted waking", "waker"),
                          ("adopted restarting", "crash2"), ("adopted failed", "doomed"),
                          ("adopted stopping", "stopper2")):
-        walk.column(column, name, since, 0)
+        walk.column(column, name, began, 0)
 
     passing = sorted(cell for cell in PENDING if walk.outcomes.get(cell) is None)
     assert not passing, f"cells in PENDING now hold (remove them): {passing}"

@@ -534,11 +534,14 @@ class EngineOwner:
         return lost_its_port(tail, self.record.port)
 
     async def _add_log_tail(self, cause: str) -> None:
+        """The exit's log tail joins ``last_exit`` on disk first, then in the view: a reader
+        must never see a tail that an agent killed now would not find in the record."""
         tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
         if tail:
             self.record.last_exit = cause + "\n" + "\n".join(tail)
             if self.record.last_error == cause:  # still the current error (not ready again)
                 self.record.last_error = self.record.last_exit
+            await self._persist()
             self._publish()
 
     async def _on_ready(self, sleeping: bool | None) -> None:
