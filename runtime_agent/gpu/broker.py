@@ -2,8 +2,8 @@
 
 It samples the GPU backend (NVML, or the simulated GPU) right after every engine transition
 and on an interval that backs off, up to ``steady_cap_s``, while samples see no change
-(``runtime_agent.cadence``), attributes each GPU process to an engine by process tree, and keeps the GPU
-and host ledgers. Activations and wakes claim memory here before they start (claim first, so
+(``runtime_agent.cadence``), attributes each GPU process to an engine by process tree, and
+keeps the GPU and host ledgers. Activations and wakes claim memory here before they start (claim first, so
 two never spend the same free bytes), waiting callers are woken by memory changes (an engine
 stopping, sleeping, or measured smaller), never by a timer, and readers (snapshot, metrics) get
 the figures of the last sample: a scrape never calls NVML.
