@@ -206,7 +206,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         auth_reads=args.auth_reads,
         health_interval_s=args.health_interval, unresponsive_after=args.unresponsive_after,
         unresponsive_grace_s=args.unresponsive_grace, budget_reset_s=args.budget_reset,
-        steady_backoff=args.steady_backoff,
+        steady_backoff=args.steady_backoff, scrape_interval_max_s=args.scrape_interval_max,
         allow_trust_remote_code=args.allow_trust_remote_code,
         artifact_reserve_bytes=args.artifact_reserve,
         artifact_local_roots=tuple(Path(os.path.abspath(p)) for p in args.artifact_local_root),
@@ -447,7 +447,10 @@ def serve_parser(sub: Any) -> None:
                      "(default %(default)g)")
     sup.add_argument("--scrape-interval", type=_interval, default=2.0,
                      help="seconds between scrapes of an engine's /metrics (default %(default)g)")
-    sup.add_argument("--steady-backoff", type=_factor, default=5.0,
+    sup.add_argument("--scrape-interval-max", type=_interval, default=10.0,
+                     help="seconds a steady engine's scrapes back off to at most "
+                     "(default %(default)g)")
+    sup.add_argument("--steady-backoff", type=_factor, default=10.0,
                      help="while nothing changes, health probes, scrapes and KV checks of an "
                      "engine slow down, doubling, to this many times their interval; any change "
                      "or missed probe brings them back (default %(default)g; 1: never)")

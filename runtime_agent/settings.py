@@ -101,7 +101,10 @@ class Settings:
     # While nothing changes, a steady engine's health probes, scrapes and KV checks slow down,
     # doubling up to this many times their interval (1: a fixed interval); any change brings
     # them back to it (runtime_agent.cadence).
-    steady_backoff: float = 5.0
+    steady_backoff: float = 10.0
+    # ... but request figures are never older than this while the engine answers (the first
+    # request after a quiet spell is seen within it: the controller's idle check reads them).
+    scrape_interval_max_s: float = 10.0
     # The restart budget starts again after an engine served this long without a crash.
     budget_reset_s: float = 600.0
 
@@ -111,7 +114,8 @@ class Settings:
 
     @property
     def scrape_cadence(self) -> Cadence:
-        return Cadence(self.scrape_interval_s, self.scrape_interval_s * self.steady_backoff)
+        s = self.scrape_interval_s
+        return Cadence(s, min(s * self.steady_backoff, max(s, self.scrape_interval_max_s)))
 
     @property
     def kv_hold_cadence(self) -> Cadence:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -181,11 +182,14 @@ class _Sleeps:
 class _PacedBy(Pacer):
     """A pacer whose pauses are recorded by ``_Sleeps`` instead of waited."""
 
-    def __init__(self, sleeps: _Sleeps, floor_s: float = 1.0, cap_s: float = 1.0) -> None:
+    def __init__(self, sleeps: _Sleeps, floor_s: float = 1.0, cap_s: float = 1.0,
+                 on_pause: Callable[[int], None] = lambda n: None) -> None:
         super().__init__(Cadence(floor_s, cap_s))
         self._sleeps = sleeps
+        self._on_pause = on_pause
 
     async def pause(self) -> None:
+        self._on_pause(len(self._sleeps.asked))
         await self._sleeps.sleep(self.interval_s)
 
 
@@ -238,13 +242,25 @@ async def test_a_steady_segment_is_read_less_often_and_a_moved_one_at_once_again
     create_segment("kvc_m", 4 * GIB, tmp_path)
     keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
 
-    def post(info: SegmentInfo | None, writes: int) -> None:
-        if len(sleeps.asked) == 4:  # the segment moves (another writer, here)
+    posted: list[SegmentInfo | None] = []
+
+    def moves(pauses: int) -> None:
+        if pauses == 4:  # the segment moves (another writer, here)
             write_limit("kvc_m", 2 * GIB, tmp_path)
 
+    async def handle(info: SegmentInfo | None, writes: int) -> None:
+        posted.append(info)
+        await keeper.reading(info, writes)  # the owner's part
+
+    def post(info: SegmentInfo | None, writes: int) -> None:
+        asyncio.get_running_loop().create_task(handle(info, writes))
+
     with pytest.raises(asyncio.CancelledError):
-        await keeper.watch(post, 0.01, _PacedBy(sleeps, 1.0, 4.0), lambda: True)
+        await keeper.watch(post, 0.01, _PacedBy(sleeps, 1.0, 4.0, moves), lambda: True)
     assert sleeps.asked == [1.0, 2.0, 4.0, 4.0, 4.0, 1.0, 2.0]
+    # The owner hears of the first reading and of the moved one; steady ones would change
+    # nothing and are not posted.
+    assert [i.total_size for i in posted if i is not None] == [4 * GIB, 2 * GIB]
 
 
 # ---- every field of each decision (mutation testing showed which ones nothing checked) --------

@@ -138,3 +138,33 @@ async def test_a_wake_shares_its_cards_turn_only_when_its_size_is_known() -> Non
     broker.adopt("unknown", (0,), 0, sleeping=True)  # nothing declared, never measured awake
     assert not broker.wake_is_sized("unknown")
     assert not broker.wake_is_sized("absent")  # not in the ledger at all
+
+
+def test_samples_that_differ_only_in_their_time_are_no_change_and_sampling_backs_off() -> None:
+    from runtime_agent.gpu.broker import _same_memory
+
+    card = OneCard()
+    first, again = card.sample(), card.sample()
+    assert _same_memory(first, again)  # steady: the sampler's interval grows
+    card.used = 2 * GiB
+    assert not _same_memory(first, card.sample())  # memory moved: back to the interval
+    assert not _same_memory(None, first)  # nothing to compare with: a change
+
+
+async def test_a_steady_card_is_sampled_less_often_and_a_poke_samples_at_once() -> None:
+    engine = Engine()
+    broker = MemoryBroker(OneCard(), engine.refs, interval_s=0.01, steady_cap_s=60.0)
+    await broker.start()
+    try:
+        async with asyncio.timeout(10):
+            while broker.samples_total < 8:  # 0.01 + 0.02 + ... + 0.64 s: the interval grows
+                await asyncio.sleep(0.05)
+        steady = broker.samples_total
+        await asyncio.sleep(0.5)  # at 1.28 s and growing, no sample comes in this half second
+        assert broker.samples_total <= steady + 1
+        broker.poke()
+        async with asyncio.timeout(10):
+            while broker.samples_total <= steady + 1:  # the poke samples at once
+                await asyncio.sleep(0.01)
+    finally:
+        await broker.close()

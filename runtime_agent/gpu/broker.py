@@ -2,11 +2,11 @@
 
 It samples the GPU backend (NVML, or the simulated GPU) right after every engine transition
 and on an interval that backs off, up to ``steady_cap_s``, while samples see no change
-(``runtime_agent.cadence``), attributes each GPU process to an engine by process tree, and keeps the GPU
-and host ledgers. Activations and wakes claim memory here before they start (claim first, so
-two never spend the same free bytes), waiting callers are woken by memory changes (an engine
-stopping, sleeping, or measured smaller), never by a timer, and readers (snapshot, metrics) get
-the figures of the last sample: a scrape never calls NVML.
+(``runtime_agent.cadence``), attributes each GPU process to an engine by process tree, and
+keeps the GPU and host ledgers. Activations and wakes claim memory here before they start
+(claim first, so two never spend the same free bytes), waiting callers are woken by memory
+changes (an engine stopping, sleeping, or measured smaller), never by a timer, and readers
+(snapshot, metrics) get the figures of the last sample: a scrape never calls NVML.
 
 Ledger changes are plain function calls with no ``await`` between decision and store, so the
 broker needs no lock. Sampling (NVML, /proc) runs in a worker thread.
@@ -91,7 +91,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 def _same_memory(a: GpuSample | None, b: GpuSample | None) -> bool:
     """Two samples that saw the same memory on the same devices and processes."""
-    return a is not None and b is not None and replace(a, taken_at=0.0) == replace(b, taken_at=0.0)
+    return (a is not None and b is not None
+            and replace(a, taken_at=0.0) == replace(b, taken_at=0.0))
 
 
 def _rss(pid: int) -> int:

@@ -102,7 +102,8 @@ class KvKeeper:
                 _throttled.warning(f"kv-read:{self._ipc}", "kv segment of %s unreadable: %s",
                                    self._record.spec.model_name, exc)
                 info = None
-            post(info, writes)
+            if info is None or on_reading(self.state, info) != (self.state, None):
+                post(info, writes)  # a reading that would change nothing spares the owner
             if info is None:  # unreadable: look again soon
                 await asyncio.sleep(first_s)
                 continue

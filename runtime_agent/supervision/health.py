@@ -1,12 +1,14 @@
 """Alive is not enough, and the engine's word beats the record: what a health probe decides.
 
 Functions over ``EngineOwner``, called only from inside the owner's task. A ready engine is
-probed every ``health_interval_s`` (``watchers.watch_health``). Each answer:
+probed every ``health_interval_s`` after any change or miss, less often while its answers stay
+the same (``watchers.watch_health``, ``runtime_agent.cadence``). Each answer:
 
 - re-derives ACTIVE or SLEEPING from the engine itself, so the snapshot never contradicts the
-  engine for longer than one probe interval, also after a sleep or wake that a previous agent
-  started and never saw end (``record.operation``: resolved here, by observation, once the
-  engine is where the call was going or the call can no longer be running);
+  engine for longer than one (backed-off) probe interval, also after a sleep or wake that a
+  previous agent started and never saw end (``record.operation``: resolved here, by
+  observation, once the engine is where the call was going or the call can no longer be
+  running);
 - takes the level of a sleep from the engine when it says it (``on_sleep_level``);
 - starts the restart budget again once the engine has served ``budget_reset_s`` without a crash
   (the kubelet's habit).

@@ -29,7 +29,7 @@ def test_a_stopped_engine_is_not_ready_then_restarted_and_calls_to_it_answer(
     os.kill(first["pid"], signal.SIGSTOP)  # the shape of a deadlock: alive, answers nothing
     try:
         snap = agent.wait_for(lambda s: "EngineUnresponsive" in agent.model(s, "m1")["conditions"],
-                              timeout_s=10, what="unresponsive")
+                              timeout_s=20, what="unresponsive")  # steady: probed every 2 s
         assert agent.model(snap, "m1")["ready"] is False
         answered: list[object] = []
 
