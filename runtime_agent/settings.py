@@ -103,8 +103,10 @@ class Settings:
     # them back to it (runtime_agent.cadence).
     steady_backoff: float = 10.0
     # ... but request figures are never older than this while the engine answers (the first
-    # request after a quiet spell is seen within it: the controller's idle check reads them).
-    scrape_interval_max_s: float = 10.0
+    # request after a quiet spell is seen within it: the controller's last look before an idle
+    # sleep reads them, and a request sent straight to the engine, past the door, counts only
+    # there). The default, the scrape interval itself, keeps them as fresh as before backoff.
+    scrape_interval_max_s: float = 2.0
     # The restart budget starts again after an engine served this long without a crash.
     budget_reset_s: float = 600.0
 
