@@ -108,8 +108,11 @@ def size_type(text: str) -> int:
 
 
 def gib(nbytes: int) -> str:
-    """Bytes as GiB with one decimal, as messages show them: ``7.0 GiB``."""
-    return f"{nbytes / GiB:.1f} GiB"
+    """A size as messages show it: GiB with one decimal (``7.0 GiB``), MiB below a GiB (never
+    ``0.0 GiB``). The one byte formatter of the agent's and the reconciler's messages."""
+    if abs(nbytes) >= GiB:
+        return f"{nbytes / GiB:.1f} GiB"
+    return f"{nbytes / MiB:.0f} MiB"
 
 
 def quantity(nbytes: int) -> str:

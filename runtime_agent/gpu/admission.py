@@ -25,11 +25,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from contract.quantity import gib
 from contract.reasons import INSUFFICIENT_GPU, INSUFFICIENT_HOST, TOO_LARGE
 from runtime_agent.gpu.host_ledger import HostLedger, HostRefusal, host_reserve
 from runtime_agent.gpu.ledger import GpuLedger, LedgerRefusal, reserve
-
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -44,13 +43,6 @@ class Refuse:
     needed: int  # bytes per device (GPU) or bytes (host)
     free: int  # the best room on offer: per device for the N best cards (GPU), or host free
     holders: tuple[tuple[str, int], ...] = ()  # engines holding the memory, largest first
-
-
-def gib(nbytes: int) -> str:
-    """A size people read: GiB with one decimal, MiB below a GiB (never "0.0 GiB")."""
-    if abs(nbytes) >= GIB:
-        return f"{nbytes / GIB:.1f} GiB"
-    return f"{nbytes / 2**20:.0f} MiB"
 
 
 def _holders_text(holders: list[tuple[str, int]], other: int) -> str:
