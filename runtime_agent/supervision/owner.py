@@ -528,21 +528,21 @@ class EngineOwner:
         await asyncio.to_thread(self._deps.launcher.kill_leftovers,
                                 str(self._settings.state_dir), self.record.engine_id)
         await self._persist()
+        self._publish()  # the log tail, now on disk
 
     async def _port_was_taken(self) -> bool:
         tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
         return lost_its_port(tail, self.record.port)
 
     async def _add_log_tail(self, cause: str) -> None:
-        """The exit's log tail joins ``last_exit`` on disk first, then in the view: a reader
-        must never see a tail that an agent killed now would not find in the record."""
+        """The exit's log tail joins ``last_exit`` in the record; the view shows it once the
+        record is written (the exit handler's last step), never before: a reader must not see
+        a tail that an agent killed now would not find on disk."""
         tail = await asyncio.to_thread(tail_lines, self.log_path, 20)  # blocking file read
         if tail:
             self.record.last_exit = cause + "\n" + "\n".join(tail)
             if self.record.last_error == cause:  # still the current error (not ready again)
                 self.record.last_error = self.record.last_exit
-            await self._persist()
-            self._publish()
 
     async def _on_ready(self, sleeping: bool | None) -> None:
         self._ready = True
