@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,6 +56,9 @@ from runtime_agent.supervision.recovery import Step, recover
 from runtime_agent.supervision.views import EngineEvent, EngineView
 
 log = logging.getLogger(__name__)
+
+# Threads for blocking calls (record writes, spawns, /proc scans): see ``serve``.
+BLOCKING_THREADS = 32
 
 # Seconds each shutdown stage may take (17 s in all, inside Kubernetes' default 30 s grace).
 STOP_STAGE_S = {"api": 4.0, "loops": 2.0, "engines": 5.0, "artifacts": 3.0, "gpu": 2.0,
@@ -362,6 +366,10 @@ async def serve(settings: Settings, sockets: list[socket.socket] | None = None,
     """Run the agent until SIGTERM or SIGINT; ``started`` is called once the API listens."""
     loop = asyncio.get_running_loop()
     quiet_accept_errors(loop)  # out of descriptors: one line a minute, not a traceback each
+    # Record writes (fsync), spawns and /proc scans wait on the disk and the kernel, not the
+    # CPU; asyncio's default of cores + 4 threads (6 here) queued 64 activations sent together
+    # behind each other's fsyncs. Threads start only when work waits for one.
+    loop.set_default_executor(ThreadPoolExecutor(BLOCKING_THREADS, "agent-blocking"))
     agent = Agent(settings, sockets, probe_sockets)
     await agent.start()
     if started is not None:
