@@ -330,6 +330,41 @@ async def test_an_over_long_prompt_is_refused_with_openais_shape(door: Door) -> 
     assert status == 200
 
 
+async def test_a_request_a_sleeping_model_cannot_hold_is_refused_without_waking_it(
+        door: Door) -> None:
+    """The prompt is counted by the sleeping engine's own tokenizer and the output limit read
+    from the request: both refusals come before any wake, in the door's shape only."""
+    door.pool(SLEEPY)
+    await door.start()
+    await asleep(door, "m", **{"--max-model-len": "64"})
+    long_text = " ".join(["word"] * 300)
+    status, body, _ = await door.post("/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": long_text}]})
+    assert status == 400, body
+    assert (body["error"]["code"], body["error"]["param"]) == ("context_length_exceeded",
+                                                               "messages")
+    assert "resulted in 301 tokens" in body["error"]["message"]  # the engine's count, asleep
+    assert door.wakes("m") == 0
+    for field, endpoint, extra in (
+            ("max_tokens", "/v1/chat/completions", {"messages": CHAT}),
+            ("max_completion_tokens", "/v1/chat/completions", {"messages": CHAT}),
+            ("max_tokens", "/v1/completions", {"prompt": "Say hello."})):
+        status, body, _ = await door.post(endpoint, {"model": "m", field: 65, **extra})
+        assert status == 400, body
+        assert body["error"] == {
+            "message": "This model's maximum context length is 64 tokens. However, you "
+                       "requested 65 tokens for the completion alone. Please reduce the number "
+                       "of tokens requested for the completion.",
+            "type": "invalid_request_error", "param": field, "code": "context_length_exceeded"}
+    assert door.wakes("m") == 0
+    assert door.engine("m")["phase"] == "sleeping"
+    assert door.status("m").phase == "Sleeping"  # type: ignore[union-attr]
+    # A limit that fits the context but not after the prompt is vLLM's to shorten, not refused.
+    status, body, _ = await door.chat("m", max_tokens=64)
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] <= 64
+
+
 async def test_an_ollama_engine_is_reached_through_the_same_door(door: Door) -> None:
     door.pool()
     await door.start()

@@ -21,6 +21,7 @@ from reconciler.door.window import (
     estimate,
     exceeded,
     needs_count,
+    output_limit,
     prompt_of,
     refusal_message,
 )
@@ -35,6 +36,32 @@ def test_a_body_no_longer_than_the_context_in_bytes_is_never_counted() -> None:
     assert not needs_count(4096, 4096)
     assert needs_count(4097, 4096)
     assert not needs_count(10**6, None)  # an unknown context never refuses
+
+
+def test_the_output_limit_is_read_as_vllm_reads_it() -> None:
+    assert output_limit("chat", {"max_completion_tokens": 9, "max_tokens": 3}) == (
+        "max_completion_tokens", 9)
+    assert output_limit("chat", {"max_completion_tokens": None, "max_tokens": 3}) == (
+        "max_tokens", 3)
+    assert output_limit("completion", {"max_completion_tokens": 9}) is None
+    assert output_limit("completion", {"max_tokens": 5}) == ("max_tokens", 5)
+    assert output_limit("chat", {"max_tokens": True}) is None  # the engine refuses it itself
+    assert output_limit("chat", {"max_tokens": "7"}) is None
+    assert output_limit("embedding", {"max_tokens": 5}) is None
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+
+
+@given(st.sampled_from(("chat", "completion", "embedding", "other")),
+       st.dictionaries(st.sampled_from(("max_tokens", "max_completion_tokens", "x")), JSON))
+def test_any_request_document_gives_an_output_limit_or_none(endpoint: str,
+                                                            doc: dict[str, object]) -> None:
+    found = output_limit(endpoint, doc)
+    assert found is None or (found[0] in doc and doc[found[0]] == found[1]
+                             and type(found[1]) is int)
 
 
 def test_the_prompt_of_a_chat_is_its_messages_rendered_by_the_engine() -> None:

@@ -49,6 +49,7 @@ class Job:
     max_tokens: int
     stream: bool
     include_usage: bool
+    context: int = 1 << 62  # max_model_len: an answer stops where the context ends
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:
@@ -83,7 +84,9 @@ def _parse_job(kind: str, body: dict[str, Any], state: EngineState) -> Job:
             prompts: tuple[str, ...] = (chat_prompt(messages),)
         except ValueError as exc:
             raise RequestError(400, str(exc), "BadRequestError") from exc
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+            else "max_tokens"
+        max_tokens = body.get(limit_name)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
@@ -94,24 +97,31 @@ def _parse_job(kind: str, body: dict[str, Any], state: EngineState) -> Job:
             prompts = (" ".join(str(p) for p in prompt),)  # token ids: one prompt
         else:
             raise RequestError(400, "'prompt' must be a string or a list of strings", "BadRequestError")
-        max_tokens = body.get("max_tokens")
+        limit_name, max_tokens = "max_tokens", body.get("max_tokens")
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise RequestError(400, "max_tokens must be an integer of at least 1", "BadRequestError")
+    context = options.max_model_len
+    # vLLM 0.32 (renderers/params.py, serve/utils/api_utils.get_max_tokens): an output limit over
+    # the whole context and a prompt over it are refused; a limit that only leaves too little
+    # room after the prompt is shortened to what is left.
+    if max_tokens > context:
+        raise RequestError(
+            400, f"{limit_name}={max_tokens} cannot be greater than max_model_len={context}. "
+            "Please request fewer output tokens.", "BadRequestError")
     for prompt_text in prompts:
-        needed = count_tokens(prompt_text) + max_tokens
-        if needed > options.max_model_len:
+        if (tokens := count_tokens(prompt_text)) > context:
             raise RequestError(
                 400,
-                f"This model's maximum context length is {options.max_model_len} tokens. However, you "
-                f"requested {needed} tokens ({count_tokens(prompt_text)} in the messages, {max_tokens} in "
-                "the completion). Please reduce the length of the messages or completion.",
+                f"This model's maximum context length is {context} tokens. However, your prompt "
+                f"contains {tokens} input tokens, which exceeds this limit even without any output "
+                "tokens. Please reduce the length of the input prompt.",
                 "BadRequestError",
             )
     stream_options = body.get("stream_options") or {}
     include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
-    return Job(kind, prompts, max_tokens, bool(body.get("stream", False)), include_usage)
+    return Job(kind, prompts, max_tokens, bool(body.get("stream", False)), include_usage, context)
 
 
 def _usage(prompts: tuple[str, ...], completion_tokens: int) -> dict[str, int]:
@@ -180,7 +190,7 @@ def _answers(job: Job) -> list[tuple[list[str], str]]:
     """Each prompt's tokens and finish reason: "length" when ``max_tokens`` cut it short."""
     answers = []
     for prompt in job.prompts:
-        count, finish = finish_reason(prompt, job.max_tokens)
+        count, finish = finish_reason(prompt, min(job.max_tokens, job.context - count_tokens(prompt)))
         answers.append((generate_tokens(prompt, count), finish))
     return answers
 

@@ -12,7 +12,8 @@ One request, start to end (``serve``):
    ``max_wait_s`` (503); both carry the guide's Retry-After for the state it waited in. A client
    that disconnects cancels its handler, which leaves the queue. A replica that stops serving
    (``standby``: a Kubernetes leader stepping down) answers its held requests 503;
-3. the prompt is checked against the engine's context window (``window``);
+3. the prompt and the output limit are checked against the engine's context window
+   (``window``), before the request may wake or start its model where the count allows;
 4. ``proxy.forward`` sends it to the engine the route names and the answer back.
 
 From the moment a claim is picked until the answer is sent, the request counts in flight for the
@@ -242,6 +243,8 @@ class Door:
                 f"{request.path} is served by {endpoints.kinds_text(kinds)} engines; model "
                 f"{name!r} runs on {endpoints.kinds_text(frozenset((first.engine,)))}.",
                 "model"), "wrong_engine")
+        checked = len(keys) == 1 and await self.check_context(  # before it may wake or start
+            endpoint, doc, body, keys[0], name, self.endpoint(keys[0]))
         fwd = await self.admit(name, keys, ticket, rec, key)
         claim = self.catalog.claim(fwd.claim)
         assert claim is not None  # admit looked, with no await since
@@ -250,7 +253,8 @@ class Door:
         assert self.session is not None
         self.catalog.learn_soon(self.session, fwd.claim, fwd.host, fwd.port)
         upstream_name = self.catalog.upstream_name(claim, name)
-        await self.check_window(endpoint, doc, body, fwd, claim.engine, upstream_name, name)
+        if not checked:
+            await self.check_context(endpoint, doc, body, fwd.claim, name, (fwd.host, fwd.port))
         if endpoint in endpoints.OLLAMA_NATIVE:  # the pool keeps it loaded, not the client
             body, hide_usage = ollama.native_body(doc, body, upstream_name), False
         else:  # the engine's own token counts for every stream, asked for the client if need be
@@ -262,43 +266,56 @@ class Door:
         finally:
             self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
 
-    def _url(self, fwd: plan.Forward, path: str) -> URL:
-        target = (fwd.host, fwd.port, path)
+    def _url(self, host: str, port: int, path: str) -> URL:
+        target = (host, port, path)
         url = self._targets.get(target)
         if url is None:
             if len(self._targets) > 4096:
                 self._targets.clear()
-            url = self._targets[target] = URL.build(scheme="http", host=fwd.host, port=fwd.port,
+            url = self._targets[target] = URL.build(scheme="http", host=host, port=port,
                                                     path=path)
         return url
 
-    async def check_window(self, endpoint: str, doc: Mapping[str, Any], body: bytes,
-                           fwd: plan.Forward, engine: str, upstream_name: str,
-                           name: str) -> None:
-        context = self.catalog.context(fwd.claim, name)
+    async def check_context(self, endpoint: str, doc: Mapping[str, Any], body: bytes,
+                            key: ClaimKey, name: str, where: tuple[str, int] | None) -> bool:
+        """Refuse a request the claim's engine cannot hold (``window``): an output limit over
+        the whole context, or a prompt over it. ``where``: the engine's address, awake or asleep
+        (None: no engine runs). True when checked; False when the context or the prompt's count
+        needs an engine that does not run yet (the caller checks again once one serves)."""
+        claim = self.catalog.claim(key)
+        context = self.catalog.context(key, name)
+        if claim is None or context is None:
+            return False  # learned from the engine once it serves, perhaps
+        asked = window.output_limit(endpoint, doc) if claim.engine == "vllm" else None
+        if asked is not None and asked[1] > context:
+            raise Refused(errors.context_exceeded(window.output_refusal(context, asked[1]),
+                                                  asked[0]), "context_length_exceeded")
         if endpoint not in window.COUNTED or not window.needs_count(len(body), context):
-            return
-        prompt = window.prompt_of(endpoint, doc, upstream_name)
+            return True
+        prompt = window.prompt_of(endpoint, doc, self.catalog.upstream_name(claim, name))
         if prompt is None:
-            return
+            return True
         count: int | None = prompt.token_ids
-        if count is None and engine == "vllm" and prompt.tokenize_body is not None:
-            count = await self._tokenize(fwd, prompt.tokenize_body)
-        elif count is None and engine == "ollama":
+        if count is None and claim.engine == "ollama":
             count = window.estimate(prompt.text)
-        assert context is not None
+        elif count is None and claim.engine == "vllm" and prompt.tokenize_body is not None:
+            if where is None:
+                return False
+            count = await self._tokenize(where, prompt.tokenize_body)
         if window.exceeded(count, context):
             assert count is not None
             raise Refused(errors.context_exceeded(
                 window.refusal_message(count, context, prompt.param), prompt.param),
                 "context_length_exceeded")
+        return True
 
-    async def _tokenize(self, fwd: plan.Forward, body: dict[str, Any]) -> int | None:
-        """The engine's own count (vLLM's ``/tokenize``); None when it gave none."""
+    async def _tokenize(self, where: tuple[str, int], body: dict[str, Any]) -> int | None:
+        """The engine's own count (vLLM's ``/tokenize``, answered asleep too); None when it gave
+        none."""
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)
         try:
-            async with self.session.post(self._url(fwd, "/tokenize"), json=body,
+            async with self.session.post(self._url(*where, "/tokenize"), json=body,
                                          timeout=timeout) as resp:
                 if resp.status != 200:
                     return None

@@ -14,8 +14,15 @@ template's few tokens per message are fewer than the JSON around each message, s
 body of at most ``context`` bytes holds at most ``context`` prompt tokens. Only larger bodies are
 counted; typical chat requests never are.
 
-The check covers the prompt only (Kubemoot's rule): a prompt that fits but leaves too little room
-for ``max_tokens`` is left to the engine, which refuses it (vLLM) or ends the answer early.
+The prompt is checked (Kubemoot's rule), and ``max_tokens`` as vLLM counts it: vLLM refuses a
+``max_tokens`` (``max_completion_tokens`` for a chat) larger than the whole context, and shortens
+one that only leaves too little room after the prompt (``get_max_tokens``), so the door refuses
+the first itself, in the same shape, and forwards the second. Ollama caps its output at the
+context silently, so only the prompt is checked there.
+
+Both checks run before the request may wake or start its model (``Door.check_early``): the
+refusal needs only the context and a count, and a sleeping vLLM engine still counts. A request
+whose count needs an engine that is not running yet is checked once it runs.
 """
 
 from __future__ import annotations
@@ -81,6 +88,30 @@ def prompt_of(endpoint: str, doc: Mapping[str, Any], upstream_model: str) -> Pro
         return None
     longest = max(texts, key=len)  # each prompt of a batch must fit on its own
     return Prompt(field, {"model": upstream_model, "prompt": longest}, longest)
+
+
+OUTPUT_LIMITS = {"chat": ("max_completion_tokens", "max_tokens"), "completion": ("max_tokens",)}
+
+
+def output_limit(endpoint: str, doc: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The field and value of the output tokens a chat or completion request asks for, the way
+    vLLM reads it (a chat's ``max_completion_tokens`` before its ``max_tokens``); None when it
+    asks for none, or for something the engine refuses anyway (not a whole number)."""
+    for field in OUTPUT_LIMITS.get(endpoint, ()):
+        value = doc.get(field)
+        if value is None:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            return field, value
+        return None
+    return None
+
+
+def output_refusal(context: int, asked: int) -> str:
+    """OpenAI's wording for an answer that could never fit the context."""
+    return (f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{asked} tokens for the completion alone. Please reduce the number of tokens "
+            "requested for the completion.")
 
 
 def estimate(text: str) -> int:
