@@ -68,6 +68,8 @@ class ClaimReconciler:
         problem = self.d.desired.spec_problem(key)
         st.set_spec_problem(self.d.wall(), problem.reason if problem else None,
                             problem.message if problem else "")
+        st.set_lifecycle(self.d.wall(), claim.lifecycle is not None
+                         or claim.lifecycle_problem is not None, claim.lifecycle_problem)
         world = await self.d.world(focus=(st.instance.agent,) if st.instance else ())
         home = await self._home(claim, st, world)
         if home is not None and not world.agents[home[0]].ok:

@@ -111,6 +111,11 @@ class Deps:
             return PerGPU(*st.per_gpu)
         return None
 
+    def make_room_after(self, key: ClaimKey) -> float | None:
+        """A claim's own idle time before its engine may be slept for room (None: the pool's)."""
+        claim = self.desired.claim(key)
+        return claim.lifecycle.make_room_after if claim is not None and claim.lifecycle else None
+
     def _last_busy_on(self, agent: str) -> Callable[[str], float | None]:
         return lambda model: self.tracker.last_busy(agent, model)
 
@@ -121,8 +126,9 @@ class Deps:
         live = self.reservations.live(obs)
         busy = self._last_busy_on(obs.name)
         key = (agent, pool, tuple(live),
-               tuple((self.per_gpu(e.claim_ref) if e.claim_ref is not None else None,
-                      busy(e.model_name)) for e in obs.engines))
+               tuple((self.per_gpu(e.claim_ref), self.make_room_after(e.claim_ref),
+                      busy(e.model_name)) if e.claim_ref is not None else (None, None, None)
+                     for e in obs.engines))
         cached = self._candidates.get(obs.name)
         if cached is not None and cached[1] == key and (cached[0] is obs or (
                 obs.body is not None and cached[0].body is obs.body and cached[0].ok == obs.ok)):
@@ -131,7 +137,7 @@ class Deps:
                 made = replace(made, observed_at=obs.fetched_at)
                 self._candidates[obs.name] = (obs, key, made)
             return made
-        made = candidate(obs, agent, pool, self.per_gpu, busy, live)
+        made = candidate(obs, agent, pool, self.per_gpu, busy, live, self.make_room_after)
         self._candidates[obs.name] = (obs, key, made)
         return made
 
@@ -141,7 +147,7 @@ class Deps:
             return None
         agent, pool = found
         return candidate(obs, agent, pool, self.per_gpu, self._last_busy_on(obs.name),
-                         self.reservations.live(obs) if reserved else ())
+                         self.reservations.live(obs) if reserved else (), self.make_room_after)
 
     async def world(self, max_age: float | None = None, fresh: bool = False,
                     focus: Collection[str] = (), placing: bool = False) -> World:

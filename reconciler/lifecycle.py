@@ -100,6 +100,8 @@ class Lifecycle:
     async def idle_check(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
                          cand: Candidate) -> Result:
         pool, policy = self._pool(agent)
+        if claim.lifecycle is not None:
+            policy = claim.lifecycle.applied_to(policy)
         model = claim.model_name
         released = self.d.releases.pending(model, self.d.clock.now())  # asked at the door
         if not (policy.idle_sleep or released) or claim.engine != "vllm" \

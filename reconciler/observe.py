@@ -378,9 +378,12 @@ def resident_state(engine: EngineObs) -> EngineState | None:
 def candidate(obs: AgentObs, agent: AgentRef, pool: WarmPool,
               per_gpu: Callable[[ClaimKey], PerGPU | None],
               last_busy: Callable[[str], float | None],
-              reservations: Sequence[Reservation] = ()) -> Candidate:
+              reservations: Sequence[Reservation] = (),
+              make_room_after: Callable[[ClaimKey], float | None] = lambda key: None
+              ) -> Candidate:
     """The planners' view of one agent. ``per_gpu``: a claim's figures (None: unknown, so its
-    engine is foreign); ``last_busy``: by model name."""
+    engine is foreign); ``last_busy``: by model name; ``make_room_after``: a claim's own idle
+    time before it may be slept for room (None: the pool's)."""
     placed: dict[int, list[Resident]] = {g.index: [] for g in obs.gpus}
     other = {g.index: g.other for g in obs.gpus}
     foreign: list[str] = []
@@ -397,7 +400,8 @@ def candidate(obs: AgentObs, agent: AgentRef, pool: WarmPool,
             continue
         resident = Resident(e.model_name, figures.maximum_footprint, figures.kv_floor, state,
                             e.running, e.waiting, last_busy(e.model_name), e.kv_used,
-                            e.kv_requested, e.sleeping_footprint, e.engine == "vllm")
+                            e.kv_requested, e.sleeping_footprint, e.engine == "vllm",
+                            make_room_after(e.claim_ref) if e.claim_ref is not None else None)
         for d in devices:
             placed[d].append(resident)
     gpus = tuple(Gpu(g.index, g.usable, tuple(placed[g.index]), other[g.index]) for g in obs.gpus)

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.desired import ClaimKey
+from reconciler.model.claim_lifecycle import INVALID_LIFECYCLE
 from reconciler.model.manifests import API_VERSION, CLAIM_KIND, ModelClaim
 
 log = logging.getLogger("reconciler.status")
@@ -29,6 +30,7 @@ log = logging.getLogger("reconciler.status")
 PENDING, ACTIVATING, ACTIVE, SLEEPING, FAILED = "Pending", "Activating", "Active", "Sleeping", \
     "Failed"
 SCHEDULED, READY, SPEC_APPLIED = "Scheduled", "Ready", "SpecApplied"
+LIFECYCLE_APPLIED = "LifecycleApplied"  # only on a claim with its own sleep policy
 # Scheduled reasons
 PLACED, NO_MATCHING_PODS, TOO_LARGE, INVALID_PER_GPU, MAKING_ROOM = (
     "Placed", "NoMatchingPods", "TooLargeForAnyCard", "InvalidPerGPU", "MakingRoom")
@@ -174,6 +176,27 @@ class ClaimStatus:
         if self._condition(now, SPEC_APPLIED, False, reason, message):
             self.notify()
 
+    def set_lifecycle(self, now: float, declared: bool, problem: str | None) -> None:
+        """The ``LifecycleApplied`` condition of a claim with its own sleep policy (the
+        ``claim_lifecycle`` annotation): True while it applies, False with ``InvalidLifecycle``
+        (and a Warning event when that first appears) while the pool's applies instead; gone
+        with the annotation."""
+        old = self.conditions.get(LIFECYCLE_APPLIED)
+        if not declared:
+            if old is not None:
+                del self.conditions[LIFECYCLE_APPLIED]
+                self.notify()
+            return
+        if problem is None:
+            changed = self._condition(now, LIFECYCLE_APPLIED, True, "Applied",
+                                      "the claim's own sleep policy applies")
+        else:
+            if old is None or (old.status, old.message) != ("False", problem):
+                self.event(now, INVALID_LIFECYCLE, problem, warning=True)
+            changed = self._condition(now, LIFECYCLE_APPLIED, False, INVALID_LIFECYCLE, problem)
+        if changed:
+            self.notify()
+
     def set_scheduled(self, now: float, ok: bool, reason: str, message: str) -> None:
         if self._condition(now, SCHEDULED, ok, reason, message):
             self.notify()
@@ -246,7 +269,8 @@ class ClaimStatus:
             "status": {"phase": self.phase, "desiredReplicas": 1,
                        "readyReplicas": 1 if self.phase == ACTIVE else 0,
                        "conditions": [self.conditions[k].as_json()
-                                      for k in (SCHEDULED, READY, SPEC_APPLIED)
+                                      for k in (SCHEDULED, READY, SPEC_APPLIED,
+                                                LIFECYCLE_APPLIED)
                                       if k in self.conditions],
                        "instances": [i.as_json() for i in self.instances],
                        "notReadySince": iso(self.not_ready_since),

@@ -52,6 +52,7 @@ from contract.engines import engine_args_problem as contract_args_problem
 from contract.names import model_name_problem as contract_model_name_problem
 from contract.quantity import QuantityError, parse_quantity
 from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
+from reconciler.model.claim_lifecycle import ClaimLifecycle, lifecycle_of
 from reconciler.model.policy import (
     INVALID_POOL_POLICY,
     POLICY_ANNOTATION,
@@ -140,6 +141,9 @@ class ModelClaim:
     engine_args: Mapping[str, str] = field(default_factory=dict, hash=False)
     # InvalidPerGPU and InvalidEngineConfig problems: they hold the claim back.
     problems: tuple[Problem, ...] = ()
+    # Its own sleep policy (``claim_lifecycle``); why its annotation was ignored, if it was.
+    lifecycle: ClaimLifecycle | None = None
+    lifecycle_problem: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine_args", _frozen(self.engine_args))
@@ -456,9 +460,10 @@ def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
                                 namespace))
     if per_gpu_problem is not None:
         problems.append(Problem(CLAIM_KIND, name, INVALID_PER_GPU, per_gpu_problem, namespace))
+    lifecycle, lifecycle_problem = lifecycle_of(obj["metadata"].get("annotations"))
     return ModelClaim(name, namespace, model_name, selector_from(spec.podSelector),
                       spec.artifactURL, spec.engine, spec.replicas, per_gpu, args,
-                      tuple(problems))
+                      tuple(problems), lifecycle, lifecycle_problem)
 
 
 def model_name_problem(name: object) -> str | None:

@@ -71,20 +71,25 @@ def _reject_constant(name: str) -> object:
     raise PolicyError(f"{name} is not a valid JSON number")
 
 
+def decode_json(text: str, what: str) -> object:
+    """An annotation's JSON text, NaN and Infinity refused; ``PolicyError`` saying why."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise PolicyError(f"{what} is not valid JSON: {exc}") from None
+
+
 def _parse(raw: object) -> PoolPolicy:
     if raw is None:
         return POLICY_OFF
     if isinstance(raw, str):
         if not raw.strip():
             return POLICY_OFF
-        try:
-            raw = json.loads(raw, parse_constant=_reject_constant)
-        except json.JSONDecodeError as exc:
-            raise PolicyError(f"the policy is not valid JSON: {exc}") from None
+        raw = decode_json(raw, "the policy")
     if not isinstance(raw, Mapping):
         raise PolicyError("the policy must be a JSON object such as "
                           '{"lifecycle": {"sleepAfterSeconds": 300}}')
-    _no_unknown(raw, _TOP_FIELDS, "the policy")
+    no_unknown(raw, _TOP_FIELDS, "the policy")
     if "reclaim" in raw and not isinstance(raw["reclaim"], Mapping):
         raise PolicyError("reclaim (deprecated, ignored) must be an object")
     pre_stage = _pre_stage(raw.get("artifacts", {}))
@@ -96,7 +101,7 @@ def _parse(raw: object) -> PoolPolicy:
 def _pre_stage(section: object) -> bool:
     if not isinstance(section, Mapping):
         raise PolicyError("artifacts must be an object such as {\"preStage\": true}")
-    _no_unknown(section, _ARTIFACT_FIELDS, "artifacts")
+    no_unknown(section, _ARTIFACT_FIELDS, "artifacts")
     value = section.get("preStage", False)
     if not isinstance(value, bool):
         raise PolicyError(f"artifacts.preStage must be true or false, got {value!r}")
@@ -107,7 +112,7 @@ def _lifecycle(raw: Mapping[object, object]) -> PoolPolicy:
     life = raw["lifecycle"]
     if not isinstance(life, Mapping):
         raise PolicyError("lifecycle must be an object")
-    _no_unknown(life, _LIFECYCLE_FIELDS, "lifecycle")
+    no_unknown(life, _LIFECYCLE_FIELDS, "lifecycle")
     no_reserve = life.get("noWakeReserveWhileAsleep", False)
     if not isinstance(no_reserve, bool):
         raise PolicyError(f"lifecycle.noWakeReserveWhileAsleep must be true or false, "
@@ -138,7 +143,7 @@ def _lifecycle(raw: Mapping[object, object]) -> PoolPolicy:
                       sleep_to_make_room_after_seconds=float(make_room))
 
 
-def _no_unknown(obj: Mapping[object, object], known: frozenset[str], where: str) -> None:
+def no_unknown(obj: Mapping[object, object], known: frozenset[str], where: str) -> None:
     unknown = sorted(str(k) for k in obj if k not in known)
     if unknown:
         raise PolicyError(f"{where} has unknown field{'s' if len(unknown) > 1 else ''} "

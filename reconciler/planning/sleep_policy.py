@@ -67,11 +67,14 @@ def idle_to_sleep(engines: Sequence[Resident], policy: PoolPolicy, now: float) -
 
 
 def may_sleep_for_room(engine: Resident, policy: PoolPolicy, now: float) -> bool:
-    """Awake (not starting), able to sleep, and idle ``sleepToMakeRoomAfterSeconds``."""
+    """Awake (not starting), able to sleep, and idle ``sleepToMakeRoomAfterSeconds`` (its
+    claim's own, if it has one)."""
     if engine.state is not EngineState.AWAKE or not engine.can_sleep:
         return False
     idle = engine.idle_for(now)
-    return idle is not None and idle >= policy.sleep_to_make_room_after_seconds
+    after = engine.make_room_after
+    return idle is not None and idle >= (policy.sleep_to_make_room_after_seconds
+                                         if after is None else after)
 
 
 def expected_freed(engine: Resident, policy: PoolPolicy,

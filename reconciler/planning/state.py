@@ -38,6 +38,8 @@ class Resident:
     holds now as measured after its sleep (None: unknown); for an awake one, what it held after
     its last sleep, if it ever slept (an estimate for victim choice). ``kv_limit``: the KV limit
     it runs with now (None: not known or not set yet). ``can_sleep``: only vLLM engines sleep.
+    ``make_room_after``: its claim's own idle time before it may be slept for room (inf: never;
+    None: the pool's).
     """
 
     name: str
@@ -51,6 +53,7 @@ class Resident:
     kv_limit: int | None = None
     sleeping_footprint: int | None = None
     can_sleep: bool = True
+    make_room_after: float | None = None  # its claim's own sleepToMakeRoomAfterSeconds
 
     @property
     def room(self) -> int:
