@@ -9,7 +9,9 @@
 * ``claims get [NAME] [--url URL] [-o table|json]``: the guide's table (NAME, PHASE, DESIRED,
   READY, ENGINE, ARTIFACT, AGE) from a reconciler's ``/v1/claims``;
 * ``claims describe NAME [-n NAMESPACE] [--url URL]``: a claim's conditions, instance, route and
-  events.
+  events;
+* ``claims estimate ARTIFACT [--arg FLAG=VALUE]``: the perGPU figures a model's files give
+  (``reconciler.estimating``).
 
 ``embedded_reconciler`` is the reconciler the agent's ``serve --claims`` runs beside itself;
 the options it reads (``--claims DIR``, ``--claims-port``, the front door's) are added to
@@ -43,6 +45,7 @@ from reconciler.app import DEFAULT_PORT, ReconcilerApp, run_reconciler, start_em
 from reconciler.client import AgentUnreachable, JsonApi, Refusal, ok_body
 from reconciler.door.keys import KeysError, check_keys_file
 from reconciler.door.settings import DoorSettings
+from reconciler.estimating import add_estimate
 from reconciler.options import add_serve_options, door_options, door_settings
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
@@ -140,6 +143,7 @@ def add_commands(sub: Any) -> None:
     d.add_argument("--url", type=_url, default=_url_default(), help=_URL_HELP)
     _client_token_option(d)
     d.set_defaults(func=_claims)
+    add_estimate(csub)  # claims estimate ARTIFACT [--arg FLAG=VALUE]: perGPU from the files
 
 
 def _client_token_option(parser: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
 from reconciler.model.changes import take_change
+from reconciler.model.estimated import with_estimates
 from reconciler.model.manifests import (
     CLAIM_KIND,
     DUPLICATE,
@@ -201,7 +202,9 @@ class DesiredState(Lookups):
         per claim; a hundred files re-parsed on every change would cost 100 ms)."""
         cached = self._cache.get(path)
         if cached is None or cached[0] != text:
-            cached = self._cache[path] = (text, parse_manifests(text, str(path)))
+            # A claim without perGPU is placed on its artifact's estimate (read once per text).
+            parsed = with_estimates(parse_manifests(text, str(path)))
+            cached = self._cache[path] = (text, parsed)
         return cached[1]
 
     def _file_result(self, path: Path, text: str) -> ParseResult:

@@ -119,6 +119,7 @@ class ClaimStatus:
     not_ready_since: float | None = None
     attempts: int = 0  # placement tries since the claim was last placed
     observed_generation: int | None = None  # the claim's generation the status reflects
+    per_gpu_estimated: str = ""  # what per_gpu was estimated from; empty: declared
     notify: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
     on_event: Callable[[ClaimEvent], None] = field(default=lambda event: None, repr=False,
                                                    compare=False)
@@ -140,9 +141,12 @@ class ClaimStatus:
     def set_spec(self, claim: ModelClaim) -> None:
         per_gpu = (claim.per_gpu.maximum_footprint, claim.per_gpu.kv_floor) \
             if claim.per_gpu else self.per_gpu
-        spec = (claim.model_name, claim.engine, claim.artifact_url, per_gpu)
-        if spec != (self.model_name, self.engine, self.artifact_url, self.per_gpu):
-            self.model_name, self.engine, self.artifact_url, self.per_gpu = spec
+        estimated = claim.per_gpu.estimated if claim.per_gpu else self.per_gpu_estimated
+        spec = (claim.model_name, claim.engine, claim.artifact_url, per_gpu, estimated)
+        if spec != (self.model_name, self.engine, self.artifact_url, self.per_gpu,
+                    self.per_gpu_estimated):
+            (self.model_name, self.engine, self.artifact_url, self.per_gpu,
+             self.per_gpu_estimated) = spec
             self.notify()
 
     def set(self, now: float, phase: str, *, scheduled: tuple[bool, str, str] | None = None,
@@ -260,6 +264,8 @@ class ClaimStatus:
                                 "artifactURL": self.artifact_url, "replicas": 1}
         if self.per_gpu is not None:
             spec["perGPU"] = {"maximumFootprint": self.per_gpu[0], "kvFloor": self.per_gpu[1]}
+            if self.per_gpu_estimated:  # not declared: the artifact's estimate, and from what
+                spec["perGPU"]["estimated"] = self.per_gpu_estimated
         return {
             "apiVersion": API_VERSION, "kind": CLAIM_KIND,
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
@@ -299,6 +305,8 @@ class ClaimStatus:
                                          _ts(e.get("firstTimestamp")) or 0.0,
                                          _ts(e.get("lastTimestamp")) or 0.0,
                                          int(e.get("count", 1))))
+        if isinstance(per_gpu, dict) and isinstance(per_gpu.get("estimated"), str):
+            out.per_gpu_estimated = per_gpu["estimated"]
         out.deleted = _ts(meta.get("deletionTimestamp"))
         out.not_ready_since = _ts(st.get("notReadySince"))
         out.attempts = int(st.get("placementAttempts") or 0)

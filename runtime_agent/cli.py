@@ -46,6 +46,7 @@ controller and people on port 8080. Without a GPU it runs simulated engines, and
   runtime-agent top                      a live view of the node (sleep/wake/stop with keys)
   runtime-agent snapshot [-o wide]       the engines as a table
   runtime-agent claims get               the ModelClaims of a reconciler (port 8081)
+  runtime-agent claims estimate DIR      a model's perGPU figures from its files
 """
 
 EPILOG = """\

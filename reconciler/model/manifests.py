@@ -117,6 +117,9 @@ class PerGPU:
 
     maximum_footprint: int
     kv_floor: int
+    # Empty: declared in the claim. Otherwise what the figures were estimated from (the
+    # artifact's files, ``reconciler.model.estimated``); a declared perGPU always wins.
+    estimated: str = ""
 
     @property
     def room(self) -> int:
@@ -471,13 +474,16 @@ def model_name_problem(name: object) -> str | None:
     return contract_model_name_problem(name, "spec.modelName")
 
 
+PER_GPU_MISSING = ("spec.perGPU is missing: declare maximumFootprint and kvFloor, the GPU "
+                   "memory one instance needs")
+
+
 def per_gpu_from(spec: PerGPUSpec | None) -> tuple[PerGPU | None, str | None]:
     """(PerGPU, None), or (None, why) for InvalidPerGPU: a missing perGPU or figure, or one
     that is not positive. Its shape is the schema's (``PerGPUSpec``); a figure the pattern
     takes and ``parse_quantity`` cannot (``1e1.5``) is refused as malformed too."""
     if spec is None:
-        return None, ("spec.perGPU is missing: declare maximumFootprint and kvFloor, "
-                      "the GPU memory one instance needs")
+        return None, PER_GPU_MISSING
     figures: dict[str, int] = {}
     for key in ("maximumFootprint", "kvFloor"):
         value = getattr(spec, key)

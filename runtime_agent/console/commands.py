@@ -261,12 +261,12 @@ def engine_flags(items: Sequence[str]) -> dict[str, str]:
 
 
 def join_arg_values(argv: Sequence[str]) -> list[str]:
-    """``activate ... --arg --flag value`` as ``--arg=--flag=value`` (argparse would read
+    """``activate ... --arg --flag value`` (and ``claims estimate``'s) as ``--arg=--flag=value`` (argparse would read
     ``--flag`` as an option of its own). Whether the next word is the flag's value comes from
     the engine's own flag list (``contract/flags``): a flag that takes no value never takes it;
     one the list does not know takes it unless it starts with ``--``."""
     words = list(argv)
-    if "activate" not in words:
+    if "activate" not in words and words[:2] != ["claims", "estimate"]:
         return words
     kind = _engine_in(words)
     arity = known_flags("vllm" if kind == "sim" else kind)

@@ -1,0 +1,70 @@
+"""A claim that declares no ``perGPU`` is placed on figures estimated from its artifact, when
+the reconciler can read that artifact (a local model directory).
+
+The seed's claim without ``perGPU`` stays Pending with ``InvalidPerGPU``; its other seed
+(Kubemoot) says a footprint is "observed first, declared second". Here, in local mode (a
+claims directory, where an agent's local paths are the reconciler's too), a claim whose
+``spec.perGPU`` is absent and whose ``artifactURL`` is a readable model directory gets the
+estimate of ``contract.footprint`` as its figures, marked as estimated (``PerGPU.estimated``
+says from what; the status shows it), and no ``InvalidPerGPU``.
+
+Rules:
+
+* A declared ``perGPU`` always wins, and a declared figure that is missing or not positive
+  stays ``InvalidPerGPU``: only a claim with no ``perGPU`` at all is estimated.
+* An artifact that cannot be read (not staged, another scheme, hostile files) keeps
+  ``InvalidPerGPU`` and its message says why the estimate failed, so the user knows to declare
+  the figures or stage the files.
+* Kubernetes mode does not estimate: the reconciler's Pod does not hold the agents' files, so
+  a path in a claim names nothing it can read (and reading it would probe its own disk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from contract.engines import is_local_artifact
+from contract.footprint.estimate import FootprintError
+from contract.footprint.reading import estimate_artifact
+from contract.reasons import INVALID_PER_GPU
+from reconciler.model.manifests import PER_GPU_MISSING, ModelClaim, ParseResult, PerGPU, Problem
+
+
+def with_estimate(claim: ModelClaim) -> ModelClaim:
+    """``claim`` with estimated figures when it declares no perGPU and its artifact can be
+    read; else ``claim`` (its InvalidPerGPU message saying why no estimate was made)."""
+    missing = [p for p in claim.problems
+               if p.reason == INVALID_PER_GPU and p.message == PER_GPU_MISSING]
+    if claim.per_gpu is not None or not missing or claim.engine == "ollama":
+        return claim
+    args: Mapping[str, str] = claim.engine_args
+    try:
+        if not is_local_artifact(claim.artifact_url):
+            raise FootprintError(f"{claim.artifact_url} is not a local directory this "
+                                 "reconciler can read")
+        got = estimate_artifact(claim.artifact_url, args)
+    except FootprintError as exc:
+        said = replace(missing[0], message=f"{PER_GPU_MISSING} ({exc})")
+        return replace(claim, problems=tuple(said if p is missing[0] else p
+                                             for p in claim.problems))
+    source = (f"estimated from {claim.artifact_url}: weights {got.weights.source}; "
+              f"KV floor {got.kv_floor.source}")
+    per_gpu = PerGPU(got.footprint.bytes, got.kv_floor.bytes, estimated=source)
+    return replace(claim, per_gpu=per_gpu,
+                   problems=tuple(p for p in claim.problems if p is not missing[0]))
+
+
+def with_estimates(result: ParseResult) -> ParseResult:
+    """``result`` with every claim passed through ``with_estimate``, its problems list kept in
+    step (an estimated claim's InvalidPerGPU gone, a failed estimate's message said)."""
+    claims = tuple(with_estimate(c) for c in result.claims)
+    if claims == result.claims:
+        return result
+    swap: dict[Problem, Problem | None] = {}
+    for old, new in zip(result.claims, claims):
+        came = [p for p in new.problems if p not in old.problems]
+        for gone in (p for p in old.problems if p not in new.problems):
+            swap[gone] = came[0] if came else None
+    problems = tuple(q for p in result.problems if (q := swap.get(p, p)) is not None)
+    return replace(result, claims=claims, problems=problems)
