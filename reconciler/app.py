@@ -38,6 +38,7 @@ from reconciler.context import Timings
 from reconciler.core import DEFAULT_PORT, Core, CoreSettings, scaled_timings
 from reconciler.desired import DesiredState
 from reconciler.door.settings import DoorSettings
+from reconciler.footprints import FILE_NAME as FOOTPRINTS_FILE
 from reconciler.model.manifests import AgentRef
 from reconciler.runtime.clock import Clock
 from reconciler.runtime.heap import frozen_heap
@@ -86,7 +87,9 @@ class ReconcilerApp(Core):
         self.settings = settings
         status_dir = settings.status_dir or settings.claims_dir / LEGACY_STATUS
         desired = DesiredState(settings.claims_dir, settings.pool_file,
-                               local_agent=settings.local_agent)
+                               local_agent=settings.local_agent,
+                               footprints=settings.status_dir.parent / FOOTPRINTS_FILE
+                               if settings.status_dir is not None else None)
         super().__init__(settings.core(), desired, StatusStore(status_dir, wall), clock=clock,
                          wall=wall, door=settings.door)
         self.manifests = desired

@@ -27,6 +27,7 @@ from reconciler.client import AgentUnreachable
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, claim_key
 from reconciler.drain import Drain
+from reconciler.footprints import Measured, measured_footprint
 from reconciler.lifecycle import Lifecycle, first_line
 from reconciler.model.manifests import ModelClaim
 from reconciler.observe import EngineObs, World
@@ -47,6 +48,7 @@ from reconciler.status import (
 )
 
 log = logging.getLogger("reconciler.claims")
+MEASURED_RECHECK_S = 0.05  # a claim whose figures were just measured is looked at again
 
 
 class ClaimReconciler:
@@ -85,6 +87,23 @@ class ClaimReconciler:
             return await self.placer.place(claim, st, world)
         agent, engine = home
         return await self._follow(claim, st, world, agent, engine)
+
+    def _measured(self, claim: ModelClaim, agent: str, engine: EngineObs) -> bool:
+        """A claim placed on estimated figures whose engine now runs: its measured footprint
+        recorded (``reconciler.footprints``); True when that changed the claim's figures."""
+        if claim.per_gpu is None or not claim.per_gpu.estimated:
+            return False
+        footprint = measured_footprint(engine.hbm_peak, engine.kv_used,
+                                       len(engine.devices) or claim.gpus_needed)
+        if footprint is None:
+            return False
+        seen = Measured(footprint, agent, self.d.wall(), engine.hbm_peak or 0,
+                        engine.kv_used or 0)
+        if not self.d.desired.measured(claim.artifact_url, claim.engine_args, seen):
+            return False
+        log.info("claim %s: measured at %d MiB per GPU on %s (was %s)", claim.key,
+                 footprint >> 20, agent, claim.per_gpu.estimated.split(":")[0])
+        return True
 
     def _held(self, claim: ModelClaim, st: ClaimStatus, hold: str) -> Result:
         message = next((p.message for p in claim.problems if p.reason == hold), hold)
@@ -178,6 +197,8 @@ class ClaimReconciler:
             st.event(now, "Activated", f"serves on {agent} port {engine.port}")
         st.set(now, ACTIVE, scheduled=sched,
                ready=(True, MODEL_CLAIM_ACTIVE, f"serves on {agent} port {engine.port}"))
+        if self._measured(claim, agent, engine):
+            return Result(requeue_after=MEASURED_RECHECK_S)  # carry the measured figures
         cand = world.candidates.get(agent)
         if cand is None:
             return Result()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
+from reconciler.footprints import FootprintBook, Measured
 from reconciler.model.changes import take_change
 from reconciler.model.estimated import with_estimates
 from reconciler.model.manifests import (
@@ -82,6 +83,10 @@ class Desired(Protocol):
         """Why the declared spec is not the one that runs (None: it runs as declared)."""
         ...
 
+    def measured(self, artifact: str, args: Mapping[str, str], measured: Measured) -> bool:
+        """An engine of a claim placed on an estimate was measured (True: figures changed)."""
+        ...
+
 
 def claim_key(claim: ModelClaim) -> ClaimKey:
     return (claim.namespace, claim.name)
@@ -112,6 +117,10 @@ class Lookups:
     def spec_problem(self, key: ClaimKey) -> Problem | None:
         return self._spec_problems.get(key)
 
+    def measured(self, artifact: str, args: Mapping[str, str], measured: Measured) -> bool:
+        """Only the claims directory estimates figures (``DesiredState``); nothing to do."""
+        return False
+
     def agents(self) -> list[tuple[AgentRef, WarmPool]]:
         """Every agent of every pool, with its pool."""
         return list(self._agents.values())
@@ -131,13 +140,14 @@ class DesiredState(Lookups):
     """Manifest texts by file, parsed together. ``on_file`` is the DirectorySource mapping."""
 
     def __init__(self, claims_dir: Path, pool_file: Path | None = None, *,
-                 local_agent: AgentRef | None = None) -> None:
+                 local_agent: AgentRef | None = None, footprints: Path | None = None) -> None:
         super().__init__()
         self.claims_dir = claims_dir
         self.pool_file = pool_file
         self.local_agent = local_agent
         self._texts: dict[Path, str] = {}
-        self._cache: dict[Path, tuple[str, ParseResult]] = {}
+        self._cache: dict[Path, tuple[str, ParseResult, int]] = {}
+        self.footprints = FootprintBook(footprints)
         self.problems: tuple[Problem, ...] = ()
         self._good: dict[Path, ParseResult] = {}  # each file's last parse that read cleanly
         self._unreadable: dict[Path, tuple[str, str]] = {}  # files whose text is not taken
@@ -201,11 +211,20 @@ class DesiredState(Lookups):
         """One file's objects, parsed once per text (YAML parsing costs about a millisecond
         per claim; a hundred files re-parsed on every change would cost 100 ms)."""
         cached = self._cache.get(path)
-        if cached is None or cached[0] != text:
-            # A claim without perGPU is placed on its artifact's estimate (read once per text).
-            parsed = with_estimates(parse_manifests(text, str(path)))
-            cached = self._cache[path] = (text, parsed)
+        if cached is None or cached[0] != text or cached[2] != self.footprints.version:
+            # A claim without perGPU is placed on its artifact's estimate (read once per text),
+            # or on what an engine of it was measured at.
+            parsed = with_estimates(parse_manifests(text, str(path)), self.footprints.lookup)
+            cached = self._cache[path] = (text, parsed, self.footprints.version)
         return cached[1]
+
+    def measured(self, artifact: str, args: Mapping[str, str], measured: Measured) -> bool:
+        """An engine of a claim placed on an estimate was measured: True when that changed the
+        claims' figures (every claim of the artifact and arguments is parsed again)."""
+        if not self.footprints.observe(artifact, args, measured):
+            return False
+        self._reparse()
+        return True
 
     def _file_result(self, path: Path, text: str) -> ParseResult:
         """The file's parse, or its last clean parse while its text cannot be read as a whole

@@ -71,6 +71,7 @@ class EngineObs:
     kv_present: bool = False
     kv_not_held: bool = False
     hbm_bytes: int | None = None
+    hbm_peak: int | None = None
     sleeping_footprint: int | None = None
     devices: tuple[int, ...] = ()
 
@@ -99,7 +100,7 @@ class EngineObs:
             kv_applied=_int(m.get("kv_limit_applied_bytes")), kv_used=_int(m.get("kv_used_bytes")),
             kv_present=isinstance(segment, Mapping) and bool(segment.get("present")),
             kv_not_held="KVLimitNotHeld" in (m.get("conditions") or ()),
-            hbm_bytes=_int(m.get("hbm_bytes")),
+            hbm_bytes=_int(m.get("hbm_bytes")), hbm_peak=_int(m.get("hbm_peak_bytes")),
             sleeping_footprint=_int(m.get("sleeping_footprint_bytes")),
             devices=tuple(int(d) for d in m.get("devices") or ()))
 

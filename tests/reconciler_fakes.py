@@ -208,13 +208,13 @@ class Rig:
     """The reconcilers over fake agents, a manifest directory and a fake clock."""
 
     def __init__(self, directory: Path, agents: list[FakeAgent], claims: str = "",
-                 policy: str | None = None) -> None:
+                 policy: str | None = None, footprints: Path | None = None) -> None:
         self.dir = directory
         self.clock = FakeClock(1000.0)
         self.agents = {a.name: a for a in agents}
         (directory / "pool.yaml").write_text(pool_yaml(agents, policy))
         (directory / "claims.yaml").write_text(claims)
-        self.desired = DesiredState(directory)
+        self.desired = DesiredState(directory, footprints=footprints)
         self.desired.load()
         self.store = StatusStore(None, lambda: 1.8e9 + self.clock.now())
         tracker = IdleTracker()

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.model.changes import take_change
 from reconciler.model.claim_lifecycle import (
     LIFECYCLE_ANNOTATION,
     ClaimLifecycle,
@@ -185,3 +186,15 @@ async def test_room_is_made_by_sleeping_a_claim_that_may_sleep_not_one_that_neve
     finally:
         if pool.app is not None:
             await pool.app.stop()
+
+
+def test_a_claims_labels_say_what_its_model_is_and_may_change_while_it_runs() -> None:
+    text = sim_claim("m").replace("  namespace: default\n", "  namespace: default\n  labels: "
+                                  '{family: qwen3, "capability/code": "true"}\n', 1)
+    (claim,) = parse_manifests(text).claims
+    assert dict(claim.labels) == {"family": "qwen3", "capability/code": "true"}
+    edited = parse_manifests(text.replace("qwen3", "qwen3.5").replace(
+        "huggingface://t/m-model", "huggingface://t/other")).claims[0]
+    taken = take_change(claim, edited)
+    assert taken.problem is not None  # the artifact may not change...
+    assert dict(taken.claim.labels)["family"] == "qwen3.5"  # ...the labels may

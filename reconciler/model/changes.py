@@ -4,8 +4,8 @@ The guide: only ``perGPU`` may change after a claim is created; anything else is
 delete-and-recreate. The CRD enforces it with CEL transition rules, and a manifest directory
 cannot, so both modes take every new version through ``take_change``: a change that touches
 nothing but ``perGPU`` takes effect; any other keeps the running spec (with the new perGPU, if
-that changed too, and the claim's own sleep policy, which is metadata) and says why, so the edit
-is refused visibly instead of silently ignored.
+that changed too, and its labels and own sleep policy, which are metadata) and says why, so the
+edit is refused visibly instead of silently ignored.
 
 A version that cannot be read at all (broken YAML, a file caught half-written, a directory
 gone) never replaces a good one: ``unreadable`` keeps the last good version with the reason.
@@ -48,7 +48,7 @@ def take_change(running: ModelClaim | None, declared: ModelClaim) -> Taken:
         return Taken(declared)
     per_gpu_problems = tuple(p for p in declared.problems if p.reason != "InvalidEngineConfig")
     kept = replace(running, per_gpu=declared.per_gpu, lifecycle=declared.lifecycle,
-                   lifecycle_problem=declared.lifecycle_problem,
+                   lifecycle_problem=declared.lifecycle_problem, labels=declared.labels,
                    problems=tuple(p for p in running.problems if p.reason == "InvalidEngineConfig")
                    + tuple(p for p in per_gpu_problems if p.reason == "InvalidPerGPU"))
     message = (f"{', '.join(fields)} cannot change after a claim is created (only spec.perGPU "

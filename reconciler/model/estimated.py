@@ -15,13 +15,15 @@ Rules:
 * An artifact that cannot be read (not staged, another scheme, hostile files) keeps
   ``InvalidPerGPU`` and its message says why the estimate failed, so the user knows to declare
   the figures or stage the files.
+* Once an engine of the same artifact and engine arguments ran, its measured footprint
+  (``reconciler.footprints``) replaces the estimated one; the KV floor stays the formula's.
 * Kubernetes mode does not estimate: the reconciler's Pod does not hold the agents' files, so
   a path in a claim names nothing it can read (and reading it would probe its own disk).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from contract.engines import is_local_artifact
@@ -31,9 +33,18 @@ from contract.reasons import INVALID_PER_GPU
 from reconciler.model.manifests import PER_GPU_MISSING, ModelClaim, ParseResult, PerGPU, Problem
 
 
-def with_estimate(claim: ModelClaim) -> ModelClaim:
+Measured = Callable[[str, Mapping[str, str]], "tuple[int, str] | None"]
+
+
+def _none(artifact: str, args: Mapping[str, str]) -> tuple[int, str] | None:
+    return None
+
+
+def with_estimate(claim: ModelClaim, measured: Measured = _none) -> ModelClaim:
     """``claim`` with estimated figures when it declares no perGPU and its artifact can be
-    read; else ``claim`` (its InvalidPerGPU message saying why no estimate was made)."""
+    read; else ``claim`` (its InvalidPerGPU message saying why no estimate was made).
+    ``measured``: the footprint an engine of the same artifact and arguments was measured at
+    (``reconciler.footprints``), which replaces the estimate's."""
     missing = [p for p in claim.problems
                if p.reason == INVALID_PER_GPU and p.message == PER_GPU_MISSING]
     if claim.per_gpu is not None or not missing or claim.engine == "ollama":
@@ -50,15 +61,19 @@ def with_estimate(claim: ModelClaim) -> ModelClaim:
                                              for p in claim.problems))
     source = (f"estimated from {claim.artifact_url}: weights {got.weights.source}; "
               f"KV floor {got.kv_floor.source}")
-    per_gpu = PerGPU(got.footprint.bytes, got.kv_floor.bytes, estimated=source)
+    footprint = got.footprint.bytes
+    seen = measured(claim.artifact_url, args)
+    if seen is not None:
+        footprint, source = seen[0], f"{seen[1]}; KV floor {got.kv_floor.source}"
+    per_gpu = PerGPU(footprint, got.kv_floor.bytes, estimated=source)
     return replace(claim, per_gpu=per_gpu,
                    problems=tuple(p for p in claim.problems if p is not missing[0]))
 
 
-def with_estimates(result: ParseResult) -> ParseResult:
+def with_estimates(result: ParseResult, measured: Measured = _none) -> ParseResult:
     """``result`` with every claim passed through ``with_estimate``, its problems list kept in
     step (an estimated claim's InvalidPerGPU gone, a failed estimate's message said)."""
-    claims = tuple(with_estimate(c) for c in result.claims)
+    claims = tuple(with_estimate(c, measured) for c in result.claims)
     if claims == result.claims:
         return result
     swap: dict[Problem, Problem | None] = {}

@@ -147,9 +147,13 @@ class ModelClaim:
     # Its own sleep policy (``claim_lifecycle``); why its annotation was ignored, if it was.
     lifecycle: ClaimLifecycle | None = None
     lifecycle_problem: str | None = None
+    # What its model is (``metadata.labels``, an open vocabulary: ``family``, ``params``,
+    # ``capability/<name>``...), for the routes that choose among claims (issue 24).
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine_args", _frozen(self.engine_args))
+        object.__setattr__(self, "labels", _frozen(self.labels))
 
     @property
     def key(self) -> str:
@@ -466,7 +470,7 @@ def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
     lifecycle, lifecycle_problem = lifecycle_of(obj["metadata"].get("annotations"))
     return ModelClaim(name, namespace, model_name, selector_from(spec.podSelector),
                       spec.artifactURL, spec.engine, spec.replicas, per_gpu, args,
-                      tuple(problems), lifecycle, lifecycle_problem)
+                      tuple(problems), lifecycle, lifecycle_problem, meta.labels)
 
 
 def model_name_problem(name: object) -> str | None:
