@@ -1,40 +1,33 @@
-"""An engine's process from start to end: spawn, adopt, exit, restart, stop and revive.
+"""An engine's process from its start until it answers: spawn, adopt, ready, its watchers.
 
 Called only from inside the owner's task (``loop``), through ``OwnerLoop`` and the parts it is
 given. It keeps what belongs to the process's life: whether the engine answered (ready), was
-re-adopted, must be steered to its desired sleep state (converge), waits for its port, and
-the restart timer; and the three futures the pool awaits (``spawned``, ``answered``,
-``settled``). Timers are the injected clock's.
+re-adopted, must be steered to its desired sleep state (converge), and waits for its port (on
+the injected clock). How a process ends (exit, stop, revive) is ``ends``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contract.clock import Timer
 from contract.phases import Phase
-from contract.reasons import PORT_HELD, RESTART_BUDGET_EXHAUSTED, START_FAILED, START_QUEUED
-from contract.reasons import STORAGE_UNAVAILABLE
+from contract.reasons import PORT_HELD, START_FAILED, START_QUEUED, STORAGE_UNAVAILABLE
 from engines.adapter import EngineAdapter
-from engines.process import EngineProcess, ExitInfo, SpawnError, group_workers, tail_lines
-from registry import stops
+from engines.process import EngineProcess, ExitInfo, SpawnError, group_workers
 from runtime_agent.cadence import Pacer
 from runtime_agent.kv.keeper import KvKeeper
 from runtime_agent.loops import keep_running
 from runtime_agent.supervision import watchers
-from runtime_agent.supervision.backoff import restart_delay
 from runtime_agent.supervision.engine_kinds import engine_command, simulated
 from runtime_agent.supervision.messages import (
     Exited,
     KvReading,
     Request,
-    RestartDue,
     SpawnRetry,
     Staged,
     StartMode,
@@ -42,19 +35,18 @@ from runtime_agent.supervision.messages import (
     TurnGranted,
     Unusable,
 )
-from runtime_agent.supervision.outcomes import NotFound, Outcome
-from runtime_agent.supervision.owner.answers import done, resolve
+from runtime_agent.supervision.outcomes import Outcome
 from runtime_agent.supervision.owner.deps import OwnerDeps
 from runtime_agent.supervision.owner.intents import Intents
 from runtime_agent.supervision.owner.liveness import Liveness
 from runtime_agent.supervision.owner.lora import Lora
 from runtime_agent.supervision.owner.observe import Observer
-from runtime_agent.supervision.owner.port import OwnerLoop, Posted
-from runtime_agent.supervision.owner.records import RecordWriter
+from runtime_agent.supervision.owner.ends import Ends
+from runtime_agent.supervision.owner.port import OwnerLoop, post_later
+from runtime_agent.supervision.owner.promises import Promises
 from runtime_agent.supervision.owner.slots import ProcessSlot
 from runtime_agent.supervision.owner.staging import STAGING_FAILED, FailWith, StagingSlot, StartOn
 from runtime_agent.supervision.owner.turns import TurnSlot
-from runtime_agent.supervision.ports import lost_its_port
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +61,13 @@ class Parts:
 
     procs: ProcessSlot
     liveness: Liveness
-    writer: RecordWriter
     staging: StagingSlot
     turns: TurnSlot
     lora: Lora
     intents: Intents
     observer: Observer
+    promises: Promises
+    ends: Ends
 
 
 class Life:
@@ -89,12 +82,6 @@ class Life:
         self.adopted = False
         self._converge = True  # after a spawn, steer the engine to the desired sleep state
         self._port_retry_s = 0.0
-        self._restart_timer: Timer | None = None
-        running = asyncio.get_running_loop()
-        self.spawned: asyncio.Future[str | None] = running.create_future()
-        self.answered: asyncio.Future[str | None] = running.create_future()
-        self.spawned.add_done_callback(lambda f: self.answer(f.result()))
-        self.settled: asyncio.Future[None] = running.create_future()
 
     @property
     def port_held(self) -> bool:
@@ -106,28 +93,11 @@ class Life:
         return self._p.procs.proc is None and self._loop.phase in (Phase.ACTIVATING,
                                                                    Phase.RESTARTING)
 
-    def settle(self) -> None:
-        if not self.settled.done():
-            self.settled.set_result(None)
-
-    def answer(self, error: str | None) -> None:
-        if not self.answered.done():
-            self.answered.set_result(error)
-
-    def _spawned(self, error: str | None) -> None:
-        if not self.spawned.done():
-            self.spawned.set_result(error)
-
-    def _post_later(self, delay_s: float, message: RestartDue | SpawnRetry) -> Timer:
-        return self._loop.clock.later(delay_s, Posted(message, self._loop.post))
-
-    def _restart_in(self, delay_s: float) -> None:
-        self._restart_timer = self._post_later(delay_s, RestartDue(self._p.procs.generation))
-
-    async def _kill_leftovers(self) -> None:
-        """Helpers that left the engine's group die now (by engine id)."""
-        await asyncio.to_thread(self._deps.launcher.kill_leftovers,
-                                str(self._settings.state_dir), self._loop.record.engine_id)
+    async def after_exit(self, info: ExitInfo | None, why: str | None,
+                         restart_now: bool = False) -> None:
+        """The process is gone without being asked to stop (``ends``)."""
+        was_ready, self.ready = self.ready, False
+        await self._p.ends.after_exit(info, why, was_ready, restart_now)
 
     # ---- starting -------------------------------------------------------------------------
 
@@ -161,7 +131,7 @@ class Life:
                     await loop.transition(Phase.FAILED, STORAGE_UNAVAILABLE, record.last_error,
                                           persist=False)
                     self._deps.memory.stopped(loop.name)
-                    self._spawned(record.last_error)
+                    self._p.promises.started(record.last_error)
 
     async def spawn(self, reason: str) -> None:
         """Start the engine once it has its turn on its cards (``turns``); the turn is held
@@ -171,7 +141,7 @@ class Life:
             loop.helper(stage)  # weights first (the cache), then the turn
             # A staging that fails does so fast (403, no such object): its caller hears it in
             # the answer; one that takes longer is answered `activating` (Staging) meanwhile.
-            loop.clock.later(STAGING_ANSWER_S, lambda: self.answer(None))
+            loop.clock.later(STAGING_ANSWER_S, lambda: self._p.promises.answer(None))
             return
         token, turn = self._p.turns.request(record.devices, label=loop.name,
                                             shared=record.per_gpu is not None)
@@ -179,7 +149,7 @@ class Life:
             await self._spawn_now(reason)
             return
         loop.emit(START_QUEUED, self._p.turns.queued_because(record.devices, turn))
-        self.answer(None)  # the activation answers now: queued, and why (StartQueued)
+        self._p.promises.answer(None)  # the activation answers now: queued, and why (StartQueued)
 
         def granted(fut: asyncio.Future[None]) -> None:
             if not fut.cancelled():
@@ -204,10 +174,10 @@ class Life:
             loop.record.last_error = plan.error
             self._deps.memory.stopped(loop.name)
             await loop.transition(Phase.FAILED, STAGING_FAILED, plan.error)
-            self._spawned(plan.error)
+            self._p.promises.started(plan.error)
 
     async def restart_due(self) -> None:
-        self._restart_timer = None
+        self._p.ends.restart_fired()
         if self._loop.phase is Phase.RESTARTING:
             await self.spawn(f"restart {self._loop.record.restart_count}")
 
@@ -225,8 +195,8 @@ class Life:
             if first:
                 loop.emit(PORT_HELD, f"{record.last_error}; trying again in "
                           f"{self._port_retry_s:g} s and growing")
-            self.answer(None)  # waiting for its port: the view says so (PortHeld)
-            self._post_later(self._port_retry_s, SpawnRetry(self._p.procs.generation, reason))
+            self._p.promises.answer(None)  # waiting for its port: the view says so (PortHeld)
+            post_later(loop, self._port_retry_s, SpawnRetry(self._p.procs.generation, reason))
             return
         self._port_retry_s = 0.0
         try:
@@ -239,7 +209,7 @@ class Life:
             self._p.turns.end()
             self._deps.memory.stopped(loop.name)
             await loop.transition(Phase.FAILED, START_FAILED, record.last_error)
-            self._spawned(record.last_error)
+            self._p.promises.started(record.last_error)
             return
         self._kv.new_process(spawned_at)
         # Ollama loads its model after the server starts; not when it is meant to sleep.
@@ -247,7 +217,7 @@ class Life:
         record.pid, record.pid_start_time = proc.pid, proc.start_time
         self._converge = True
         await loop.transition(Phase.BOOTING, reason, f"pid {proc.pid} on port {record.port}")
-        self._spawned(None)
+        self._p.promises.started(None)
         log.info("engine %s started: pid %d port %d (%s)%s", spec.model_name, proc.pid,
                  record.port, reason, f"; SIMULATED {spec.engine} (python -m engines.sim)"
                  if simulated(s, spec) else "", extra={"model": spec.model_name})
@@ -352,134 +322,3 @@ class Life:
 
         if procs.proc is proc:
             proc.watch_workers(workers, ended)
-
-    # ---- exits ----------------------------------------------------------------------------
-
-    async def after_exit(self, info: ExitInfo | None, why: str | None,
-                         restart_now: bool = False) -> None:
-        """The engine's process is gone without being asked to stop: restart it or fail it.
-
-        The decision and its transition come first, written to the record at once (an agent
-        killed next must find the exit, not the dead pid); the leftover segment, the log tail
-        and the record again follow (the tail before the move, for a terminal failure). A
-        restart that falls due meanwhile waits in the inbox until this returns."""
-        loop, record, s, p = self._loop, self._loop.record, self._settings, self._p
-        was_ready = self.ready
-        loop.cancel_helpers()
-        p.turns.end()
-        p.procs.lost()  # results already queued by the dead process's helpers are void
-        p.intents.fail_all("the engine exited during the operation")
-        self.ready = False
-        self._forget_figures()
-        p.lora.new_process()
-        p.liveness.reset()
-        record.healthy_since = None  # a crash: the budget's clock starts again
-        cause = p.procs.cause(why or (info.describe() if info else "exited"))
-        record.last_error = record.last_exit = cause
-        record.pid = record.pid_start_time = None
-        delay = restart_delay(record.restart_count, s.restart_delays)
-        if not was_ready and info is not None and await self._port_was_taken():
-            # Not a crash: a stranger bound the port after our check. Start again at once; the
-            # start waits for the port (PortHeld) while it is held. No restart is spent.
-            self._deps.memory.exited(loop.name)
-            await loop.transition(Phase.RESTARTING, PORT_HELD, f"port {record.port} was "
-                                  "taken by another process before the engine bound it")
-            self._restart_in(0)
-        elif delay is None:  # terminal: no hurry; the log tail belongs in last_error at once,
-            await self._add_log_tail(cause)  # and `failed` is read as "nothing of it is left"
-            await self._kv.remove_leftover()
-            record.budget_exhausted += 1
-            self._deps.memory.stopped(loop.name)
-            msg = f"{cause}; restart budget of {len(s.restart_delays)} spent"
-            await loop.transition(Phase.FAILED, RESTART_BUDGET_EXHAUSTED, msg, persist=False)
-        else:
-            self._deps.memory.exited(loop.name)
-            if restart_now:
-                delay = 0.0  # the agent was down for longer than any backoff already
-            record.restart_count += 1  # counted when scheduled, as AIBrix reads it
-            # written at once: an agent killed before the log tail is read must leave the
-            # exit on disk, not the dead pid (the next agent would call it "gone at start")
-            await loop.transition(Phase.RESTARTING, "Exited", f"{cause}; restart in {delay:g} s")
-            self._restart_in(delay)
-            await self._add_log_tail(cause)
-        await self._kv.remove_leftover()
-        # Its group died with its leader; helpers that left the group die now (by engine id).
-        await self._kill_leftovers()
-        await loop.persist()
-        loop.publish()  # the log tail, now on disk
-
-    async def _port_was_taken(self) -> bool:
-        tail = await asyncio.to_thread(tail_lines, self._log_path, 20)  # blocking file read
-        return lost_its_port(tail, self._loop.record.port)
-
-    async def _add_log_tail(self, cause: str) -> None:
-        """The exit's log tail joins ``last_exit`` in the record; the view shows it once the
-        record is written (the exit handler's last step), never before: a reader must not see
-        a tail that an agent killed now would not find on disk."""
-        record = self._loop.record
-        tail = await asyncio.to_thread(tail_lines, self._log_path, 20)  # blocking file read
-        if tail:
-            record.last_exit = cause + "\n" + "\n".join(tail)
-            if record.last_error == cause:  # still the current error (not ready again)
-                record.last_error = record.last_exit
-
-    # ---- stopping -------------------------------------------------------------------------
-
-    async def stop(self, request: Request) -> bool:
-        """Stop the engine for good; False when the stop could not be made durable (refused)."""
-        loop, record, s, p = self._loop, self._loop.record, self._settings, self._p
-        if not await p.writer.stop_is_durable(s.kv_shm_dir, str(s.state_dir)):
-            resolve(request.reply, self._deps.storage.refusal(loop.name)
-                    or NotFound(loop.name, "unreachable"))
-            return False
-        if self._restart_timer is not None:
-            self._restart_timer.cancel()
-            self._restart_timer = None
-        loop.cancel_helpers()
-        p.intents.fail_all(f"model {loop.name!r} is being stopped")
-        await loop.transition(Phase.STOPPING, "Deactivate", "stop requested", persist=False)
-        proc = p.procs.release()
-        if proc is not None:
-            info = await proc.stop(s.stop_grace_s)
-            detail = info.describe()
-        else:
-            detail = "no process was running"
-        await self._kill_leftovers()
-        record.pid = record.pid_start_time = None
-        self._spawned("deactivated before it started")
-        p.turns.end()
-        self._deps.memory.stopped(loop.name)
-        await self._kv.remove_leftover(release_name=True)  # stopped for good: the name too
-        await loop.transition(Phase.STOPPED, "Stopped", detail, persist=False)
-        try:
-            await asyncio.to_thread(self._deps.store.delete, record.engine_id)
-        except OSError as exc:  # the record says STOPPING, or a marker remembers the stop
-            self._deps.throttled.warning(f"delete:{loop.name}", "record of stopped %s not "
-                                         "removed: %s", loop.name, exc)  # (registry.stops):
-        else:  # the next agent ends it
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(stops.clear, s.kv_shm_dir, record.engine_id)
-        self._deps.storage.failing.pop(record.engine_id, None)
-        await self._engine.close()
-        resolve(request.reply, done(loop.name, Phase.STOPPED, request.intent, details={
-            "message": detail}))
-        return True
-
-    async def revive(self, request: Request) -> None:
-        """Activated again with its spec: a failed engine starts over with a fresh restart
-        budget (what it failed with stays in the event log); any other phase changes nothing."""
-        loop, record = self._loop, self._loop.record
-        if loop.phase is not Phase.FAILED:
-            resolve(request.reply, done(loop.name, loop.phase, request.intent, changed=False))
-            return
-        if (unwritable := self._deps.storage.refusal(loop.name)) is not None:
-            resolve(request.reply, unwritable)
-            return
-        failed_with = (record.last_error or "").splitlines()[:1]
-        record.restart_count = 0
-        await loop.transition(Phase.RESTARTING, "Reactivated", "activated again after it "
-                              f"failed ({failed_with[0] if failed_with else 'no error'}); "
-                              "starting with a fresh restart budget")
-        self._restart_in(0)
-        resolve(request.reply, done(loop.name, Phase.RESTARTING, request.intent, details={
-            "message": "it had failed; started again with a fresh restart budget"}))

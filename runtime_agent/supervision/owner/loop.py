@@ -11,8 +11,8 @@ engine call is in flight. No lock exists.
 
 The loop is the only writer of the inbox, the phase and the view; the rest lives in parts that
 keep their own fields (``slots``, ``liveness``, ``records``, ``staging``, ``turns``, ``lora``,
-``intents``, ``observe``) and reach the loop through ``port.OwnerLoop`` only. Starting and
-ending the engine's process is ``life``. Time comes from the injected clock (``deps.clock``).
+``intents``, ``observe``, ``promises``) and reach the loop through ``port.OwnerLoop`` only.
+Starting the engine's process is ``life``; ending it, ``ends``. Time comes from the injected clock (``deps.clock``).
 
 Readers (the snapshot, the metrics) read ``owner.view``: an immutable value replaced on every
 change.
@@ -61,10 +61,12 @@ from runtime_agent.supervision.outcomes import EngineFailed, NotFound, Outcome
 from runtime_agent.supervision.owner.answers import resolve
 from runtime_agent.supervision.owner.deps import OwnerDeps
 from runtime_agent.supervision.owner.intents import Intents
+from runtime_agent.supervision.owner.ends import EndParts, Ends
 from runtime_agent.supervision.owner.life import Life, Parts
 from runtime_agent.supervision.owner.liveness import Liveness
 from runtime_agent.supervision.owner.lora import Lora
 from runtime_agent.supervision.owner.observe import Observer
+from runtime_agent.supervision.owner.promises import Promises
 from runtime_agent.supervision.owner.records import RecordWriter
 from runtime_agent.supervision.owner.slots import OperationSlot, ProcessSlot
 from runtime_agent.supervision.owner.staging import StagingSlot
@@ -103,9 +105,14 @@ class EngineOwner:
         self._intents = Intents(self, self._ops, self._lora, self._kv, self._engine,
                                 deps.memory, deps.storage, s)
         self._observer = Observer(self, self._ops, self._procs, self._liveness, deps.memory, s)
+        self._promises = Promises()
+        self._ends = Ends(self, deps, self._engine, self._kv, self.log_path, EndParts(
+            self._procs, self._liveness, self._writer, self._turns, self._lora, self._intents,
+            self._promises), self._forget_figures)
         self._life = Life(self, deps, self._engine, self._kv, self.log_path, Parts(
-            self._procs, self._liveness, self._writer, self._staging, self._turns, self._lora,
-            self._intents, self._observer), self._paces, self._forget_figures)
+            self._procs, self._liveness, self._staging, self._turns, self._lora,
+            self._intents, self._observer, self._promises, self._ends), self._paces,
+            self._forget_figures)
         self.view = self._make_view()
         self._task: asyncio.Task[None] | None = None
 
@@ -130,20 +137,18 @@ class EngineOwner:
 
     @property
     def spawned(self) -> asyncio.Future[str | None]:
-        """Done once the first process started (None) or could not (why)."""
-        return self._life.spawned
+        """Done once the first process started (None) or could not (why): ``promises``."""
+        return self._promises.spawned
 
     @property
     def answered(self) -> asyncio.Future[str | None]:
-        """Done once an activation can be answered: the process started (None) or could not
-        (why), or the start waits (for its turn on its cards, the weight cache, its port),
-        which the view says. An activation answers then, never later (issue 26)."""
-        return self._life.answered
+        """Done once an activation can be answered (``promises``)."""
+        return self._promises.answered
 
     @property
     def settled(self) -> asyncio.Future[None]:
-        """Done once the engine's first state is known: ready, gone, failed or stopped."""
-        return self._life.settled
+        """Done once the engine's first state is known (``promises``)."""
+        return self._promises.settled
 
     @property
     def kv(self) -> KvKeeper:
@@ -201,7 +206,7 @@ class EngineOwner:
                 self.spawned.set_result(None)
             self.publish()  # readers see the start-up's outcome (adopted, say) at once
             if self.view.phase in (Phase.FAILED, Phase.RESTARTING):
-                self._life.settle()
+                self._promises.settle()
             while self.view.phase is not Phase.STOPPED:
                 message = await self._inbox.get()
                 try:
@@ -210,7 +215,7 @@ class EngineOwner:
                     self._failed_handling(message, exc)
                 self.publish()
                 if self.view.phase not in (Phase.ACTIVATING, Phase.BOOTING):
-                    self._life.settle()
+                    self._promises.settle()
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug: record it where an operator looks, keep the agent alive
@@ -219,7 +224,7 @@ class EngineOwner:
             self.publish()
             raise
         finally:  # nobody waits for an answer that can no longer come
-            self._life.answer(self.record.last_error or "its supervision ended before it started")
+            self._promises.answer(self.record.last_error or "its supervision ended before it started")
 
     def _failed_handling(self, message: Message, exc: Exception) -> None:
         """A message could not be handled (a bug, or a fault such as no file descriptors): the
@@ -240,11 +245,11 @@ class EngineOwner:
         match message:
             case Request(intent=Stop()):
                 self._changed()
-                if await life.stop(message):
+                if await self._ends.stop(message):
                     self._refuse_the_rest()
             case Request(intent=Revive()):
                 self._changed()
-                await life.revive(message)
+                await self._ends.revive(message)
             case Request():
                 self._changed()  # an intent (a KV limit, a sleep...): look closely again
                 await self._intents.on_request(message)

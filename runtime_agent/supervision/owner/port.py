@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from contract.clock import Clock
+from contract.clock import Clock, Timer
 from contract.phases import Phase
 from registry.record import EngineRecord
 from runtime_agent.supervision.messages import Message
@@ -57,6 +57,11 @@ class OwnerLoop(Protocol):
     def cancel_helpers(self) -> None:
         """The process is gone or going: its helpers end."""
         ...
+
+
+def post_later(loop: OwnerLoop, delay_s: float, message: Message) -> Timer:
+    """Post ``message`` to the loop's inbox once ``delay_s`` have passed on its clock."""
+    return loop.clock.later(delay_s, Posted(message, loop.post))
 
 
 @dataclass(frozen=True)
