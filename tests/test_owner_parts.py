@@ -1,4 +1,4 @@
-"""The owner's parts alone: the pure liveness verdict, the operation slot's rules, the clock.
+"""The owner's parts alone: the liveness verdict, the operation slot, LoRA's plans, the clock.
 
 Each part keeps its own fields; what ties them together is written once and checked here,
 without a loop around it (the owner's behaviour is ``test_owner*.py``).
@@ -9,8 +9,20 @@ from __future__ import annotations
 import asyncio
 
 from contract.clock import LoopClock
-from runtime_agent.supervision.messages import Request, Sleep, Wake
+from contract.phases import Phase
+from registry.record import EngineRecord, EngineSpec, LoraAdapter
+from runtime_agent.supervision.durability import StorageHealth
+from runtime_agent.supervision.messages import (
+    Action,
+    AdapterDone,
+    LoadAdapter,
+    Request,
+    Sleep,
+    Wake,
+)
+from runtime_agent.supervision.outcomes import Done, Refused
 from runtime_agent.supervision.owner.liveness import Liveness, Verdict
+from runtime_agent.supervision.owner.lora import Call, Lora
 from runtime_agent.supervision.owner.slots import OperationSlot, ProcessSlot
 
 
@@ -71,3 +83,39 @@ async def test_the_loop_clock_runs_a_callback_after_its_delay_and_not_once_cance
     clock.later(0.0, lambda: ran.append("cancelled")).cancel()
     await asyncio.wait_for(fired.wait(), 5)
     assert ran == ["due"] and clock.now() - start >= 0.01 and clock.wall() > 1.6e9
+
+
+class PlanLoop:
+    """Just enough of ``OwnerLoop`` for LoRA's plans, which read the loop and write nothing."""
+
+    def __init__(self, record: EngineRecord, phase: Phase) -> None:
+        self.record, self.phase, self.name, self.generation = record, phase, "m1", 1
+
+
+def lora_for(phase: Phase, *adapters: LoraAdapter) -> Lora:
+    spec = EngineSpec(model_name="m1", artifact_url="hf://org/m", engine="vllm",
+                      ipc_name="kvc_m1", args={"--enable-lora": ""})
+    record = EngineRecord(engine_id="e" * 16, spec=spec, port=20000, created_at=1.0,
+                          last_transition=1.0, adapters=list(adapters))
+    return Lora(PlanLoop(record, phase), OperationSlot(), ProcessSlot(),  # type: ignore[arg-type]
+                None, StorageHealth(), None)  # type: ignore[arg-type]
+
+
+def test_a_lora_load_is_written_first_then_called_or_kept_for_the_wake() -> None:
+    awake = lora_for(Phase.ACTIVE, LoraAdapter(name="sql", path="/a/sql"))
+    plan = awake.plan_load(LoadAdapter("chat", "/a/chat"))
+    assert [a.name for a in plan.adapters or []] == ["sql", "chat"] and plan.answer is None
+    assert plan.call == Call(Action.LOAD_ADAPTER, "chat", "/a/chat")
+    asleep = lora_for(Phase.SLEEPING).plan_load(LoadAdapter("chat", "/a/chat"))
+    assert asleep.call is None and isinstance(asleep.answer, Done)
+    assert asleep.answer.details["in_force"] is False
+    clash = awake.plan_load(LoadAdapter("sql", "/elsewhere"))
+    assert clash.adapters is None and isinstance(clash.answer, Refused)
+
+
+def test_a_lora_load_the_engine_refused_is_no_longer_desired_and_told() -> None:
+    lora = lora_for(Phase.ACTIVE, LoraAdapter(name="sql", path="/a/sql"))
+    plan = lora.plan_done(AdapterDone(1, Action.LOAD_ADAPTER, "sql", "no such path", 400, None))
+    assert plan.adapters == [] and plan.answer is None
+    assert plan.events == (("AdapterLoadFailed", "sql: no such path"),)
+    assert not lora.serves("sql")
