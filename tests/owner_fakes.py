@@ -282,11 +282,12 @@ class OwnerRig:
         self.memory = MemoryBroker(backend, dict, 0, 0, 3600)
         self.port_free = True
         self.clock = RigClock()
-        self.deps = OwnerDeps(clock=self.clock, settings=self.settings, store=self.store,  # type: ignore[arg-type]
+        self.deps = OwnerDeps(settings=self.settings, store=self.store,  # type: ignore[arg-type]
                               launcher=self.launcher,  # type: ignore[arg-type]
                               adapter_for=lambda record: self.adapter,  # type: ignore[arg-type,return-value]
                               on_event=self.events.append, on_view=self.views.append,
-                              memory=self.memory, port_free=lambda port, host: self.port_free)
+                              memory=self.memory, port_free=lambda port, host: self.port_free,
+                              clock=self.clock)
         self.owner: EngineOwner | None = None
 
     @property

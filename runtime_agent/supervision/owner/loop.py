@@ -12,7 +12,8 @@ engine call is in flight. No lock exists.
 The loop is the only writer of the inbox, the phase and the view; the rest lives in parts that
 keep their own fields (``slots``, ``liveness``, ``records``, ``staging``, ``turns``, ``lora``,
 ``intents``, ``observe``, ``promises``) and reach the loop through ``port.OwnerLoop`` only.
-Starting the engine's process is ``life``; ending it, ``ends``. Time comes from the injected clock (``deps.clock``).
+Starting the engine's process is ``life``; ending it, ``ends``. Time comes from the injected
+clock (``deps.clock``).
 
 Readers (the snapshot, the metrics) read ``owner.view``: an immutable value replaced on every
 change.
@@ -224,7 +225,8 @@ class EngineOwner:
             self.publish()
             raise
         finally:  # nobody waits for an answer that can no longer come
-            self._promises.answer(self.record.last_error or "its supervision ended before it started")
+            self._promises.answer(self.record.last_error
+                                  or "its supervision ended before it started")
 
     def _failed_handling(self, message: Message, exc: Exception) -> None:
         """A message could not be handled (a bug, or a fault such as no file descriptors): the

@@ -4,8 +4,9 @@ The loop (``EngineOwner``) is the only writer of the engine's phase, view and in
 (the intents, LoRA, the health answers, the record writer, staging) holds its own state and is
 handed this protocol: it may tell an event (``emit``), write the record (``persist``), move the
 phase (``transition``), show readers a change (``publish``), post a message to the inbox
-(``post``), run or end helper tasks (``helper``, ``cancel_helpers``) and read or schedule time (``clock``). Read-only:
-the engine's name, record, current phase and process generation.
+(``post``), run or end helper tasks (``helper``, ``cancel_helpers``) and read or schedule
+time (``clock``). It reads the engine's name, phase and process generation, and the record,
+whose fields other than the phase a part may set before it asks for a write.
 """
 
 from __future__ import annotations
