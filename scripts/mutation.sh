@@ -13,10 +13,13 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 [ -x .venv/bin/mutmut ] || .venv/bin/python -m pip install --quiet -e '.[mutation]'
 jobs=${MUTATION_JOBS:-2}
-owner='runtime_agent.supervision.owner.xǁEngineOwnerǁ'
+owner='runtime_agent.supervision.owner'  # the owner's package: loop, life, ends, slots
 paths=(
-  "${owner}_stop*" "${owner}_after_exit*" "${owner}_add_log_tail*" "${owner}_revive*"
-  "${owner}_handle*" "${owner}_begin*" "${owner}_adopt*" "${owner}_spawn*" "${owner}_on_ready*"
+  "${owner}.ends.xǁEndsǁstop*" "${owner}.ends.xǁEndsǁafter_exit*"
+  "${owner}.ends.xǁEndsǁ_add_log_tail*" "${owner}.ends.xǁEndsǁrevive*"
+  "${owner}.loop.xǁEngineOwnerǁ_handle*" "${owner}.life.xǁLifeǁbegin*"
+  "${owner}.life.xǁLifeǁ_adopt*" "${owner}.life.xǁLifeǁspawn*" "${owner}.life.xǁLifeǁ_spawn_now*"
+  "${owner}.life.xǁLifeǁon_ready*" "${owner}.slots.*"
   "engines.process.*" "engines.vllm.*"
   "runtime_agent.kv.*"
 )

@@ -5,7 +5,9 @@ makes one exit when it likes. ``FakeAdapter`` answers the owner's engine calls a
 them and records each call. ``FakeStore`` keeps records in memory and can be told to fail like
 a full or read-only disk. ``FakeStager`` is the weight cache as a test wants it. ``OwnerRig``
 wires them to a real ``EngineOwner`` with a real memory broker over a simulated GPU, so what is
-tested is the owner's own logic; ``OwnerRig.record_timers`` shows what the owner schedules.
+tested is the owner's own logic. ``RigClock`` is the owner's injected clock: real time unless a
+test sets the wall time or, with ``OwnerRig.record_timers``, has every message the owner
+schedules for its own inbox listed and posted at once.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from runtime_agent.gpu.simulated import SimulatedGpuBackend
 from runtime_agent.settings import Settings
 from runtime_agent.supervision.messages import Intent, StartMode
 from runtime_agent.supervision.outcomes import Outcome
+from contract.clock import Timer
 from runtime_agent.supervision.owner import EngineOwner, OwnerDeps
+from runtime_agent.supervision.owner.port import Posted
 from runtime_agent.supervision.views import EngineEvent, EngineView
 
 
@@ -239,6 +243,30 @@ class FakeStager:
         return self.to
 
 
+class RigClock:
+    """The owner's clock in tests: the loop's time and timers, but ``wall_at`` (when set) is
+    the wall time, and once ``recording`` every message scheduled for the owner's inbox (a
+    restart's backoff, a port retry, a record write retried, a revive) is kept in ``timers``
+    with its delay and posted at once, so a test walks through backoffs without waiting."""
+
+    def __init__(self) -> None:
+        self.wall_at: float | None = None
+        self.recording = False
+        self.timers: list[tuple[float, object]] = []  # (delay, message) the owner scheduled
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time() if self.wall_at is None else self.wall_at
+
+    def later(self, delay_s: float, callback: Callable[[], None]) -> Timer:
+        if self.recording and isinstance(callback, Posted):
+            self.timers.append((delay_s, callback.message))
+            delay_s = 0
+        return asyncio.get_running_loop().call_later(max(0.0, delay_s), callback)
+
+
 class OwnerRig:
     """One real ``EngineOwner`` over the fakes; events and views are kept for assertions."""
 
@@ -253,30 +281,24 @@ class OwnerRig:
         backend = SimulatedGpuBackend("1x80GiB", tmp / "sim-gpu")
         self.memory = MemoryBroker(backend, dict, 0, 0, 3600)
         self.port_free = True
+        self.clock = RigClock()
         self.deps = OwnerDeps(settings=self.settings, store=self.store,  # type: ignore[arg-type]
                               launcher=self.launcher,  # type: ignore[arg-type]
                               adapter_for=lambda record: self.adapter,  # type: ignore[arg-type,return-value]
                               on_event=self.events.append, on_view=self.views.append,
-                              memory=self.memory, port_free=lambda port, host: self.port_free)
+                              memory=self.memory, port_free=lambda port, host: self.port_free,
+                              clock=self.clock)
         self.owner: EngineOwner | None = None
-        self.timers: list[tuple[float, object]] = []  # (delay, message) the owner scheduled
-        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def timers(self) -> list[tuple[float, object]]:
+        return self.clock.timers
 
     def record_timers(self) -> None:
         """From now on, record every message an owner schedules for its own inbox (a restart's
         backoff, a port retry, a revive) with its delay, and post it at once instead of after
-        the delay, so a test walks through backoffs without waiting them out."""
-        loop = self._loop = asyncio.get_running_loop()
-        call_later = loop.call_later
-
-        def recording(delay: float, callback: Callable[..., object], *args: Any,
-                      **kwargs: Any) -> asyncio.TimerHandle:
-            if getattr(callback, "__func__", None) is asyncio.Queue.put_nowait:
-                self.timers.append((delay, args[0]))
-                delay = 0
-            return call_later(delay, callback, *args, **kwargs)
-
-        loop.call_later = recording  # type: ignore[method-assign,assignment]
+        the delay, so a test walks through backoffs without waiting them out (``RigClock``)."""
+        self.clock.recording = True
 
     def told_memory(self, what: str) -> list[str]:
         """The engines the owner tells the memory broker ``what`` (``stopped``: its memory is
@@ -317,8 +339,6 @@ class OwnerRig:
         return [e.reason for e in self.events]
 
     async def close(self) -> None:
-        if self._loop is not None:
-            del self._loop.call_later  # the loop's own method again
         if self.owner is not None:
             await self.owner.detach()
         await self.memory.close()

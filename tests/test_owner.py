@@ -18,6 +18,7 @@ from contract.phases import Phase
 from engines.process import ExitInfo, SpawnError
 from registry.record import LoraAdapter
 from runtime_agent.supervision.messages import (
+    Health,
     Ready,
     SetKvLimit,
     Sleep,
@@ -123,7 +124,7 @@ async def test_an_unusable_engine_has_its_group_killed_and_is_restarted(rig: Own
     await active(rig)
     assert rig.owner is not None
     proc = rig.launcher.last
-    rig.owner._inbox.put_nowait(Unusable(rig.owner._gen, "stuck"))
+    rig.owner.post(Unusable(rig.owner.generation, "stuck"))
     await rig.until(lambda: len(rig.launcher.spawned) == 2, "restart")
     assert proc.calls == ["signal_group:SIGKILL"]
     assert (rig.owner.view.last_exit or "").startswith("stuck (then killed by signal SIGKILL)")
@@ -141,7 +142,9 @@ async def test_a_crash_is_told_with_its_log_tail_and_written_once(slow: OwnerRig
     await active_on_disk(slow)
     assert slow.owner is not None
     slow.owner.log_path.write_text("".join(f"line {i}\n" for i in range(25)))
-    slow.owner._unresponsive_since = 1.0  # whatever the old process was, the new one starts clean
+    # whatever the old process was (unresponsive here), the new one starts clean
+    slow.owner.post(Health(slow.owner.generation, False, None, slow.settings.unresponsive_after))
+    await slow.until(lambda: "EngineUnresponsive" in slow.owner.view.conditions, "unresponsive")
     exited = slow.told_memory("exited")
     saved = slow.store.saves
     slow.launcher.last.exit(code=3)
@@ -159,7 +162,7 @@ async def test_a_crash_is_told_with_its_log_tail_and_written_once(slow: OwnerRig
     assert (event.src, event.reason, event.message) == ("active", "Exited",
                                                         "exited with code 3; restart in 30 s")
     assert exited == ["m1"]
-    slow.owner._inbox.put_nowait(Ready(slow.owner._gen - 1, False))  # the dead one, late
+    slow.owner.post(Ready(slow.owner.generation - 1, False))  # the dead one, late
     await asyncio.sleep(0.05)
     assert slow.owner.view.phase is Phase.RESTARTING
 
@@ -233,11 +236,11 @@ async def test_a_crashed_engine_with_adapters_is_restarted(tmp_path: Path) -> No
 async def test_news_from_a_dead_process_is_dropped(rig: OwnerRig) -> None:
     await active(rig)
     assert rig.owner is not None
-    old_gen = rig.owner._gen
+    old_gen = rig.owner.generation
     rig.adapter.healthy_answer = False  # the new process never answers
     rig.launcher.last.exit(code=1)
     await rig.until(lambda: len(rig.launcher.spawned) == 2, "restart")
-    rig.owner._inbox.put_nowait(Ready(old_gen, False))  # a late answer about the old one
+    rig.owner.post(Ready(old_gen, False))  # a late answer about the old one
     await asyncio.sleep(0.05)
     assert rig.owner.view.phase is Phase.BOOTING and not rig.owner.view.ready
 
@@ -732,7 +735,7 @@ async def test_activating_again_an_engine_that_failed_without_a_word_says_so(
     from runtime_agent.supervision.messages import Revive
 
     owner = rig.start(make_record(phase=Phase.FAILED, last_error=None), StartMode.IDLE)
-    await rig.until(lambda: owner.view.phase is Phase.FAILED and owner._task is not None, "idle")
+    await rig.until(lambda: owner.view.phase is Phase.FAILED and owner.started, "idle")
     assert isinstance(await rig.ask(Revive()), Done)
     [event] = [e for e in rig.events if e.reason == "Reactivated"]
     assert event.message == ("activated again after it failed (no error); starting with a fresh "

@@ -48,15 +48,15 @@ async def test_late_news_from_a_crashed_process_is_dropped_during_the_backoff(
     rig = OwnerRig(tmp_path, fast_settings(tmp_path, restart_delays=(30,)))
     try:
         owner = await active(rig)
-        dead = owner._gen  # what the process's helpers stamp their news with
+        dead = owner.generation  # what the process's helpers stamp their news with
         rig.launcher.last.exit(code=3)
         await rig.until(lambda: owner.view.phase is Phase.RESTARTING, "restarting")
         # its figure scrape, late: the figures of a dead process are not the engine's
-        owner._inbox.put_nowait(Figures(dead, Observation(running=5, waiting=2, success_total=9)))
+        owner.post(Figures(dead, Observation(running=5, waiting=2, success_total=9)))
         await rig.ask(Sleep(1))  # answered after it was handled
         assert owner.view.requests_running is None
         # its exit, told twice: one crash is one restart, not a spent budget
-        owner._inbox.put_nowait(Exited(dead, rig.launcher.last.exited.result()))
+        owner.post(Exited(dead, rig.launcher.last.exited.result()))
         await rig.ask(Sleep(1))
         assert owner.view.phase is Phase.RESTARTING and owner.view.restart_count == 1
         assert [e.reason for e in rig.events if e.dst in ("restarting", "failed")] == ["Exited"]
@@ -177,7 +177,7 @@ async def test_a_stop_a_dead_agent_left_half_done_is_finished(rig: OwnerRig, ali
     record = make_record(pid=pid, pid_start_time=running.start_time, phase=Phase.STOPPING)
     owner = rig.start(record, StartMode.STOP, pid)
     await rig.until(lambda: owner.view.phase is Phase.STOPPED, "stopped")
-    await rig.until(lambda: owner._task is not None and owner._task.done(), "owner ended")
+    await rig.until(lambda: owner.started and owner.finished.done(), "owner ended")
     [stopped] = [e for e in rig.events if e.dst == "stopped"]
     if alive:
         assert running.calls == ["stop:10"] and stopped.message == "killed by signal SIGTERM"

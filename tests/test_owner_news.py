@@ -7,7 +7,6 @@ engine's view and record; a KV reading taken before the agent's own write must n
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ async def rig(tmp_path: Path):
 
 
 async def test_request_figures_reach_the_view_with_when_they_were_taken(rig: OwnerRig) -> None:
-    rig.deps = dataclasses.replace(rig.deps, clock=lambda: 1234.5)
+    rig.clock.wall_at = 1234.5
     rig.adapter.figures = Observation(running=3, waiting=1, success_total=42)
     owner = rig.start()
     await rig.until(lambda: owner.view.requests_running is not None, "figures")
@@ -56,7 +55,7 @@ async def test_the_kv_segment_is_read_recorded_and_a_reading_older_than_a_write_
     assert owner.view.kv.applied == GIB
     # a reading the watcher took just before that write: it must not pass for someone
     # else's write of the old size, to be "set back"
-    owner._inbox.put_nowait(KvReading(owner._gen, before, owner._kv.writes - 1))
+    owner.post(KvReading(owner.generation, before, owner.kv.writes - 1))
     await rig.ask(Revive())  # answered after the reading was handled
     assert owner.view.kv.set_back_total == 0 and "KVLimitSetBack" not in rig.reasons()
     assert read_segment("kvc_m1", rig.settings.kv_shm_dir).total_size == GIB  # type: ignore[union-attr]

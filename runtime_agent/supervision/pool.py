@@ -37,7 +37,7 @@ from runtime_agent.supervision.engine_kinds import (
     gpus_needed,
     spec_problem,
 )
-from runtime_agent.supervision.intents import no_room
+from runtime_agent.supervision.owner.answers import no_room
 from runtime_agent.supervision.messages import (
     Intent,
     LoadAdapter,
@@ -143,7 +143,7 @@ class EnginePool:
             self._deps.memory.release_claim(name)  # activated by a concurrent call meanwhile
             return await self._same_or_conflict(self.owners[name], spec, req.port,
                                                 req.kv_limit_bytes)
-        now = self._deps.clock()
+        now = self._deps.clock.wall()
         record = EngineRecord(engine_id=engine_id, spec=spec, port=port,
                               phase=Phase.ACTIVATING, created_at=now, last_transition=now,
                               kv_limit_bytes=req.kv_limit_bytes, per_gpu=req.per_gpu,

@@ -1,0 +1,38 @@
+"""What an engine owner is given: its collaborators and its clock, so a test can give fakes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from contract.clock import Clock, LoopClock
+from engines.adapter import EngineAdapter
+from engines.process import ProcessLauncher
+from registry.record import EngineRecord
+from registry.store import RegistryStore
+from runtime_agent.artifacts.staging import EngineStager
+from runtime_agent.gpu.broker import MemoryBroker
+from runtime_agent.loops import Throttled
+from runtime_agent.settings import Settings
+from runtime_agent.supervision.durability import StorageHealth
+from runtime_agent.supervision.ports import port_is_free
+from runtime_agent.supervision.views import EngineEvent, EngineView
+
+log = logging.getLogger("runtime_agent.supervision.owner")
+
+
+@dataclass(frozen=True)
+class OwnerDeps:
+    settings: Settings
+    store: RegistryStore
+    launcher: ProcessLauncher
+    adapter_for: Callable[[EngineRecord], EngineAdapter]
+    on_event: Callable[[EngineEvent], None]
+    on_view: Callable[[EngineView], None]
+    memory: MemoryBroker
+    clock: Clock = field(default_factory=LoopClock)  # every time an owner reads or waits for
+    port_free: Callable[[int, str], bool] = port_is_free
+    stager: EngineStager | None = None  # the weight cache (None: off); see staging.py
+    storage: StorageHealth = field(default_factory=StorageHealth)  # shared by every owner
+    throttled: Throttled = field(default_factory=lambda: Throttled(log))
