@@ -3,9 +3,9 @@
 client, ``agent_client.HttpAgentClient``, so the agent's paths, its replies and its tokens are
 read in one place.
 
-Each call runs the asynchronous one to its end on a loop of its own, in a thread of its own, so
-a call blocks its caller (as a script expects) and may be made from inside a running event loop
-too (a test's). A refusal raises ``AgentError`` (status and body); an agent that does not
+Each call runs the asynchronous one to its end on a loop of its own (in a thread of its own
+when the caller's thread runs a loop already), so a call blocks its caller (as a script
+expects) and may be made from inside a running event loop too (a test's). A refusal raises ``AgentError`` (status and body); an agent that does not
 answer raises ``AgentUnreachableError``, an ``OSError`` as the standard library's clients raise.
 ``url`` may be changed between calls.
 """
@@ -135,10 +135,15 @@ class AgentClient:
 
 
 def _blocking(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to its end on a new loop in a new thread (a caller's own running loop,
-    if any, is left alone: it is blocked, as by any synchronous call)."""
+    """Run a coroutine to its end on a new loop: in this thread, or, when this thread runs a
+    loop already (a test's), in a new thread, leaving that loop alone (it is blocked, as by
+    any synchronous call)."""
     async def main() -> T:
         return await make()
 
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
     with ThreadPoolExecutor(1, thread_name_prefix="agent-client") as pool:
         return pool.submit(asyncio.run, main()).result()

@@ -186,3 +186,8 @@ async def test_the_sync_client_raises_agent_errors_with_the_status_and_the_body(
 def test_the_sync_client_raises_an_oserror_when_nothing_answers() -> None:
     with pytest.raises(OSError):
         AgentClient(f"http://127.0.0.1:{free_port()}", timeout_s=2).snapshot()
+
+
+async def test_the_sync_client_may_be_called_inside_a_running_loop() -> None:
+    with pytest.raises(OSError):  # not "asyncio.run() cannot be called from a running loop"
+        AgentClient(f"http://127.0.0.1:{free_port()}", timeout_s=2).snapshot()
