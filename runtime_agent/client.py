@@ -1,24 +1,37 @@
-"""A small synchronous client for the agent's HTTP API, for scripts and tests that drive an agent
-step by step (scripts/demo.py, the benches, the test harness). The command line and the
-reconciler share the asynchronous one, ``reconciler.client``."""
+"""The agent client for synchronous scripts and tests that drive an agent step by step
+(scripts/demo.py, the benches, the test harness): a thin wrapper over the one asynchronous
+client, ``agent_client.HttpAgentClient``, so the agent's paths, its replies and its tokens are
+read in one place.
+
+Each call runs the asynchronous one to its end on a loop of its own (in a thread of its own
+when the caller's thread runs a loop already), so a call blocks its caller (as a script
+expects) and may be made from inside a running event loop too (a test's). A refusal raises ``AgentError`` (status and body); an agent that does not
+answer raises ``AgentUnreachableError``, an ``OSError`` as the standard library's clients raise.
+``url`` may be changed between calls.
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
-from typing import Any
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
-from guard.tokens import TokenError, token_source
+import aiohttp
+
+from agent_client import AgentUnreachable, HttpAgentClient, NotTheApi, Reply, client_token
+from guard.tokens import TokenError
+
+T = TypeVar("T")
+Call = Callable[[HttpAgentClient], Awaitable[Reply]]
 
 
-def read_token(token_file: str | None) -> str | None:  # scripts; the CLI uses preflight's
-    """The API token from ``--token-file`` or ``RUNTIME_AGENT_TOKEN`` (``guard.tokens``' rule);
+def read_token(token_file: str | None) -> str | None:  # scripts; the CLI reads it the same way
+    """The API token from ``--token-file`` or ``RUNTIME_AGENT_TOKEN`` (``client_token``);
     None when neither."""
     try:
-        source = token_source(token_file, os.environ.get("RUNTIME_AGENT_TOKEN"))
+        source = client_token(token_file, os.environ)
     except TokenError as exc:
         raise SystemExit(f"runtime-agent: {exc}") from None
     return source.token() if source is not None else None
@@ -31,76 +44,78 @@ class AgentError(RuntimeError):
         self.body = body
 
 
+class AgentUnreachableError(ConnectionError):
+    """Nothing answered at the agent's address in time."""
+
+
 class AgentClient:
     def __init__(self, url: str = "http://127.0.0.1:8080", timeout_s: float = 330.0,
                  token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._headers = {"Content-Type": "application/json"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+        self._token = token
+
+    def _run(self, call: Call) -> dict[str, Any]:
+        """``call`` on a fresh client; the body of a success, ``AgentError`` otherwise."""
+        reply = _blocking(lambda: self._reply(call))
+        if not reply.ok:
+            raise AgentError(reply.status, dict(reply.body))
+        return dict(reply.body)
+
+    async def _reply(self, call: Call) -> Reply:
+        async with aiohttp.ClientSession() as session:
+            client = HttpAgentClient(self.url, session, timeout_s=self.timeout_s,
+                                     lifecycle_timeout_s=self.timeout_s, token=self._token)
+            try:
+                return await call(client)
+            except NotTheApi as exc:
+                if exc.status < 400:
+                    raise
+                return Reply(exc.status, {"status": "error", "message": exc.text})
+            except AgentUnreachable as exc:
+                raise AgentUnreachableError(str(exc)) from None
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers=self._headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return dict(json.loads(resp.read() or b"{}"))
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                payload = json.loads(raw)
-            except ValueError:
-                payload = {"status": "error", "message": raw.decode(errors="replace")[:500]}
-            raise AgentError(exc.code, payload) from None
+        """Any call of the API, for what has no method here."""
+        return self._run(lambda c: c.request(method, path, body))
 
     def health(self) -> dict[str, Any]:
-        return self._call("GET", "/healthz")
+        return self._run(lambda c: c.health())
 
     def snapshot(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/runtime/snapshot")
+        return self._run(lambda c: c.snapshot_reply())
 
     def models(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/runtime/models")
+        return self._run(lambda c: c.models())
 
     def activate(self, model_name: str, artifact_url: str, engine: str = "vllm", port: int = 0,
                  args: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
         body = {"model_name": model_name, "artifact_url": artifact_url, "engine": engine,
                 "port": port, "engine_config": {"args": args or {}}, **extra}
-        return self._call("POST", "/v1/runtime/models/activate", body)
+        return self._run(lambda c: c.activate(body, timeout_s=self.timeout_s))
 
     def deactivate(self, model_name: str) -> dict[str, Any]:
-        return self._call("POST", "/v1/runtime/models/deactivate",
-                          {"model_name": model_name, "mode": "stop"})
+        return self._run(lambda c: c.deactivate(model_name))
 
     def sleep(self, model_name: str, level: int = 1,
               operation_id: str | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/runtime/models/sleep",
-                          {"model_name": model_name, "level": level, "operation_id": operation_id})
+        return self._run(lambda c: c.sleep(model_name, level, operation_id))
 
     def wake(self, model_name: str, operation_id: str | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/runtime/models/wake",
-                          {"model_name": model_name, "operation_id": operation_id})
+        return self._run(lambda c: c.wake(model_name, operation_id))
 
     def kv_limit(self, model_name: str, limit_bytes: int,
                  operation_id: str | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/runtime/models/kv-limit",
-                          {"model_name": model_name, "limit_bytes": limit_bytes,
-                           "operation_id": operation_id})
+        return self._run(lambda c: c.kv_limit(model_name, limit_bytes, operation_id))
 
     def logs(self, model_name: str, tail: int = 100) -> dict[str, Any]:
-        quoted = urllib.parse.quote(model_name, safe="")
-        return self._call("GET", f"/v1/runtime/models/{quoted}/logs?tail={tail}")
+        return self._run(lambda c: c.logs(model_name, tail))
 
     def events(self, since: int = 0, wait: int = 0, boot_id: str | None = None
                ) -> dict[str, Any]:
         """Events after ``since``; with ``boot_id`` (the boot the cursor is from), an agent
         that restarted since answers ``reset: true``."""
-        query = f"since={since}&wait={wait}"
-        if boot_id:
-            query += f"&boot_id={urllib.parse.quote(boot_id)}"
-        return self._call("GET", f"/v1/runtime/events?{query}")
+        return self._run(lambda c: c.events(since, wait, boot_id))
 
     def get(self, path: str) -> dict[str, Any]:
         """Any GET of the API, for what has no method here."""
@@ -110,13 +125,25 @@ class AgentClient:
 
     def download(self, artifact_url: str, revision: str | None = None,
                  credentials: dict[str, str] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"artifact_url": artifact_url, "credentials": credentials or {}}
-        if revision is not None:
-            body["revision"] = revision
-        return self._call("POST", "/v1/model/download", body)
+        return self._run(lambda c: c.download(artifact_url, revision, credentials))
 
     def artifacts(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/v1/model/list")["data"])
+        return list(self._run(lambda c: c.artifacts())["data"])
 
     def delete_artifact(self, artifact_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/v1/model/{urllib.parse.quote(artifact_id, safe='')}")
+        return self._run(lambda c: c.delete_artifact(artifact_id))
+
+
+def _blocking(make: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to its end on a new loop: in this thread, or, when this thread runs a
+    loop already (a test's), in a new thread, leaving that loop alone (it is blocked, as by
+    any synchronous call)."""
+    async def main() -> T:
+        return await make()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    with ThreadPoolExecutor(1, thread_name_prefix="agent-client") as pool:
+        return pool.submit(asyncio.run, main()).result()

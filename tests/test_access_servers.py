@@ -14,7 +14,6 @@ import base64
 import http.client
 import json
 import re
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from runtime_agent.api.openapi import ROUTES as AGENT_ROUTES
 from runtime_agent.client import AgentClient
 from tests.harness import AgentProcess
 from tests.reconciler_fakes import claim_yaml
+from tests.waits import until_blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 GiB = 1 << 30
@@ -106,19 +106,13 @@ def route_of(node: Node, model: str) -> dict[str, Any]:
     return next(r for r in doc["routes"] if r["model"] == model)
 
 
-def until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_the_reconcilers_wake_without_the_token_is_401_and_the_model_stays_asleep(
         node: Node) -> None:
     agent = node.agent
     agent.client.sleep("m")
     agent.wait_phase("m", "sleeping")
-    until("the route to say sleeping", lambda: route_of(node, "m")["state"] == "sleeping")
+    until_blocking("the route to say sleeping",
+                   lambda: route_of(node, "m")["state"] == "sleeping")
     for stranger in ((), ("Bearer not-the-token-000",), (f"Basic {TOKEN}",)):
         status, doc = reconciler_wake(node, *stranger)
         assert status == 401 and doc is not None and doc["status"] == "error"
@@ -251,7 +245,7 @@ def test_accepted_changes_and_refusals_leave_audit_lines_without_the_token(node:
     def taken() -> list[dict[str, Any]]:
         return [a for a in audited() if a.get("path") == "/v1/runtime/models/kv-limit"]
 
-    until("audit lines", lambda: bool(refused()) and bool(taken()))
+    until_blocking("audit lines", lambda: bool(refused()) and bool(taken()))
     assert refused()[-1]["client"] == "127.0.0.1" and refused()[-1]["reason"] in (
         "no_token", "wrong_token", "not_bearer", "two_headers")
     line = taken()[-1]
@@ -273,17 +267,17 @@ def test_a_rotated_token_file_is_taken_by_the_agent_and_its_reconciler_without_a
     assert ask(agent.port, "POST", "/v1/runtime/models/wake", ("Bearer first-token-000000",),
                body)[0] == 404  # taken: there is no such model
     token.write_text("second-token-11111\n")  # as a Secret's new version
-    until("the new token", lambda: ask(agent.port, "POST", "/v1/runtime/models/wake",
-                                       ("Bearer second-token-11111",), body)[0] == 404)
+    until_blocking("the new token", lambda: ask(agent.port, "POST", "/v1/runtime/models/wake",
+                                                ("Bearer second-token-11111",), body)[0] == 404)
     assert ask(agent.port, "POST", "/v1/runtime/models/wake", ("Bearer first-token-000000",),
                body)[0] == 401
-    until("the reconciler to take it", lambda: ask(
+    until_blocking("the reconciler to take it", lambda: ask(
         claims_port, "POST", "/v1/routes/nope/wake", ("Bearer second-token-11111",))[0] == 404)
     assert ask(claims_port, "POST", "/v1/routes/nope/wake",
                ("Bearer first-token-000000",))[0] == 401
     token.write_text("")  # a broken version keeps the last good token, never an open API
-    until("the broken version to be seen",
-          lambda: "keeping the previous --token-file" in agent.log_tail(200))
+    until_blocking("the broken version to be seen",
+                   lambda: "keeping the previous --token-file" in agent.log_tail(200))
     assert ask(agent.port, "POST", "/v1/runtime/models/wake", (), body)[0] == 401
     assert ask(agent.port, "POST", "/v1/runtime/models/wake", ("Bearer second-token-11111",),
                body)[0] == 404

@@ -22,6 +22,7 @@ from reconciler.door.settings import DoorSettings
 from reconciler.status import ClaimStatus
 from tests.harness import AgentProcess, free_port
 from tests.reconciler_fakes import claim_yaml
+from tests.waits import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 GiB = 1 << 30
@@ -76,11 +77,7 @@ class Door:
         return self.app.store.get(("default", name))
 
     async def until(self, what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.05)
+        await until(what, check, timeout)
 
     async def phase(self, name: str, phase: str, timeout: float = 30.0) -> None:
         await self.until(f"{name} {phase}", lambda: (s := self.status(name)) is not None

@@ -6,7 +6,6 @@ agent process with ``--health-probe-port``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from runtime_agent.api.probe_server import ProbeReport, answer
 from runtime_agent.api.probes import ProbeServer
 from tests.harness import AgentProcess, free_port
 from tests.test_operator_startup import one_line, serve, untouched
+from tests.waits import until
 
 pytestmark = pytest.mark.timeout(60)
 HEALTH = {"status": "ok", "boot_id": "b"}
@@ -77,16 +77,18 @@ def bound_socket() -> socket.socket:
 
 async def until_status(port: int, path: str, status: int, timeout_s: float = 10.0
                        ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    last: list[tuple[int, dict[str, Any]]] = [(0, {})]
+
+    def answered() -> tuple[dict[str, Any]] | None:
         try:
-            got, body = await asyncio.to_thread(get, port, path)
+            last[0] = get(port, path)
         except OSError:
-            got, body = 0, {}
-        if got == status:
-            return body
-        assert time.monotonic() < deadline, (got, body)
-        await asyncio.sleep(0.05)
+            last[0] = (0, {})
+        return (last[0][1],) if last[0][0] == status else None
+
+    found = await until(f"{path} to answer {status}", answered, timeout_s,
+                        explain=lambda: f"last answer {last[0]}", blocking=True)
+    return found[0]
 
 
 async def test_the_probes_answer_while_the_loop_is_blocked_and_say_it_stalled() -> None:

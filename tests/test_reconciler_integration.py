@@ -21,6 +21,7 @@ from reconciler.context import Timings
 from reconciler.status import ClaimStatus
 from tests.harness import AgentProcess
 from tests.reconciler_fakes import claim_yaml
+from tests.waits import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,13 +77,12 @@ class Pool:
         return self.app.store.get(("default", name))
 
     async def until(self, what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                states = {s.name: (s.phase, s.reason("Scheduled"), s.reason("Ready"))
-                          for s in self.app.store.all()} if self.app else {}
-                raise AssertionError(f"timed out waiting for {what}; claims: {states}")
-            await asyncio.sleep(0.05)
+        await until(what, check, timeout, explain=self._claims)
+
+    def _claims(self) -> str:
+        states = {s.name: (s.phase, s.reason("Scheduled"), s.reason("Ready"))
+                  for s in self.app.store.all()} if self.app else {}
+        return f"claims: {states}"
 
     async def phase(self, name: str, phase: str, timeout: float = 20.0) -> ClaimStatus:
         await self.until(f"{name} {phase}", lambda: (s := self.status(name)) is not None

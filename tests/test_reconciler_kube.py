@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -28,6 +27,7 @@ from reconciler.kube.app import KubeApp, KubeSettings
 from reconciler.kube.status import FINALIZER
 from tests.harness import AgentProcess, free_port
 from tests.kube_api import ApiServer
+from tests.waits import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,16 +126,12 @@ class Cluster:
         return out
 
     async def until(self, what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            got = await asyncio.to_thread(check)
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                claims = {o["metadata"]["name"]: (o.get("status") or {})
-                          for o in self.server.all_of("modelclaims")}
-                raise AssertionError(f"timed out waiting for {what}; claims: {claims}")
-            await asyncio.sleep(0.05)
+        return await until(what, check, timeout, explain=self._claims, blocking=True)
+
+    def _claims(self) -> str:
+        claims = {o["metadata"]["name"]: (o.get("status") or {})
+                  for o in self.server.all_of("modelclaims")}
+        return f"claims: {claims}"
 
     async def start(self, **settings: Any) -> KubeApp:
         api = await connect(str(self.config))

@@ -8,8 +8,8 @@ reconciler reads the current state itself. Three kinds:
 - ``DirectorySource``: a directory of YAML manifests, polled; each created, modified or deleted
   file is mapped to keys by ``to_keys(path, old_text, new_text)`` (a deleted file passes its old
   text, so the objects it described are reconciled into their absence);
-- ``EventFeedSource``: an agent's ``/v1/runtime/events`` long-poll feed, each event mapped to
-  keys by ``to_keys(event)``.
+- ``EventFeedSource``: an agent's events long-poll feed (``agent_client``), each event mapped
+  to keys by ``to_keys(event)``.
 
 Each is one asyncio task: ``start(queue)`` creates it, ``stop()`` cancels it and waits.
 """
@@ -26,6 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
+from agent_client import AgentUnreachable, EventsPage, FeedError, HttpAgentClient
 from reconciler.runtime.clock import Clock, RealClock
 from reconciler.runtime.queue import Enqueuer, K_contra
 from reconciler.runtime.ratelimit import backoff_delay
@@ -290,12 +291,9 @@ Event = Mapping[str, Any]
 EventToKeys = Callable[[Event], Iterable[K]]
 
 
-class FeedError(Exception):
-    """The feed answered something that is not an events page."""
-
-
 class EventFeedSource(_TaskSource[K]):
-    """Follows ``GET {url}/v1/runtime/events?since=N&wait=S`` and enqueues each event's keys.
+    """Follows an agent's events long-poll feed (``HttpAgentClient.events_page``: the events
+    after ``since``, held up to ``wait`` seconds) and enqueues each event's keys.
 
     On every (re)connect it learns the agent's current cursor (paging with ``wait=0`` until a
     page is empty) and calls ``on_connect`` (enqueue a resync of everything: events may have
@@ -310,13 +308,11 @@ class EventFeedSource(_TaskSource[K]):
     def __init__(self, url: str, to_keys: EventToKeys[K], *, on_connect: OnConnect | None = None,
                  wait: int = 30, clock: Clock | None = None,
                  session: aiohttp.ClientSession | None = None,
-                 retry_base: float = 0.5, retry_cap: float = 30.0,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 retry_base: float = 0.5, retry_cap: float = 30.0) -> None:
         super().__init__()
-        self._headers = dict(headers or {})
         if not 0 < wait <= 60:
             raise ValueError("wait must be 1 to 60 seconds (the agent's limit)")
-        self._url = url.rstrip("/") + "/v1/runtime/events"
+        self._url = url.rstrip("/")
         self._to_keys = to_keys
         self._on_connect = on_connect
         self._wait = wait
@@ -329,18 +325,19 @@ class EventFeedSource(_TaskSource[K]):
 
     async def _run(self, queue: Enqueuer[K]) -> None:
         session = self._session or aiohttp.ClientSession()
+        agent = HttpAgentClient(self._url, session)
         failures = 0
         try:
             while True:
                 try:
-                    await self._connect(session)
+                    await self._connect(agent)
                     while True:
-                        await self._poll(session, queue)
+                        await self._poll(agent, queue)
                         failures = 0
                 except Exception as err:
                     delay = backoff_delay(failures, *self._retry)
                     failures += 1
-                    expected = isinstance(err, aiohttp.ClientError | TimeoutError | FeedError)
+                    expected = isinstance(err, AgentUnreachable)
                     log.warning("events feed %s: %s; reconnecting in %.2fs", self._url,
                                 str(err) or type(err).__name__, delay,
                                 exc_info=None if expected else err)
@@ -349,13 +346,14 @@ class EventFeedSource(_TaskSource[K]):
             if self._session is None:
                 await session.close()
 
-    async def _connect(self, session: aiohttp.ClientSession) -> None:
+    async def _connect(self, agent: HttpAgentClient) -> None:
         head, boot = 0, None
         while True:  # pages of at most the agent's limit; stop when the cursor stops moving
-            _, after, boot = await self._fetch(session, head, 0)
-            if after <= head:
+            page = await self._fetch(agent, head, 0)
+            boot = page.boot_id
+            if page.cursor <= head:
                 break
-            head = after
+            head = page.cursor
         restarted = boot is not None and self.boot_id is not None and boot != self.boot_id
         if self.cursor is None or head < self.cursor or restarted:
             if self.cursor is not None:
@@ -368,12 +366,12 @@ class EventFeedSource(_TaskSource[K]):
                  self.cursor, head)
         await self._resync()
 
-    async def _poll(self, session: aiohttp.ClientSession, queue: Enqueuer[K]) -> None:
+    async def _poll(self, agent: HttpAgentClient, queue: Enqueuer[K]) -> None:
         assert self.cursor is not None
-        events, _, boot = await self._fetch(session, self.cursor, self._wait)
-        if boot is not None and self.boot_id is not None and boot != self.boot_id:
+        page = await self._fetch(agent, self.cursor, self._wait)
+        if page.boot_id is not None and self.boot_id is not None and page.boot_id != self.boot_id:
             raise FeedError("the agent restarted (a new boot id): reconnecting to re-list")
-        for event in events:
+        for event in page.events:
             seq = int(event["seq"])
             if seq <= self.cursor:
                 continue
@@ -397,27 +395,5 @@ class EventFeedSource(_TaskSource[K]):
         except Exception:
             log.exception("events feed %s: on_connect failed", self._url)
 
-    async def _fetch(self, session: aiohttp.ClientSession, since: int,
-                     wait: int) -> tuple[list[Event], int, str | None]:
-        """One page: the events after ``since`` (sorted by seq), the page's cursor, and the
-        agent's boot id (None from an agent that does not say)."""
-        timeout = aiohttp.ClientTimeout(total=wait + 15)
-        params = {"since": str(since), "wait": str(wait)}
-        if self.boot_id is not None:
-            params["boot_id"] = self.boot_id
-        async with session.get(self._url, params=params, timeout=timeout,
-                               headers=self._headers) as resp:
-            resp.raise_for_status()
-            try:
-                body = await resp.json()
-            except (ValueError, aiohttp.ContentTypeError) as err:
-                raise FeedError(f"not JSON: {err}") from None
-        try:
-            events = sorted(body["events"], key=lambda e: int(e["seq"]))
-            cursor = int(body["cursor"])
-        except (TypeError, KeyError, ValueError) as err:
-            raise FeedError(f"not an events page: {err!r}") from None
-        if events:
-            cursor = max(cursor, int(events[-1]["seq"]))
-        boot = body.get("boot_id")
-        return events, cursor, boot if isinstance(boot, str) else None
+    async def _fetch(self, agent: HttpAgentClient, since: int, wait: int) -> EventsPage:
+        return await agent.events_page(since, wait, self.boot_id, timeout_s=15)

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from reconciler.client import HttpAgentClient, ok_body
+from agent_client import HttpAgentClient, ok_body
 from runtime_agent.artifacts.planning import human
 from runtime_agent.console.commands import add_agent_options, guarded
 from runtime_agent.console.output import add_output_flag, columns, render

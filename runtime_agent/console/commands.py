@@ -24,11 +24,19 @@ import aiohttp
 from contract.endpoints import AGENT_PORT, RECONCILER_PORT, base_url
 from contract.quantity import size_type
 from contract.flags import known_flags
-from reconciler.client import AgentUnreachable, HttpAgentClient, NotTheApi, Refusal, ok_body
+from agent_client import (
+    AgentUnreachable,
+    HttpAgentClient,
+    NotTheApi,
+    Refusal,
+    client_token,
+    ok_body,
+)
+from guard.tokens import TokenError
 from runtime_agent.console.output import add_output_flag, render
 from runtime_agent.console.results import result_line
 from runtime_agent.console.tables import snapshot_table
-from runtime_agent.preflight import StartupError, read_token_file
+from runtime_agent.preflight import EXIT_UNREADABLE
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 8
@@ -128,13 +136,14 @@ Body = Callable[[HttpAgentClient], Awaitable[int]]
 
 
 def guarded(args: argparse.Namespace, body: Body) -> int:
-    """Run ``body`` with a client (the reconciler's: one aiohttp session for the command);
-    every failure becomes one line on stderr and an exit code."""
+    """Run ``body`` with a client (``agent_client``'s, the reconciler's too: one aiohttp session
+    for the command); every failure becomes one line on stderr and an exit code."""
     try:
-        token = read_token_file(args.token_file, os.environ.get("RUNTIME_AGENT_TOKEN"))
-    except StartupError as exc:
+        source = client_token(args.token_file, os.environ)
+    except TokenError as exc:
         print(f"runtime-agent: {exc}", file=sys.stderr)
-        return exc.code
+        return EXIT_UNREADABLE
+    token = source.token() if source is not None else None
     return asyncio.run(_guarded(args.url, token, body))
 
 
@@ -209,7 +218,7 @@ def names_hint(model: str, models: list[dict[str, Any]]) -> str:
 
 async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
     if args.command == "snapshot":
-        print(render(dict(ok_body(await client.request("GET", "/v1/runtime/snapshot"))),
+        print(render(dict(ok_body(await client.snapshot_reply())),
                      args.output, snapshot_table))
         return 0
     if args.command == "events":
@@ -225,8 +234,7 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
                                 "engine_config": {"args": engine_flags(args.arg)}}
         if args.kv_limit is not None:
             body["kv_limit_bytes"] = args.kv_limit
-        reply = await client.request("POST", "/v1/runtime/models/activate", body,
-                                     timeout_s=ENGINE_TIMEOUT_S)
+        reply = await client.activate(body, timeout_s=ENGINE_TIMEOUT_S)
     elif args.command == "deactivate":
         reply = await client.deactivate(args.model)
     elif args.command == "kv-limit":
@@ -247,7 +255,7 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
 
 
 async def _models(client: HttpAgentClient) -> list[dict[str, Any]]:
-    return list(ok_body(await client.request("GET", "/v1/runtime/snapshot")).get("models", []))
+    return list(ok_body(await client.snapshot_reply()).get("models", []))
 
 
 

@@ -1,12 +1,12 @@
 """``runtime-agent top``: a live view of one node, refreshed from the agent's events feed.
 
-It follows ``/v1/runtime/events/stream`` (Server-Sent Events; a reconnect sends the last
-``BOOT:SEQ`` it saw, and an agent that restarted answers ``reset``, which the view says) and
-reads the snapshot again after every event, and every few seconds for the request figures that
-change without one. The screen: a headline saying whether engines and GPU memory are real or
+It follows the agent's events stream (``HttpAgentClient.stream``: Server-Sent Events; a
+reconnect sends the last ``BOOT:SEQ`` it saw, and an agent that restarted answers ``reset``,
+which the view says) and reads the snapshot again after every event, and every few seconds for
+the request figures that change without one. The screen: a headline saying whether engines and GPU memory are real or
 simulated, each card's memory as a bar split by engine (``runtime_agent.console.nodeview``),
 and a table of engines. Keys act on the selected engine through the same HTTP client the
-reconciler uses (``reconciler.client.HttpAgentClient``): ``s`` sleep, ``w`` wake, ``x`` stop
+reconciler uses (``agent_client.HttpAgentClient``): ``s`` sleep, ``w`` wake, ``x`` stop
 (then ``y`` to confirm), ``r`` refresh, ``q`` quit. Built on Textual.
 """
 
@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -26,36 +26,13 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Static
 
-from reconciler.client import AgentUnreachable, HttpAgentClient, Reply
+from agent_client import AgentUnreachable, HttpAgentClient, Reply, client_token
+from guard.tokens import TokenError
 from runtime_agent.console import nodeview
-from runtime_agent.preflight import StartupError, read_token_file
+from runtime_agent.preflight import EXIT_UNREADABLE
 
 BAR_WIDTH = 60
 FIGURES_EVERY_S = 2.0
-STREAM = "/v1/runtime/events/stream"
-
-
-async def sse_events(content: aiohttp.StreamReader) -> AsyncIterator[tuple[str, str, str | None]]:
-    """``(event, data, id)`` for each Server-Sent Event of a response body."""
-    event, eid = "message", None
-    data: list[str] = []
-    async for raw in content:
-        line = raw.decode(errors="replace").rstrip("\r\n")
-        if not line:
-            if data:
-                yield event, "\n".join(data), eid
-            event, data, eid = "message", [], None
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-        elif name == "id":
-            eid = value
 
 
 class NodeView(App[int]):
@@ -95,9 +72,8 @@ class NodeView(App[int]):
 
     async def on_mount(self) -> None:
         self.title = "runtime-agent top"
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
-        self._session = aiohttp.ClientSession(headers=headers)
-        self._client = HttpAgentClient(self.url, self._session)
+        self._session = aiohttp.ClientSession()
+        self._client = HttpAgentClient(self.url, self._session, token=self._token)
         self.query_one(DataTable).add_columns(*nodeview.COLUMNS)
         self.run_worker(self._follow(), exclusive=False, group="feed")
         self.set_interval(0.25, self._refresh_if_dirty)
@@ -110,26 +86,18 @@ class NodeView(App[int]):
     # ---- the feed ---------------------------------------------------------------------------
 
     async def _follow(self) -> None:
-        assert self._session is not None
+        assert self._client is not None
         last_id: str | None = None
         pause = 0.5
         while True:
             try:
-                headers = {"Last-Event-ID": last_id} if last_id else {}
-                timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=60)
-                async with self._session.get(self.url + STREAM, headers=headers,
-                                             timeout=timeout) as resp:
-                    if resp.status != 200:
-                        body = await resp.text()
-                        raise AgentUnreachable(f"the events feed answered {resp.status}: "
-                                               f"{body[:200]}")
+                async with self._client.stream(last_id) as events:
                     pause = 0.5
                     self._say("")
-                    async for event, data, eid in sse_events(resp.content):
-                        last_id = eid or last_id
-                        self._on_event(event, data)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError,
-                    AgentUnreachable) as exc:
+                    async for event in events:
+                        last_id = event.id or last_id
+                        self._on_event(event.event, event.data)
+            except AgentUnreachable as exc:
                 self._say(f"cannot follow {self.url}: {str(exc) or type(exc).__name__}; "
                           "trying again")
             await asyncio.sleep(pause)
@@ -243,9 +211,9 @@ class NodeView(App[int]):
 
 def run_top(args: argparse.Namespace) -> int:
     try:
-        token = read_token_file(args.token_file, os.environ.get("RUNTIME_AGENT_TOKEN"))
-    except StartupError as exc:
+        source = client_token(args.token_file, os.environ)
+    except TokenError as exc:
         print(f"runtime-agent top: {exc}", file=sys.stderr)
-        return exc.code
-    NodeView(args.url, token).run()
+        return EXIT_UNREADABLE
+    NodeView(args.url, source.token() if source is not None else None).run()
     return 0
