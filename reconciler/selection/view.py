@@ -1,0 +1,105 @@
+"""The fresh state one per-call choice reads (the seed's provider state, mapped onto ours).
+
+Kubemoot's provider is our agent's GPU (``GpuView``: its usable memory, what is free now, the
+models on it that could be released); its resident or loading model is one engine of a claim
+(``Copy``); its ticket bucket is our ``reservations.Book``. The door or the reconciler builds a
+``View`` from the snapshots it already holds (``planning.state``: a copy's ``needs`` is what
+``Gpu.room`` leaves out for it, an occupant's ``frees`` is its ``charge`` less what it keeps
+asleep) and the door's own counters (requests in flight and queued, latency averages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+from types import MappingProxyType
+
+from reconciler.selection.reservations import Book
+from reconciler.selection.victims import Occupant
+
+DEFAULT_IDLE_AFTER_S = 30.0  # the pool policy's sleepToMakeRoomAfterSeconds default
+
+
+class CopyState(StrEnum):
+    ACTIVE = "active"  # awake and on the route: serves now
+    WAKING = "waking"  # a wake is under way (another call's plan, or the reconciler's)
+    STARTING = "starting"  # a start is under way
+    ASLEEP = "asleep"  # placed and asleep: can be woken where it is
+    STOPPED = "stopped"  # placed, not running: can be started where it is placed
+
+
+LOADING = frozenset((CopyState.WAKING, CopyState.STARTING))
+DORMANT = frozenset((CopyState.ASLEEP, CopyState.STOPPED))
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One engine of a candidate claim on one GPU.
+
+    ``slots``: requests it runs at once (vLLM ``--max-num-seqs``, Ollama's parallel);
+    ``in_flight``: the start times (clock values) of the requests it runs now; ``queued``: calls
+    waiting for it beyond those; ``latency_s``: its recent call latency (an exponentially
+    weighted average; None: none seen). ``needs``: bytes it must add on its GPU to serve (to
+    wake when asleep, to start when stopped); ``bring_up_s``: its measured wake or start time
+    (None: not measured, then ``size`` bytes at 1 GiB/s).
+    """
+
+    engine: str
+    agent: str
+    gpu: str
+    state: CopyState
+    slots: int = 1
+    in_flight: tuple[float, ...] = ()
+    queued: int = 0
+    latency_s: float | None = None
+    needs: int = 0
+    bring_up_s: float | None = None
+    size: int = 0
+
+    @property
+    def free_slot(self) -> bool:
+        return len(self.in_flight) + self.queued < self.slots
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """One GPU: ``usable`` bytes (None: not published, which never proves a model too large),
+    ``free`` bytes now, and the models on it that could be released."""
+
+    id: str
+    usable: int | None
+    free: int
+    occupants: tuple[Occupant, ...] = ()
+
+    @cached_property
+    def resident(self) -> frozenset[str]:
+        return frozenset(o.name for o in self.occupants)
+
+
+@dataclass(frozen=True)
+class View:
+    """The state of the pool for one call: the clock, each candidate's copies (by claim
+    name), the GPUs by id, the reservation book, and the pool's sleepToMakeRoomAfterSeconds."""
+
+    now: float
+    copies: Mapping[str, tuple[Copy, ...]] = field(default_factory=dict, hash=False)
+    gpus: Mapping[str, GpuView] = field(default_factory=dict, hash=False)
+    book: Book = field(default_factory=Book)
+    idle_after_s: float = DEFAULT_IDLE_AFTER_S
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "copies", MappingProxyType(dict(self.copies)))
+        object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
+
+    @cached_property
+    def largest_card(self) -> int | None:
+        """The largest usable memory any GPU published (None: none did)."""
+        known = [g.usable for g in self.gpus.values() if g.usable is not None]
+        return max(known) if known else None
+
+    @cached_property
+    def planned(self) -> frozenset[str]:
+        """Models some live plan will release: neither warm nor a victim for anyone else."""
+        return self.book.planned_victims()
