@@ -70,7 +70,7 @@ class RouteSpecShape(_Shape):
     def _biases_are_fractions(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for key, text in (value or {}).items():
             if parse_bias(text) is None:
-                raise ValueError(f"qualityBias[{key}] must be a number from 0 to 1 written as a "
+                raise ValueError(f"{key} must be a number from 0 to 1 written as a "
                                  f"string, such as \"0.7\"; got {text!r}")
         return value
 
