@@ -15,7 +15,7 @@ the per-call choice reads them, so the list stays stable while engines come and 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -41,14 +41,67 @@ class ClaimInfo:
 
 @dataclass(frozen=True)
 class Ranked:
-    """One candidate: the claim and its score under the route."""
+    """One candidate: the claim, its name and its score under the route."""
 
     claim: ClaimInfo
     score: float
+    name: str = ""
 
-    @property
-    def name(self) -> str:
-        return self.claim.name
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.claim.name)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A route's ranked candidates, with what every call would otherwise work out again: the
+    end of the run of candidates within ``tolerance`` of the first, and that run's narrowest
+    known context and largest declared footprint (so a call whose prompt and GPUs fit them all
+    takes the run as it is); and over all candidates the widest context (None when one is not
+    known) and the smallest declared footprint (None when one is not declared), so a call no
+    candidate can hold is refused without looking at each."""
+
+    ranked: tuple[Ranked, ...]
+    tolerance: float
+    tolerance_end: int = field(init=False)
+    narrowest: int | None = field(init=False)
+    largest: int | None = field(init=False)
+    widest: int | None = field(init=False)
+    smallest: int | None = field(init=False)
+    names: tuple[str, ...] = field(init=False)
+    position: Mapping[str, int] = field(init=False, hash=False)
+
+    def __post_init__(self) -> None:
+        end = 0
+        if self.ranked:
+            floor = self.ranked[0].score - self.tolerance
+            end = 1 + next((i for i, r in enumerate(self.ranked[1:]) if r.score < floor),
+                           len(self.ranked) - 1)
+        run = self.ranked[:end]
+        contexts = [r.claim.context for r in run if r.claim.context is not None]
+        footprints = [r.claim.footprint for r in run if r.claim.footprint is not None]
+        object.__setattr__(self, "tolerance_end", end)
+        object.__setattr__(self, "narrowest", min(contexts) if contexts else None)
+        object.__setattr__(self, "largest", max(footprints) if footprints else None)
+        object.__setattr__(self, "names", tuple(r.name for r in self.ranked))
+        object.__setattr__(self, "position", MappingProxyType(
+            {r.name: i for i, r in enumerate(self.ranked)}))
+        every = [r.claim for r in self.ranked]
+        known = all(c.context is not None for c in every)
+        declared = all(c.footprint is not None for c in every)
+        object.__setattr__(self, "widest", max(c.context or 0 for c in every)
+                           if every and known else None)
+        object.__setattr__(self, "smallest", min(c.footprint or 0 for c in every)
+                           if every and declared else None)
+
+    def __len__(self) -> int:
+        return len(self.ranked)
+
+    def __iter__(self) -> Iterator[Ranked]:
+        return iter(self.ranked)
+
+    def __getitem__(self, i: int) -> Ranked:
+        return self.ranked[i]
 
 
 def order_key(r: Ranked) -> tuple[float, bool, int, str]:
@@ -63,7 +116,7 @@ def fits(claim: ClaimInfo, largest_card: int | None) -> bool:
 
 
 def rank(route: Route, claims: Iterable[ClaimInfo], largest_card: int | None = None
-         ) -> tuple[Ranked, ...]:
+         ) -> Candidates:
     """The route's candidates, preferred first (see the module's docstring); empty when the
     require matches no claim."""
     scorer = Scorer(route)
@@ -71,5 +124,7 @@ def rank(route: Route, claims: Iterable[ClaimInfo], largest_card: int | None = N
                        if route.require.matches(c.labels)), key=order_key)
     for i, r in enumerate(admitted):
         if fits(r.claim, largest_card):
-            return (r, *admitted[:i], *admitted[i + 1:]) if i else tuple(admitted)
-    return tuple(admitted)
+            if i:
+                admitted.insert(0, admitted.pop(i))
+            break
+    return Candidates(tuple(admitted), route.tolerance)

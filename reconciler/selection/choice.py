@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from reconciler.selection.candidates import Ranked, fits
-from reconciler.selection.delay import bring_up, queue_wait, queue_wins, victim_cost
+from reconciler.selection.candidates import Candidates, Ranked, fits
+from reconciler.selection.delay import bring_up, queue_wins, victim_cost
 from reconciler.selection.refusals import (
     Busy,
     ModelTooLarge,
@@ -41,6 +41,7 @@ from reconciler.selection.refusals import (
     PromptTooLarge,
     Refusal,
     ZeroMatch,
+    context_needed,
     holds,
 )
 from reconciler.selection.reservations import Plan
@@ -87,12 +88,17 @@ def _at(kind: Kind, r: Ranked, c: Copy, expected: float = 0.0,
                   c.needs if kind in (Kind.WOKEN, Kind.STARTED, Kind.MADE_ROOM) else 0)
 
 
-def _preferred(route: Route, ranked: Sequence[Ranked], view: View, prompt: PromptNeed | None
+def _preferred(route: Route, cands: Candidates, view: View, prompt: PromptNeed | None
                ) -> int | Refusal:
     """The index of this call's preferred candidate, or the refusal when there is none."""
+    ranked = cands.ranked
     if not ranked:
         return ZeroMatch(route.name, route.require.describe())
     largest = view.largest_card
+    if (prompt is not None and cands.widest is not None
+            and context_needed(prompt, "ollama") > cands.widest
+            and (largest is None or cands.smallest is None or cands.smallest <= largest)):
+        return PromptTooLarge(route.name, prompt, cands.widest)  # none holds it, one fits
     widest: int | None = None
     any_fits = False
     for i, r in enumerate(ranked):
@@ -109,51 +115,56 @@ def _preferred(route: Route, ranked: Sequence[Ranked], view: View, prompt: Promp
     return PromptTooLarge(route.name, prompt, widest)
 
 
-def in_tolerance(route: Route, ranked: Sequence[Ranked], at: int, view: View,
-                 prompt: PromptNeed | None) -> list[Ranked]:
-    """The preferred candidate, then every later one within the tolerance that fits and holds
-    the call, in order (after its first entry the ranking is by score, and every entry before
-    ``at`` was passed over, so the first below the threshold ends the list)."""
+def in_tolerance(route: Route, cands: Candidates, at: int, view: View,
+                 prompt: PromptNeed | None) -> tuple[str, ...]:
+    """The names of the preferred candidate, then every later one within the tolerance that
+    fits and holds the call, in order (after its first entry the ranking is by score, and
+    every entry before ``at`` was passed over, so the first below the threshold ends it)."""
+    ranked = cands.ranked
+    largest = view.largest_card
+    if (at == 0 and route.tolerance == cands.tolerance
+            and (prompt is None or cands.narrowest is None
+                 or context_needed(prompt, "vllm") <= cands.narrowest)
+            and (largest is None or cands.largest is None or cands.largest <= largest)):
+        return cands.names[:cands.tolerance_end]  # every one of the run fits and holds the call
     pref = ranked[at]
     floor = pref.score - route.tolerance
-    out = [pref]
-    largest = view.largest_card
+    out = [pref.name]
     for r in ranked[at + 1:]:
         if r.score < floor:
             break
         if fits(r.claim, largest) and holds(r.claim.context, prompt, r.claim.engine):
-            out.append(r)
-    return out
+            out.append(r.name)
+    return tuple(out)
 
 
-def choose(route: Route, ranked: Sequence[Ranked], view: View,
+def choose(route: Route, cands: Candidates, view: View,
            prompt: PromptNeed | None = None) -> Choice | Refusal:
     """What to do with one call to ``route`` now (see the module's docstring)."""
-    at = _preferred(route, ranked, view, prompt)
+    at = _preferred(route, cands, view, prompt)
     if not isinstance(at, int):
         return at
-    tol = in_tolerance(route, ranked, at, view, prompt)
+    tol = in_tolerance(route, cands, at, view, prompt)
     planned = view.planned
-    copies = view.copies
-    for r in tol:  # 1. warm
-        warm = [c for c in copies.get(r.name, ()) if c.state is CopyState.ACTIVE
-                and c.free_slot and c.engine not in planned]
-        if warm:
-            return _at(Kind.WARM, r, min(warm, key=lambda c: (len(c.in_flight) + c.queued,
-                                                             c.engine)))
-    for r in tol:  # 2. converge on a copy coming up
-        for c in copies.get(r.name, ()):
-            if c.state in LOADING and c.engine not in planned:
-                return _at(Kind.CONVERGED, r, c)
-    pref = tol[0]
-    dormant = [c for c in copies.get(pref.name, ()) if c.state in DORMANT]
+    index = view.index
+    ranked, position = cands.ranked, cands.position
+    for name in filter(index.warm.__contains__, tol) if index.warm else ():  # 1. warm
+        for c in index.warm[name]:
+            if c.engine not in planned:
+                return _at(Kind.WARM, ranked[position[name]], c)
+    for name in filter(index.loading.__contains__, tol) if index.loading else ():  # 2. converge
+        for c in index.loading[name]:
+            if c.engine not in planned:
+                return _at(Kind.CONVERGED, ranked[position[name]], c)
+    pref = ranked[at]
+    dormant = [(c, _shortfall(view, c)) for c in index.get(pref.name) if c.state in DORMANT]
     now_options = [(bring_up(c.bring_up_s, c.size), c.state is CopyState.STOPPED, c.engine, c)
-                   for c in dormant if _room_now(view, c)]
+                   for c, short in dormant if short is not None and short <= 0]
     if now_options:  # 3. bring the preferred up where the budget holds it
         secs, _, _, c = min(now_options, key=lambda o: o[:3])
         return _at(Kind.STARTED if c.state is CopyState.STOPPED else Kind.WOKEN, pref, c, secs)
-    queue = _queue_option(tol, view)  # 4. queue or unload
-    unload = _unload_option(pref, dormant, view)
+    queue = _queue_option(cands, tol, view)  # 4. queue or unload
+    unload = _unload_option(dormant, view)
     if queue_wins(queue[0] if queue else None, unload[0] if unload else None):
         assert queue is not None
         return _at(Kind.QUEUED, queue[1], queue[2], queue[0])
@@ -171,31 +182,35 @@ def _shortfall(view: View, c: Copy) -> int | None:
     if gpu is None or (gpu.usable is not None and c.needs > gpu.usable):
         return None
     book = view.book
+    if not book.plans:
+        return c.needs - gpu.free
     return book.pending(gpu.id) + c.needs - gpu.free - book.credit(gpu.id, gpu.resident)
 
 
-def _room_now(view: View, c: Copy) -> bool:
-    short = _shortfall(view, c)
-    return short is not None and short <= 0
-
-
-def _queue_option(tol: Sequence[Ranked], view: View) -> tuple[float, Ranked, Copy] | None:
-    best: tuple[float, int, str, Ranked, Copy] | None = None
-    for i, r in enumerate(tol):
-        for c in view.copies.get(r.name, ()):
-            if c.state is not CopyState.ACTIVE or c.engine in view.planned:
+def _queue_option(cands: Candidates, tol: tuple[str, ...], view: View
+                  ) -> tuple[float, Ranked, Copy] | None:
+    """The busy warm copy of an in-tolerance candidate a call could start on soonest (ties:
+    the better candidate, then the engine's name)."""
+    busy, planned, now, position = view.index.busy, view.planned, view.now, cands.position
+    best: tuple[float, int, str, Copy] | None = None
+    best_wait = float("inf")
+    for name in filter(busy.__contains__, tol):
+        for soonest_end, backlog, c in busy[name]:
+            wait = backlog + (soonest_end - now if soonest_end > now else 0.0)
+            if wait > best_wait or c.engine in planned:
                 continue
-            wait = queue_wait(c.in_flight, c.queued, c.slots, c.latency_s, view.now)
-            if best is None or (wait, i, c.engine) < best[:3]:
-                best = (wait, i, c.engine, r, c)
-    return None if best is None else (best[0], best[3], best[4])
+            key = (wait, position[name], c.engine, c)
+            if best is None or key[:3] < best[:3]:
+                best, best_wait = key, wait
+    return None if best is None else (best[0], cands.ranked[best[1]], best[3])
 
 
-def _unload_option(pref: Ranked, dormant: Sequence[Copy], view: View
+def _unload_option(dormant: Sequence[tuple[Copy, int | None]], view: View
                    ) -> tuple[float, Copy, tuple[Occupant, ...]] | None:
+    """The cheapest plan that releases idle models so a dormant copy of the preferred
+    candidate can come up: its bring-up time plus each victim's cost."""
     best: tuple[float, str, Copy, tuple[Occupant, ...]] | None = None
-    for c in dormant:
-        short = _shortfall(view, c)
+    for c, short in dormant:
         if short is None:
             continue
         gpu = view.gpus[c.gpu]

@@ -46,18 +46,24 @@ def latency_of(ewma_s: float | None) -> float:
     return DEFAULT_LATENCY_S if ewma_s is None or ewma_s <= 0 else ewma_s
 
 
+def queue_terms(in_flight: tuple[float, ...], queued: int, slots: int,
+                latency_s: float | None) -> tuple[float, float]:
+    """``queue_wait`` as (the clock value when the soonest call should end, or -inf when a slot
+    is free; the backlog in seconds behind it)."""
+    slots = max(1, slots)
+    latency = latency_of(latency_s)
+    soonest_end = min(in_flight) + latency if len(in_flight) >= slots else float("-inf")
+    return soonest_end, max(0, len(in_flight) + queued - slots) * latency / slots
+
+
 def queue_wait(in_flight: tuple[float, ...], queued: int, slots: int, latency_s: float | None,
                now: float) -> float:
     """Seconds until a new call could start on a copy with requests started at ``in_flight``
-    (clock values), ``queued`` more waiting, and ``slots`` parallel slots."""
-    slots = max(1, slots)
-    latency = latency_of(latency_s)
-    if len(in_flight) < slots:
-        soonest = 0.0
-    else:
-        soonest = max(0.0, min(in_flight) + latency - now)
-    beyond = max(0, len(in_flight) + queued - slots)
-    return soonest + beyond * latency / slots
+    (clock values), ``queued`` more waiting, and ``slots`` parallel slots: the soonest call's
+    remaining time (never below 0: a call past its average may end any moment) plus the
+    backlog."""
+    soonest_end, backlog = queue_terms(in_flight, queued, slots, latency_s)
+    return max(0.0, soonest_end - now) + backlog
 
 
 def transfer_time(measured_s: float | None, size: int) -> float:

@@ -14,6 +14,7 @@ least-needed occupant that still leaves a way to make room with the picks left.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -69,14 +70,17 @@ def choose_victims(occupants: Sequence[Occupant], need: int, now: float, idle_af
             break
     else:
         return None
+    sizes = [o.frees for o in pool]
     picks: list[Occupant] = []
     got = 0
     for i, o in enumerate(pool):
-        left = k - len(picks) - 1
+        left = k - len(picks) - 1  # picks still to make after this one
         if left < 0:
             break
-        rest = sorted((p.frees for p in pool[i + 1:]), reverse=True)[:left]
-        if got + o.frees + sum(rest) >= need:
+        rest = sizes[i + 1:]
+        best_rest = 0 if left == 0 or not rest else (
+            max(rest) if left == 1 else sum(heapq.nlargest(left, rest)))
+        if got + o.frees + best_rest >= need:
             picks.append(o)
             got += o.frees
             if got >= need:

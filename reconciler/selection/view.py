@@ -16,6 +16,7 @@ from enum import StrEnum
 from functools import cached_property
 from types import MappingProxyType
 
+from reconciler.selection.delay import queue_terms
 from reconciler.selection.reservations import Book
 from reconciler.selection.victims import Occupant
 
@@ -62,6 +63,13 @@ class Copy:
     def free_slot(self) -> bool:
         return len(self.in_flight) + self.queued < self.slots
 
+    @cached_property
+    def queue_terms(self) -> tuple[float, float]:
+        """``delay.queue_wait`` split into what does not depend on the clock: the clock value
+        when its soonest call should end (-inf with a slot free) and the backlog behind it in
+        seconds. Worked out once per copy: a copy is replaced when its requests change."""
+        return queue_terms(self.in_flight, self.queued, self.slots, self.latency_s)
+
 
 @dataclass(frozen=True)
 class GpuView:
@@ -78,20 +86,82 @@ class GpuView:
         return frozenset(o.name for o in self.occupants)
 
 
+class Copies:
+    """Every candidate's copies (by claim name), indexed by what the per-call choice asks
+    first: the warm copies with a free slot (least loaded first), the copies coming up, and the
+    warm copies without a free slot. Built once; ``replaced`` gives the index with one
+    candidate's copies changed at the cost of copying three dicts (done in C), so the caller
+    keeps one index and replaces it on each change (a request started or ended, a snapshot)
+    instead of building a fresh one per call. Never changed in place."""
+
+    __slots__ = ("all", "warm", "loading", "busy")
+
+    def __init__(self, by_name: Mapping[str, tuple[Copy, ...]] | None = None) -> None:
+        self.all: dict[str, tuple[Copy, ...]] = dict(by_name or {})
+        self.warm: dict[str, tuple[Copy, ...]] = {}
+        self.loading: dict[str, tuple[Copy, ...]] = {}
+        # per copy without a free slot: (when its soonest call should end, backlog s, copy)
+        self.busy: dict[str, tuple[tuple[float, float, Copy], ...]] = {}
+        for name, copies in self.all.items():
+            self._index(name, copies)
+
+    def _index(self, name: str, copies: tuple[Copy, ...]) -> None:
+        for index in (self.warm, self.loading, self.busy):
+            index.pop(name, None)
+        warm = [c for c in copies if c.state is CopyState.ACTIVE and c.free_slot]
+        if warm:
+            self.warm[name] = tuple(sorted(warm, key=lambda c: (len(c.in_flight) + c.queued,
+                                                                 c.engine)))
+        loading = tuple(c for c in copies if c.state in LOADING)
+        if loading:
+            self.loading[name] = loading
+        busy = tuple((*c.queue_terms, c) for c in copies
+                     if c.state is CopyState.ACTIVE and not c.free_slot)
+        if busy:
+            self.busy[name] = busy
+
+    def replaced(self, name: str, copies: tuple[Copy, ...]) -> Copies:
+        """This index with ``name``'s copies now ``copies`` (``()``: it has none)."""
+        new = Copies.__new__(Copies)
+        new.all, new.warm = dict(self.all), dict(self.warm)
+        new.loading, new.busy = dict(self.loading), dict(self.busy)
+        if copies:
+            new.all[name] = copies
+        else:
+            new.all.pop(name, None)
+        new._index(name, copies)
+        return new
+
+    def get(self, name: str, default: tuple[Copy, ...] = ()) -> tuple[Copy, ...]:
+        return self.all.get(name, default)
+
+    def __getitem__(self, name: str) -> tuple[Copy, ...]:
+        return self.all[name]
+
+
 @dataclass(frozen=True)
 class View:
-    """The state of the pool for one call: the clock, each candidate's copies (by claim
-    name), the GPUs by id, the reservation book, and the pool's sleepToMakeRoomAfterSeconds."""
+    """The state of the pool for one call: the clock, each candidate's copies (``Copies``, or
+    a mapping by claim name that is indexed here), the GPUs by id, the reservation book, and
+    the pool's sleepToMakeRoomAfterSeconds."""
 
     now: float
-    copies: Mapping[str, tuple[Copy, ...]] = field(default_factory=dict, hash=False)
+    copies: Copies | Mapping[str, tuple[Copy, ...]] = field(default_factory=Copies, hash=False)
     gpus: Mapping[str, GpuView] = field(default_factory=dict, hash=False)
     book: Book = field(default_factory=Book)
     idle_after_s: float = DEFAULT_IDLE_AFTER_S
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "copies", MappingProxyType(dict(self.copies)))
-        object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
+        if not isinstance(self.copies, Copies):
+            object.__setattr__(self, "copies", Copies(self.copies))
+        if not isinstance(self.gpus, MappingProxyType):
+            object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
+
+    @property
+    def index(self) -> Copies:
+        """The copies, indexed (``__post_init__`` made them a ``Copies``)."""
+        assert isinstance(self.copies, Copies)
+        return self.copies
 
     @cached_property
     def largest_card(self) -> int | None:
