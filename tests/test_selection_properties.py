@@ -16,11 +16,11 @@ from contract.quantity import GiB
 from reconciler.model.selector import LabelSelector
 from reconciler.selection.candidates import ClaimInfo, Ranked, rank
 from reconciler.selection.choice import Choice, Kind, choose, plan_for
-from reconciler.selection.delay import Demand
+from reconciler.selection.delay import Demand, queue_wait
 from reconciler.selection.reservations import Book, Plan
 from reconciler.selection.route_spec import Prefer, Route
 from reconciler.selection.victims import Occupant, choose_victims
-from reconciler.selection.view import Copy, CopyState, GpuView, View
+from reconciler.selection.view import Copies, Copy, CopyState, GpuView, View
 
 pytestmark = pytest.mark.timeout(120)
 NOW = 1_000.0
@@ -212,3 +212,58 @@ def test_plans_made_one_after_another_never_share_a_victim(
         view = View(NOW, view.copies, view.gpus, book, view.idle_after_s)
         names = [v for p in book.plans for v in p.victims]
         assert len(names) == len(set(names))
+
+
+@given(pools(NOTHING_LOADING))
+def test_a_queued_call_waits_for_the_soonest_in_tolerance_copy_by_the_seeds_formula(
+        pool: tuple[Route, tuple[Ranked, ...], View]) -> None:
+    route, ranked, view = pool
+    got = choose(route, ranked, view)
+    if not isinstance(got, Choice) or got.kind is not Kind.QUEUED or not ranked:
+        return
+    floor = ranked[0].score - route.tolerance
+    waits = [queue_wait(c.in_flight, c.queued, c.slots, c.latency_s, NOW)
+             for r in ranked if r.score >= floor and (r.claim.footprint or 0) <= 16 * GiB
+             for c in view.copies[r.name] if c.state is CopyState.ACTIVE and not c.free_slot]
+    assert got.expected_s == pytest.approx(min(waits))
+
+
+@given(pools(), st.data())
+def test_replacing_one_candidates_copies_gives_the_index_built_afresh(
+        pool: tuple[Route, tuple[Ranked, ...], View], data: st.DataObject) -> None:
+    _, ranked, view = pool
+    index = view.index
+    for _ in range(3):
+        name = data.draw(st.sampled_from(sorted(index.all) or ["none"]))
+        keep = data.draw(st.integers(0, len(index.get(name))))
+        index = index.replaced(name, index.get(name)[:keep])
+        fresh = Copies(index.all)
+        assert (index.warm, index.loading, index.busy, index.queue_order) == (
+            fresh.warm, fresh.loading, fresh.busy, fresh.queue_order)
+
+
+busy_copy_st = st.builds(
+    lambda slots, started, queued, latency: (slots, tuple(NOW - s for s in started[:slots]),
+                                             queued, latency),
+    st.integers(1, 3), st.lists(st.floats(0, 90), min_size=3, max_size=3), st.integers(0, 4),
+    st.one_of(st.none(), st.floats(1, 60)))
+
+
+@given(st.lists(busy_copy_st, min_size=1, max_size=20))
+def test_the_queue_option_is_the_shortest_wait_over_every_busy_copy(
+        busy: list[tuple[int, tuple[float, ...], int, float | None]]) -> None:
+    claims = [ClaimInfo("pref", {}, GiB)] + [ClaimInfo(f"c{i:02d}", {}, GiB)
+                                            for i in range(len(busy))]
+    route = Route("r")  # no prefer: every score is 0, every candidate within tolerance
+    copies = {"pref": (Copy("pref", "a", "nowhere", CopyState.ASLEEP, needs=GiB),)}
+    for i, (slots, started, queued, latency) in enumerate(busy):
+        copies[f"c{i:02d}"] = (Copy(f"c{i:02d}", "a", "g", CopyState.ACTIVE, slots=slots,
+                                    in_flight=started, queued=queued, latency_s=latency),)
+    got = choose(route, rank(route, claims), View(NOW, copies))
+    waits = [queue_wait(c.in_flight, c.queued, c.slots, c.latency_s, NOW)
+             for name, cs in copies.items() if name != "pref" for c in cs if not c.free_slot]
+    if not waits:
+        assert isinstance(got, Choice) and got.kind is Kind.WARM
+        return
+    assert isinstance(got, Choice) and got.kind is Kind.QUEUED
+    assert got.expected_s == pytest.approx(min(waits))

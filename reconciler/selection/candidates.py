@@ -69,6 +69,7 @@ class Candidates:
     widest: int | None = field(init=False)
     smallest: int | None = field(init=False)
     names: tuple[str, ...] = field(init=False)
+    tolerance_set: frozenset[str] = field(init=False)
     position: Mapping[str, int] = field(init=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +85,7 @@ class Candidates:
         object.__setattr__(self, "narrowest", min(contexts) if contexts else None)
         object.__setattr__(self, "largest", max(footprints) if footprints else None)
         object.__setattr__(self, "names", tuple(r.name for r in self.ranked))
+        object.__setattr__(self, "tolerance_set", frozenset(self.names[:end]))
         object.__setattr__(self, "position", MappingProxyType(
             {r.name: i for i, r in enumerate(self.ranked)}))
         every = [r.claim for r in self.ranked]

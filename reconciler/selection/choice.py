@@ -116,7 +116,7 @@ def _preferred(route: Route, cands: Candidates, view: View, prompt: PromptNeed |
 
 
 def in_tolerance(route: Route, cands: Candidates, at: int, view: View,
-                 prompt: PromptNeed | None) -> tuple[str, ...]:
+                 prompt: PromptNeed | None) -> tuple[tuple[str, ...], frozenset[str]]:
     """The names of the preferred candidate, then every later one within the tolerance that
     fits and holds the call, in order (after its first entry the ranking is by score, and
     every entry before ``at`` was passed over, so the first below the threshold ends it)."""
@@ -126,7 +126,8 @@ def in_tolerance(route: Route, cands: Candidates, at: int, view: View,
             and (prompt is None or cands.narrowest is None
                  or context_needed(prompt, "vllm") <= cands.narrowest)
             and (largest is None or cands.largest is None or cands.largest <= largest)):
-        return cands.names[:cands.tolerance_end]  # every one of the run fits and holds the call
+        # every one of the run fits and holds the call
+        return cands.names[:cands.tolerance_end], cands.tolerance_set
     pref = ranked[at]
     floor = pref.score - route.tolerance
     out = [pref.name]
@@ -135,7 +136,7 @@ def in_tolerance(route: Route, cands: Candidates, at: int, view: View,
             break
         if fits(r.claim, largest) and holds(r.claim.context, prompt, r.claim.engine):
             out.append(r.name)
-    return tuple(out)
+    return tuple(out), frozenset(out)
 
 
 def choose(route: Route, cands: Candidates, view: View,
@@ -144,7 +145,7 @@ def choose(route: Route, cands: Candidates, view: View,
     at = _preferred(route, cands, view, prompt)
     if not isinstance(at, int):
         return at
-    tol = in_tolerance(route, cands, at, view, prompt)
+    tol, tol_set = in_tolerance(route, cands, at, view, prompt)
     planned = view.planned
     index = view.index
     ranked, position = cands.ranked, cands.position
@@ -163,7 +164,7 @@ def choose(route: Route, cands: Candidates, view: View,
     if now_options:  # 3. bring the preferred up where the budget holds it
         secs, _, _, c = min(now_options, key=lambda o: o[:3])
         return _at(Kind.STARTED if c.state is CopyState.STOPPED else Kind.WOKEN, pref, c, secs)
-    queue = _queue_option(cands, tol, view)  # 4. queue or unload
+    queue = _queue_option(cands, tol_set, view)  # 4. queue or unload
     unload = _unload_option(dormant, view)
     if queue_wins(queue[0] if queue else None, unload[0] if unload else None):
         assert queue is not None
@@ -187,22 +188,27 @@ def _shortfall(view: View, c: Copy) -> int | None:
     return book.pending(gpu.id) + c.needs - gpu.free - book.credit(gpu.id, gpu.resident)
 
 
-def _queue_option(cands: Candidates, tol: tuple[str, ...], view: View
+def _queue_option(cands: Candidates, tol: frozenset[str], view: View
                   ) -> tuple[float, Ranked, Copy] | None:
     """The busy warm copy of an in-tolerance candidate a call could start on soonest (ties:
-    the better candidate, then the engine's name)."""
-    busy, planned, now, position = view.index.busy, view.planned, view.now, cands.position
-    best: tuple[float, int, str, Copy] | None = None
-    best_wait = float("inf")
-    for name in filter(busy.__contains__, tol):
-        for soonest_end, backlog, c in busy[name]:
-            wait = backlog + (soonest_end - now if soonest_end > now else 0.0)
-            if wait > best_wait or c.engine in planned:
-                continue
-            key = (wait, position[name], c.engine, c)
-            if best is None or key[:3] < best[:3]:
-                best, best_wait = key, wait
-    return None if best is None else (best[0], cands.ranked[best[1]], best[3])
+    the better candidate, then the engine's name). A copy's wait is its backlog plus what is
+    left of its soonest call, which is at least the clock value its backlog clears less now:
+    read in that order, the first copy whose lower bound exceeds the best wait ends the scan."""
+    planned, now, position = view.planned, view.now, cands.position
+    best: tuple[float, int, str] | None = None
+    for clears, soonest_end, backlog, name, engine in view.index.queue_order:
+        if best is not None and clears - now > best[0]:
+            break
+        if name not in tol or engine in planned:
+            continue
+        key = (backlog + (soonest_end - now if soonest_end > now else 0.0), position[name],
+               engine)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return None
+    r = cands.ranked[best[1]]
+    return best[0], r, view.index.copy_of(r.name, best[2])
 
 
 def _unload_option(dormant: Sequence[tuple[Copy, int | None]], view: View

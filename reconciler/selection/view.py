@@ -10,6 +10,7 @@ asleep) and the door's own counters (requests in flight and queued, latency aver
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -20,7 +21,10 @@ from reconciler.selection.delay import queue_terms
 from reconciler.selection.reservations import Book
 from reconciler.selection.victims import Occupant
 
-DEFAULT_IDLE_AFTER_S = 30.0  # the pool policy's sleepToMakeRoomAfterSeconds default
+DEFAULT_IDLE_AFTER_S = 30.0
+# A busy copy in the queue index: (when its backlog should clear, the clock value when its
+# soonest call should end, its backlog in seconds, claim name, engine)
+QueueEntry = tuple[float, float, float, str, str]  # the pool policy's sleepToMakeRoomAfterSeconds default
 
 
 class CopyState(StrEnum):
@@ -94,18 +98,23 @@ class Copies:
     keeps one index and replaces it on each change (a request started or ended, a snapshot)
     instead of building a fresh one per call. Never changed in place."""
 
-    __slots__ = ("all", "warm", "loading", "busy")
+    __slots__ = ("all", "warm", "loading", "busy", "queue_order")
 
     def __init__(self, by_name: Mapping[str, tuple[Copy, ...]] | None = None) -> None:
         self.all: dict[str, tuple[Copy, ...]] = dict(by_name or {})
         self.warm: dict[str, tuple[Copy, ...]] = {}
         self.loading: dict[str, tuple[Copy, ...]] = {}
         # per copy without a free slot: (when its soonest call should end, backlog s, copy)
-        self.busy: dict[str, tuple[tuple[float, float, Copy], ...]] = {}
+        self.busy: dict[str, tuple[QueueEntry, ...]] = {}
+        # every busy copy, by when its backlog should clear (``queue_terms``' sum): the
+        # queue option reads it in order and stops once no later copy can be sooner
+        self.queue_order: list[QueueEntry] = []
         for name, copies in self.all.items():
             self._index(name, copies)
 
     def _index(self, name: str, copies: tuple[Copy, ...]) -> None:
+        for entry in self.busy.get(name, ()):
+            del self.queue_order[bisect.bisect_left(self.queue_order, entry)]
         for index in (self.warm, self.loading, self.busy):
             index.pop(name, None)
         warm = [c for c in copies if c.state is CopyState.ACTIVE and c.free_slot]
@@ -115,22 +124,28 @@ class Copies:
         loading = tuple(c for c in copies if c.state in LOADING)
         if loading:
             self.loading[name] = loading
-        busy = tuple((*c.queue_terms, c) for c in copies
-                     if c.state is CopyState.ACTIVE and not c.free_slot)
+        busy = tuple((c.queue_terms[0] + c.queue_terms[1], *c.queue_terms, name, c.engine)
+                     for c in copies if c.state is CopyState.ACTIVE and not c.free_slot)
         if busy:
             self.busy[name] = busy
+            for entry in busy:
+                bisect.insort(self.queue_order, entry)
 
     def replaced(self, name: str, copies: tuple[Copy, ...]) -> Copies:
         """This index with ``name``'s copies now ``copies`` (``()``: it has none)."""
         new = Copies.__new__(Copies)
         new.all, new.warm = dict(self.all), dict(self.warm)
         new.loading, new.busy = dict(self.loading), dict(self.busy)
+        new.queue_order = list(self.queue_order)
         if copies:
             new.all[name] = copies
         else:
             new.all.pop(name, None)
         new._index(name, copies)
         return new
+
+    def copy_of(self, name: str, engine: str) -> Copy:
+        return next(c for c in self.all[name] if c.engine == engine)
 
     def get(self, name: str, default: tuple[Copy, ...] = ()) -> tuple[Copy, ...]:
         return self.all.get(name, default)
