@@ -48,20 +48,17 @@ def need_key(o: Occupant) -> tuple[int, int, float, float]:
             d.last_used if d.last_used is not None else float("-inf"))
 
 
-def eligible(o: Occupant, now: float, idle_after_s: float, planned: Collection[str]) -> bool:
-    """Idle long enough, nothing in flight, no waiter, not another plan's victim."""
-    return (o.in_flight == 0 and o.demand.waiters == 0 and o.idle_since is not None
-            and now - o.idle_since >= idle_after_s and o.name not in planned and o.frees > 0)
-
-
 def choose_victims(occupants: Sequence[Occupant], need: int, now: float, idle_after_s: float,
                    planned: Collection[str] = ()) -> tuple[Occupant, ...] | None:
     """The fewest, least-needed idle occupants that free at least ``need`` bytes; ``()`` when
     nothing is needed; None when no choice makes room."""
     if need <= 0:
         return ()
-    pool = sorted((o for o in occupants if eligible(o, now, idle_after_s, planned)),
-                  key=lambda o: (need_key(o), o.name))
+    since = now - idle_after_s  # idle since at most this clock value
+    pool = [o for o in occupants if o.in_flight == 0 and o.frees > 0 and o.demand.waiters == 0
+            and o.idle_since is not None and o.idle_since <= since and o.name not in planned]
+    if len(pool) > 1:
+        pool.sort(key=lambda o: (need_key(o), o.name))
     by_size = sorted((o.frees for o in pool), reverse=True)
     total, k = 0, 0
     for size in by_size:

@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from types import MappingProxyType
+from typing import TypeVar
 
 from reconciler.selection.delay import queue_terms
 from reconciler.selection.reservations import Book
 from reconciler.selection.victims import Occupant
 
-DEFAULT_IDLE_AFTER_S = 30.0
+DEFAULT_IDLE_AFTER_S = 30.0  # the pool policy's sleepToMakeRoomAfterSeconds default
 # A busy copy in the queue index: (when its backlog should clear, the clock value when its
 # soonest call should end, its backlog in seconds, claim name, engine)
-QueueEntry = tuple[float, float, float, str, str]  # the pool policy's sleepToMakeRoomAfterSeconds default
+QueueEntry = tuple[float, float, float, str, str]
 
 
 class CopyState(StrEnum):
@@ -104,44 +105,44 @@ class Copies:
         self.all: dict[str, tuple[Copy, ...]] = dict(by_name or {})
         self.warm: dict[str, tuple[Copy, ...]] = {}
         self.loading: dict[str, tuple[Copy, ...]] = {}
-        # per copy without a free slot: (when its soonest call should end, backlog s, copy)
+        # per copy without a free slot, its entry in ``queue_order``
         self.busy: dict[str, tuple[QueueEntry, ...]] = {}
         # every busy copy, by when its backlog should clear (``queue_terms``' sum): the
         # queue option reads it in order and stops once no later copy can be sooner
         self.queue_order: list[QueueEntry] = []
         for name, copies in self.all.items():
-            self._index(name, copies)
-
-    def _index(self, name: str, copies: tuple[Copy, ...]) -> None:
-        for entry in self.busy.get(name, ()):
-            del self.queue_order[bisect.bisect_left(self.queue_order, entry)]
-        for index in (self.warm, self.loading, self.busy):
-            index.pop(name, None)
-        warm = [c for c in copies if c.state is CopyState.ACTIVE and c.free_slot]
-        if warm:
-            self.warm[name] = tuple(sorted(warm, key=lambda c: (len(c.in_flight) + c.queued,
-                                                                 c.engine)))
-        loading = tuple(c for c in copies if c.state in LOADING)
-        if loading:
-            self.loading[name] = loading
-        busy = tuple((c.queue_terms[0] + c.queue_terms[1], *c.queue_terms, name, c.engine)
-                     for c in copies if c.state is CopyState.ACTIVE and not c.free_slot)
-        if busy:
-            self.busy[name] = busy
-            for entry in busy:
-                bisect.insort(self.queue_order, entry)
+            warm, loading, busy = _entries(name, copies)
+            if warm:
+                self.warm[name] = warm
+            if loading:
+                self.loading[name] = loading
+            if busy:
+                self.busy[name] = busy
+                self.queue_order.extend(busy)
+        self.queue_order.sort()
 
     def replaced(self, name: str, copies: tuple[Copy, ...]) -> Copies:
-        """This index with ``name``'s copies now ``copies`` (``()``: it has none)."""
+        """This index with ``name``'s copies now ``copies`` (``()``: it has none). Only the
+        parts that change are copied; the rest is shared (none is ever changed in place)."""
         new = Copies.__new__(Copies)
-        new.all, new.warm = dict(self.all), dict(self.warm)
-        new.loading, new.busy = dict(self.loading), dict(self.busy)
-        new.queue_order = list(self.queue_order)
+        new.all = dict(self.all)
         if copies:
             new.all[name] = copies
         else:
             new.all.pop(name, None)
-        new._index(name, copies)
+        warm, loading, busy = _entries(name, copies)
+        new.warm = _put(self.warm, name, warm)
+        new.loading = _put(self.loading, name, loading)
+        old = self.busy.get(name, ())
+        if old == busy:
+            new.busy, new.queue_order = self.busy, self.queue_order
+            return new
+        new.busy = _put(self.busy, name, busy)
+        new.queue_order = list(self.queue_order)
+        for entry in old:
+            del new.queue_order[bisect.bisect_left(new.queue_order, entry)]
+        for entry in busy:
+            bisect.insort(new.queue_order, entry)
         return new
 
     def copy_of(self, name: str, engine: str) -> Copy:
@@ -188,3 +189,31 @@ class View:
     def planned(self) -> frozenset[str]:
         """Models some live plan will release: neither warm nor a victim for anyone else."""
         return self.book.planned_victims()
+
+
+_V = TypeVar("_V", tuple[Copy, ...], tuple[QueueEntry, ...])
+
+
+def _entries(name: str, copies: tuple[Copy, ...]
+             ) -> tuple[tuple[Copy, ...], tuple[Copy, ...], tuple[QueueEntry, ...]]:
+    """``name``'s warm copies with a free slot (least loaded first), copies coming up, and
+    queue entries of its warm copies without a free slot."""
+    warm = tuple(sorted((c for c in copies if c.state is CopyState.ACTIVE and c.free_slot),
+                        key=lambda c: (len(c.in_flight) + c.queued, c.engine)))
+    loading = tuple(c for c in copies if c.state in LOADING)
+    busy = tuple((c.queue_terms[0] + c.queue_terms[1], *c.queue_terms, name, c.engine)
+                 for c in copies if c.state is CopyState.ACTIVE and not c.free_slot)
+    return warm, loading, busy
+
+
+def _put(index: dict[str, _V], name: str, value: _V) -> dict[str, _V]:
+    """``index`` with ``name`` set to ``value`` (removed when empty): the same dict when that
+    changes nothing, else a copy."""
+    if index.get(name) == value or (not value and name not in index):
+        return index
+    out = dict(index)
+    if value:
+        out[name] = value
+    else:
+        del out[name]
+    return out
