@@ -6,6 +6,10 @@ models on it that could be released); its resident or loading model is one engin
 ``View`` from the snapshots it already holds (``planning.state``: a copy's ``needs`` is what
 ``Gpu.room`` leaves out for it, an occupant's ``frees`` is its ``charge`` less what it keeps
 asleep) and the door's own counters (requests in flight and queued, latency averages).
+
+One name per engine: a copy's ``engine`` and the same engine's ``Occupant.name`` on its GPU are
+the same string, so a copy that a plan will release (a victim in the book) is never taken as
+warm, and a copy being brought up is never its own victim.
 """
 
 from __future__ import annotations
