@@ -17,6 +17,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import attrgetter
 
 from reconciler.selection.delay import Demand
 
@@ -41,11 +43,20 @@ class Occupant:
     def reload_size(self) -> int:
         return self.size or self.frees
 
+    @cached_property
+    def order(self) -> tuple[tuple[int, int, float, float], str]:
+        """Its place among victims, least needed first (``need_key``, then name); worked out
+        once per occupant, which is replaced when its demand changes."""
+        return need_key(self), self.name
+
 
 def need_key(o: Occupant) -> tuple[int, int, float, float]:
     d = o.demand
     return (d.waiters, d.intents, d.recent_use + d.prediction,
             d.last_used if d.last_used is not None else float("-inf"))
+
+
+_ORDER = attrgetter("order")
 
 
 def choose_victims(occupants: Sequence[Occupant], need: int, now: float, idle_after_s: float,
@@ -58,7 +69,7 @@ def choose_victims(occupants: Sequence[Occupant], need: int, now: float, idle_af
     pool = [o for o in occupants if o.in_flight == 0 and o.frees > 0 and o.demand.waiters == 0
             and o.idle_since is not None and o.idle_since <= since and o.name not in planned]
     if len(pool) > 1:
-        pool.sort(key=lambda o: (need_key(o), o.name))
+        pool.sort(key=_ORDER)
     by_size = sorted((o.frees for o in pool), reverse=True)
     total, k = 0, 0
     for size in by_size:

@@ -171,28 +171,26 @@ class View:
     book: Book = field(default_factory=Book)
     idle_after_s: float = DEFAULT_IDLE_AFTER_S
 
+    # worked out at construction (plain attributes: a call reads each a few times)
+    largest_card: int | None = field(init=False, hash=False, compare=False)
+    planned: frozenset[str] = field(init=False, hash=False, compare=False)
+
     def __post_init__(self) -> None:
         if not isinstance(self.copies, Copies):
             object.__setattr__(self, "copies", Copies(self.copies))
         if not isinstance(self.gpus, MappingProxyType):
             object.__setattr__(self, "gpus", MappingProxyType(dict(self.gpus)))
+        known = [g.usable for g in self.gpus.values() if g.usable is not None]
+        # the largest usable memory any GPU published (None: none did)
+        object.__setattr__(self, "largest_card", max(known) if known else None)
+        # models some live plan will release: neither warm nor a victim for anyone else
+        object.__setattr__(self, "planned", self.book.planned_victims())
 
     @property
     def index(self) -> Copies:
         """The copies, indexed (``__post_init__`` made them a ``Copies``)."""
         assert isinstance(self.copies, Copies)
         return self.copies
-
-    @cached_property
-    def largest_card(self) -> int | None:
-        """The largest usable memory any GPU published (None: none did)."""
-        known = [g.usable for g in self.gpus.values() if g.usable is not None]
-        return max(known) if known else None
-
-    @cached_property
-    def planned(self) -> frozenset[str]:
-        """Models some live plan will release: neither warm nor a victim for anyone else."""
-        return self.book.planned_victims()
 
 
 _V = TypeVar("_V", tuple[Copy, ...], tuple[QueueEntry, ...])
