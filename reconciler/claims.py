@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 
-from reconciler.client import AgentUnreachable
+from agent_client import AgentUnreachable
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, claim_key
 from reconciler.drain import Drain

@@ -42,7 +42,7 @@ from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_lo
 from guard import listen
 from guard.tokens import TokenError, TokenSource, token_source
 from reconciler.app import DEFAULT_PORT, ReconcilerApp, run_reconciler, start_embedded
-from reconciler.client import AgentUnreachable, JsonApi, Refusal, ok_body
+from agent_client import AgentUnreachable, JsonApi, Refusal, ok_body
 from reconciler.door.keys import KeysError, check_keys_file
 from reconciler.door.settings import DoorSettings
 from reconciler.estimating import add_estimate

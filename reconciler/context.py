@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from reconciler.client import AgentApi
+from agent_client import AgentApi
 from reconciler.desired import ClaimKey, Desired
 from reconciler.metrics import ClaimMetrics
 from reconciler.model.manifests import AgentRef, PerGPU, WarmPool

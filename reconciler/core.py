@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from reconciler.claims import ClaimReconciler
 from guard.tokens import TokenSource
-from reconciler.client import AgentApi, HttpAgentClient, bearer_middleware
+from agent_client import AgentApi, HttpAgentClient, bearer_middleware
 from reconciler.context import Deps, Timings
 from reconciler.desired import ClaimKey, Desired
 from reconciler.door.ledger import Ledger

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from reconciler.client import AgentUnreachable, Reply
+from agent_client import AgentUnreachable, Reply
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, key_text
 from reconciler.runtime.controller import Result

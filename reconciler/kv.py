@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 
 from contract.quantity import gib
-from reconciler.client import AgentUnreachable
+from agent_client import AgentUnreachable
 from reconciler.context import Deps
 from reconciler.observe import EngineObs
 from reconciler.planning.kv_division import LimitChange, divide_gpus, order_changes

@@ -32,7 +32,7 @@ import logging
 from dataclasses import replace
 
 from contract.reasons import INSUFFICIENT_GPU
-from reconciler.client import AgentUnreachable, Reply
+from agent_client import AgentUnreachable, Reply
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, claim_key
 from reconciler.model.manifests import ModelClaim

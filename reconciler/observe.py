@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from reconciler.client import AgentApi, AgentUnreachable
+from agent_client import AgentApi, AgentUnreachable
 from reconciler.desired import ClaimKey
 from reconciler.model.manifests import AgentRef, PerGPU, WarmPool
 from reconciler.planning.state import Candidate, EngineState, Gpu, Resident

@@ -24,7 +24,7 @@ from typing import Protocol
 from contract.reasons import INSUFFICIENT_GPU, STOPPED_MEANWHILE
 from contract.reasons import INVALID_ENGINE_CONFIG as AGENT_INVALID_CONFIG
 from contract.reasons import TOO_LARGE as AGENT_TOO_LARGE
-from reconciler.client import ActivateSpec, AgentUnreachable, Reply
+from agent_client import ActivateSpec, AgentUnreachable, Reply
 from reconciler.context import Deps
 from reconciler.model.manifests import ModelClaim
 from reconciler.observe import Reservation, World

@@ -1,6 +1,6 @@
 """Fakes for the claim reconciler's unit tests: a scriptable agent and a rig that wires it.
 
-``FakeAgent`` answers the agent API (``reconciler.client.AgentApi``) from a dict of engines that
+``FakeAgent`` answers the agent API (``agent_client.AgentApi``) from a dict of engines that
 the test moves between phases by hand; every call is recorded. ``Rig`` builds the reconcilers'
 ``Deps`` on a ``FakeClock`` with the fake agents, a manifest directory and an in-memory status
 store, so a test is: write manifests, reconcile, change the fake world, reconcile, assert.
@@ -15,7 +15,7 @@ from typing import Any
 
 from contract.quantity import GiB, MiB
 from reconciler.claims import ClaimReconciler
-from reconciler.client import ActivateSpec, AgentUnreachable, Reply
+from agent_client import ActivateSpec, AgentUnreachable, Reply
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, DesiredState
 from reconciler.kv import KvReconciler

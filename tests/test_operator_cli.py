@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from contract.endpoints import base_url
-from reconciler.client import Reply
+from agent_client import Reply
 from runtime_agent.cli import parser
 from runtime_agent.console.commands import follow, join_arg_values
 from runtime_agent.console.output import quiet_on_closed_pipe

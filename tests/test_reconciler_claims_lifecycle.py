@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from contract.quantity import GiB
-from reconciler.client import Reply
+from agent_client import Reply
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]

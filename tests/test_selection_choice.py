@@ -209,16 +209,23 @@ def test_an_overlong_prompt_is_refused_before_anything_is_woken() -> None:
     assert "maximum context length is 4096 tokens" in got.message
 
 
-def test_max_tokens_is_counted_as_vllm_counts_it_and_not_for_ollama() -> None:
-    assert context_needed(PromptNeed(4000, 200), "vllm") == 4200
-    assert context_needed(PromptNeed(4096), "vllm") == 4097  # a full context is refused
+def test_max_tokens_is_counted_as_each_engine_counts_it() -> None:
+    assert context_needed(PromptNeed(4000, 200), "vllm") == 4000  # vLLM shortens the answer
+    assert context_needed(PromptNeed(100, 5000), "vllm") == 5000  # and refuses this
+    assert context_needed(PromptNeed(4000, 200), "sglang") == 4200
+    assert context_needed(PromptNeed(4096), "sglang") == 4097  # a full context is refused
     assert context_needed(PromptNeed(4000, 200), "ollama") == 4000
     route = Route("chat")
-    claims = [ClaimInfo("small", {}, GiB, context=4096)]
     view = View(NOW, {"small": (warm("small"),)}, ROOMY)
+    claims = [ClaimInfo("small", {}, GiB, context=4096, engine="sglang")]
     got = decide(view, route, claims, PromptNeed(4000, 200))
     assert isinstance(got, PromptTooLarge)
     assert "4200 tokens (4000 in the messages, 200 in the completion)" in got.message
+    assert not isinstance(decide(view, route, [ClaimInfo("small", {}, GiB, context=4096)],
+                                 PromptNeed(4000, 200)), PromptTooLarge)
+    got = decide(view, route, [ClaimInfo("small", {}, GiB, context=4096)], PromptNeed(10, 5000))
+    assert isinstance(got, PromptTooLarge)
+    assert "requested 5000 tokens for the completion alone" in got.message
 
 
 def test_a_prompt_too_long_for_the_preferred_one_goes_to_a_candidate_that_holds_it() -> None:

@@ -41,6 +41,7 @@ from reconciler.selection.refusals import (
     PromptTooLarge,
     Refusal,
     ZeroMatch,
+    MOST,
     context_needed,
     holds,
 )
@@ -124,7 +125,7 @@ def in_tolerance(route: Route, cands: Candidates, at: int, view: View,
     largest = view.largest_card
     if (at == 0 and route.tolerance == cands.tolerance
             and (prompt is None or cands.narrowest is None
-                 or context_needed(prompt, "vllm") <= cands.narrowest)
+                 or context_needed(prompt, MOST) <= cands.narrowest)
             and (largest is None or cands.largest is None or cands.largest <= largest)):
         # every one of the run fits and holds the call
         return cands.names[:cands.tolerance_end], cands.tolerance_set

@@ -9,10 +9,10 @@
 | ``Busy`` | 503 with Retry-After, ``gpu_busy`` | some GPU could hold it, none can now: the caller holds the call, then answers this |
 
 The prompt check is the engine's own (``context_needed``), so the door's answer is the only
-shape a client sees and no model is woken or started just to refuse: vLLM and SGLang refuse a
-prompt of at least the context, and a prompt plus ``max_tokens`` (or
-``max_completion_tokens``) over it; Ollama truncates instead of refusing, so only its prompt is
-counted, as the seed says. An unknown context never refuses.
+shape a client sees and no model is woken or started just to refuse: vLLM refuses a prompt or
+a ``max_tokens`` (``max_completion_tokens``) over the context, SGLang a prompt plus
+``max_tokens`` over it; Ollama truncates instead of refusing, so only its prompt is counted, as
+the seed says. An unknown context never refuses.
 """
 
 from __future__ import annotations
@@ -36,12 +36,20 @@ class PromptNeed:
 
 
 def context_needed(prompt: PromptNeed, engine: str) -> int:
-    """Tokens of context the engine needs for the call, as the engine counts them."""
+    """Tokens of context the engine needs for the call, as the engine counts them: vLLM (0.32)
+    refuses a prompt over the context and a ``max_tokens`` over it, and shortens a
+    ``max_tokens`` that only leaves too little room after the prompt; SGLang refuses a prompt
+    plus ``max_tokens`` over the context (and a prompt that fills it); Ollama truncates."""
     if engine == "ollama":
         return prompt.tokens
+    if engine == "vllm":
+        return max(prompt.tokens, prompt.max_tokens or 0)
     if prompt.max_tokens is None or prompt.max_tokens <= 0:
         return prompt.tokens + 1  # the engine refuses a prompt that fills the whole context
     return prompt.tokens + prompt.max_tokens
+
+
+MOST = "sglang"  # the engine whose count is the largest: a call it holds, every engine holds
 
 
 def holds(context: int | None, prompt: PromptNeed | None, engine: str) -> bool:
@@ -91,6 +99,10 @@ class PromptTooLarge:
     @property
     def message(self) -> str:
         p, what = self.prompt, self.prompt.param
+        if p.max_tokens and p.max_tokens > self.context and p.tokens <= self.context:
+            return (f"This model's maximum context length is {self.context} tokens. However, "
+                    f"you requested {p.max_tokens} tokens for the completion alone. Please "
+                    "reduce the number of tokens requested for the completion.")
         if p.max_tokens and p.tokens < self.context:
             return (f"This model's maximum context length is {self.context} tokens. However, "
                     f"you requested {p.tokens + p.max_tokens} tokens ({p.tokens} in the {what}, "
