@@ -4,7 +4,8 @@ An engine owner reads two times (the monotonic one for durations, the wall one f
 record and events carry) and schedules callbacks (a restart's backoff, a port retry, a record
 write retried). It takes all three from one ``Clock`` in its dependencies, never from the event
 loop or ``time`` directly: production passes ``LoopClock``; a test passes a fake that records
-what was scheduled and fires it when the test says. It sits in ``contract`` so that both the
+what was scheduled and fires it when the test says. The agent's watchers, pacers, KV keeper and
+memory broker wait on the same clock (``sleep``), so one fake drives all of them. It sits in ``contract`` so that both the
 agent and the reconciler (``reconciler.runtime.clock``) may use it.
 """
 
@@ -35,9 +36,14 @@ class Clock(Protocol):
         """Run ``callback`` on the event loop once ``delay_s`` have passed on this clock."""
         ...
 
+    async def sleep(self, seconds: float) -> None:
+        """Return once ``seconds`` have passed on this clock (at the next turn for ``<= 0``)."""
+        ...
+
 
 class LoopClock:
-    """The real clock: ``time.monotonic``, ``time.time`` and the running loop's timers."""
+    """The real clock: ``time.monotonic``, ``time.time``, the running loop's timers and
+    ``asyncio.sleep``."""
 
     def now(self) -> float:
         return time.monotonic()
@@ -47,3 +53,6 @@ class LoopClock:
 
     def later(self, delay_s: float, callback: Callable[[], None]) -> Timer:
         return asyncio.get_running_loop().call_later(max(0.0, delay_s), callback)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))

@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import disable_created_metrics
 
+from contract.clock import LoopClock
 from contract.phases import Phase
 from engines.cgroups import EngineCgroups
 from engines.process import ProcessLauncher, tail_lines, trim_log
@@ -115,9 +116,10 @@ class Agent:
         store = RegistryStore(s.state_dir)
         backend, sim_dir = await asyncio.to_thread(make_gpu_backend, s)
         self.settings = s = replace(s, sim_gpu_dir=sim_dir)
+        clock = LoopClock()  # the one clock the broker, the owners and their watchers wait on
         self.memory = MemoryBroker(backend, self._engine_refs, s.gpu_reserve_bytes,
                                    s.host_reserve_bytes, s.gpu_sample_interval_s,
-                                   s.gpu_sample_interval_s * s.steady_backoff)
+                                   s.gpu_sample_interval_s * s.steady_backoff, clock)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=8)
         self._session = aiohttp.ClientSession(connector=connector)
         session = self._session
@@ -126,7 +128,7 @@ class Agent:
                          adapter_for=lambda record: make_adapter(s, session, record),
                          on_event=self._on_event, on_view=self._on_view, memory=self.memory,
                          stager=EngineStager(self.artifacts) if self.artifacts else None,
-                         storage=self.storage, throttled=Throttled(log))
+                         storage=self.storage, throttled=Throttled(log), clock=clock)
         self.pool = EnginePool(deps)
         await self.memory.start()
         if self.artifacts is not None:

@@ -15,7 +15,7 @@ every look that found nothing new, up to its cap:
   (an API caller cannot turn nudges into a probe storm).
 
 ``next_interval`` is the rule, a pure function; ``Pacer`` is its thin async side for one
-watcher loop. What the cap costs in detection is written in the README (``--health-interval``).
+watcher loop, waiting on the owner's injected clock (``contract.clock``). What the cap costs in detection is written in the README (``--health-interval``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from contract.clock import Clock
 from runtime_agent.loops import wait_event
 
 
@@ -52,10 +53,11 @@ def next_interval(cadence: Cadence, previous_s: float | None, event: bool) -> fl
 
 class Pacer:
     """One watcher loop's clock: ``await pause()`` between looks, ``looked(event)`` after each;
-    ``nudge()`` from the owner when something changed."""
+    ``nudge()`` from the owner when something changed. It waits on ``clock``."""
 
-    def __init__(self, cadence: Cadence) -> None:
+    def __init__(self, cadence: Cadence, clock: Clock) -> None:
         self.cadence = cadence
+        self.clock = clock
         self.interval_s = cadence.floor_s
         self._nudged = asyncio.Event()
 
@@ -67,8 +69,8 @@ class Pacer:
         (the last floor is always waited whole: at most one look per floor)."""
         floor = self.cadence.floor_s
         if self.interval_s > floor:
-            await wait_event(self._nudged, self.interval_s - floor)
-        await asyncio.sleep(floor)
+            await wait_event(self._nudged, self.interval_s - floor, self.clock)
+        await self.clock.sleep(floor)
 
     def looked(self, event: bool) -> None:
         """After a look: the next interval, by the rule, counting a nudge since the last look

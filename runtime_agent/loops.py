@@ -14,6 +14,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from contract.clock import Clock, LoopClock
+
 
 class Throttled:
     """Log one message per key at most every ``interval_s``; say how many were held back."""
@@ -59,18 +61,30 @@ async def keep_running(name: str, loop: Callable[[], Awaitable[None]], throttled
         pause = min(max_pause_s, pause * 2)
 
 
-async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
-    """Wait for ``event`` at most ``timeout_s``; True when it is set.
+async def wait_event(event: asyncio.Event, timeout_s: float, clock: Clock | None = None) -> bool:
+    """Wait for ``event`` at most ``timeout_s`` on ``clock`` (the loop's by default); True
+    when it is set.
 
-    Not ``asyncio.wait_for``: on Python 3.11 it returns normally when a cancel arrives in the
-    loop turn the event is set in, dropping the cancel, and a ``while True`` loop around it then
-    never ends (a stop that hangs). ``asyncio.timeout`` never drops a cancel."""
+    The wait is a task of its own that a timer on the clock cancels, awaited with
+    ``asyncio.wait``, which never swallows a cancel of the caller. Not ``asyncio.wait_for``: on
+    Python 3.11 it returns normally when a cancel arrives in the loop turn the event is set in,
+    dropping the cancel, and a ``while True`` loop around it then never ends (a stop that
+    hangs). Not ``asyncio.timeout`` either: it reads the loop's time, which a test's clock
+    does not drive."""
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+
+    def give_up() -> None:
+        waiter.cancel()
+
+    timer = (clock or LoopClock()).later(timeout_s, give_up)
     try:
-        async with asyncio.timeout(timeout_s):
-            await event.wait()
-    except TimeoutError:
-        return event.is_set()
-    return True
+        await asyncio.wait({waiter})
+    finally:
+        timer.cancel()
+        waiter.cancel()
+    return event.is_set()
 
 
 async def run_stages(stages: list[tuple[str, float, Callable[[], Awaitable[object]]]],

@@ -266,6 +266,9 @@ class RigClock:
             delay_s = 0
         return asyncio.get_running_loop().call_later(max(0.0, delay_s), callback)
 
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
 
 class OwnerRig:
     """One real ``EngineOwner`` over the fakes; events and views are kept for assertions."""

@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contract.clock import LoopClock
 from runtime_agent.cadence import Cadence, Pacer, next_interval
+from tests.clocks import SteppedClock
 
 pytestmark = pytest.mark.loop_guard
 
@@ -67,7 +69,7 @@ def test_the_cap_is_reached_and_held_while_nothing_changes(cadence: Cadence, qui
 
 
 async def test_a_nudge_during_a_long_wait_brings_the_next_look_within_a_floor() -> None:
-    pacer = Pacer(Cadence(floor_s=0.01, cap_s=600.0))
+    pacer = Pacer(Cadence(floor_s=0.01, cap_s=600.0), LoopClock())
     for _ in range(20):
         pacer.looked(event=False)
     assert pacer.interval_s == 600.0
@@ -81,7 +83,7 @@ async def test_a_nudge_during_a_long_wait_brings_the_next_look_within_a_floor() 
 
 
 async def test_nudges_never_make_looks_come_faster_than_the_floor() -> None:
-    pacer = Pacer(Cadence(floor_s=0.05, cap_s=0.05))
+    pacer = Pacer(Cadence(floor_s=0.05, cap_s=0.05), LoopClock())
     waiting = asyncio.create_task(pacer.pause())
     for _ in range(5):  # nudges while the last floor is waited change nothing
         pacer.nudge()
@@ -89,3 +91,14 @@ async def test_nudges_never_make_looks_come_faster_than_the_floor() -> None:
     assert not waiting.done()
     async with asyncio.timeout(10):
         await waiting
+
+
+async def test_a_pacer_waits_on_its_clock_not_the_loops() -> None:
+    clock = SteppedClock()
+    pacer = Pacer(Cadence(floor_s=1.0, cap_s=8.0), clock)
+    for _ in range(3):
+        pacer.looked(event=False)
+    assert pacer.interval_s == 8.0
+    async with asyncio.timeout(5):  # eight seconds on the clock, none on the loop
+        await pacer.pause()
+    assert clock.asked == [7.0, 1.0] and clock.now() == 1000.0 + 8.0

@@ -118,6 +118,7 @@ from registry.record import EngineRecord, EngineSpec  # noqa: E402
 from runtime_agent.cadence import Cadence, Pacer  # noqa: E402
 from runtime_agent.kv.keeper import KvKeeper  # noqa: E402
 from runtime_agent.kv.segment import create_segment, read_segment, write_limit  # noqa: E402
+from tests.clocks import SteppedClock  # noqa: E402
 
 pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
 
@@ -163,84 +164,60 @@ async def test_a_reading_taken_before_the_agents_own_write_is_not_taken_for_an_o
     assert keeper.state.applied == GIB and not keeper.state.not_held
 
 
-class _Sleeps:
-    """Stands in for the keeper's ``asyncio``: records each pause, and ends the watch after
-    ``limit`` of them."""
-
-    def __init__(self, limit: int) -> None:
-        self.asked: list[float] = []
-        self.limit = limit
-        self.to_thread = asyncio.to_thread
-
-    async def sleep(self, seconds: float) -> None:
-        self.asked.append(seconds)
-        if len(self.asked) >= self.limit:
-            raise asyncio.CancelledError
-        await asyncio.sleep(0)
-
-
 class _PacedBy(Pacer):
-    """A pacer whose pauses are recorded by ``_Sleeps`` instead of waited."""
+    """A pacer whose pause is one sleep of its whole interval on a ``SteppedClock``, so the
+    clock's record shows the intervals it chose."""
 
-    def __init__(self, sleeps: _Sleeps, floor_s: float = 1.0, cap_s: float = 1.0,
+    def __init__(self, clock: SteppedClock, floor_s: float = 1.0, cap_s: float = 1.0,
                  on_pause: Callable[[int], None] = lambda n: None) -> None:
-        super().__init__(Cadence(floor_s, cap_s))
-        self._sleeps = sleeps
+        super().__init__(Cadence(floor_s, cap_s), clock)
+        self._stepped = clock
         self._on_pause = on_pause
 
     async def pause(self) -> None:
-        self._on_pause(len(self._sleeps.asked))
-        await self._sleeps.sleep(self.interval_s)
+        self._on_pause(len(self._stepped.asked))
+        await self._stepped.sleep(self.interval_s)
 
 
 async def test_no_segment_is_looked_for_often_once_the_engine_is_ready_without_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import runtime_agent.kv.keeper as keeper_module
-
-    sleeps = _Sleeps(limit=6)
-    monkeypatch.setattr(keeper_module, "asyncio", sleeps)
+        tmp_path: Path) -> None:
+    clock = SteppedClock(limit=6)
     ready = False
-    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None, clock=clock)
 
     def pauses_so_far() -> bool:
         nonlocal ready
-        ready = len(sleeps.asked) >= 3  # boots for three looks, then serves without one
+        ready = len(clock.asked) >= 3  # boots for three looks, then serves without one
         return ready
 
     with pytest.raises(asyncio.CancelledError):
-        await keeper.watch(lambda info, writes: None, 0.01, _PacedBy(sleeps), pauses_so_far)
-    assert sleeps.asked == [0.01, 0.01, 0.01, 1.0, 1.0, 1.0]
+        await keeper.watch(lambda info, writes: None, 0.01, _PacedBy(clock), pauses_so_far)
+    assert clock.asked == [0.01, 0.01, 0.01, 1.0, 1.0, 1.0]
 
 
 async def test_a_segment_that_appears_while_the_engine_boots_is_read_at_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import runtime_agent.kv.keeper as keeper_module
-
-    sleeps = _Sleeps(limit=3)
-    monkeypatch.setattr(keeper_module, "asyncio", sleeps)
+        tmp_path: Path) -> None:
+    clock = SteppedClock(limit=3)
     readings: list[SegmentInfo | None] = []
-    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None, clock=clock)
 
     def booting() -> bool:
-        if len(sleeps.asked) == 1:
+        if len(clock.asked) == 1:
             create_segment("kvc_m", 4 * GIB, tmp_path)  # the engine sizes its cache
         return False
 
     with pytest.raises(asyncio.CancelledError):
-        await keeper.watch(lambda info, writes: readings.append(info), 0.01, _PacedBy(sleeps),
+        await keeper.watch(lambda info, writes: readings.append(info), 0.01, _PacedBy(clock),
                            booting)
-    assert sleeps.asked[:2] == [0.01, 0.01] and readings and readings[0] is not None
+    assert clock.asked[:2] == [0.01, 0.01] and readings and readings[0] is not None
     assert readings[0].total_size == 4 * GIB
 
 
 async def test_a_steady_segment_is_read_less_often_and_a_moved_one_at_once_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import runtime_agent.kv.keeper as keeper_module
-
-    sleeps = _Sleeps(limit=7)
-    monkeypatch.setattr(keeper_module, "asyncio", sleeps)
+        tmp_path: Path) -> None:
+    clock = SteppedClock(limit=7)
     create_segment("kvc_m", 4 * GIB, tmp_path)
-    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None)
+    keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None, clock=clock)
 
     posted: list[SegmentInfo | None] = []
 
@@ -256,8 +233,8 @@ async def test_a_steady_segment_is_read_less_often_and_a_moved_one_at_once_again
         asyncio.get_running_loop().create_task(handle(info, writes))
 
     with pytest.raises(asyncio.CancelledError):
-        await keeper.watch(post, 0.01, _PacedBy(sleeps, 1.0, 4.0, moves), lambda: True)
-    assert sleeps.asked == [1.0, 2.0, 4.0, 4.0, 4.0, 1.0, 2.0]
+        await keeper.watch(post, 0.01, _PacedBy(clock, 1.0, 4.0, moves), lambda: True)
+    assert clock.asked == [1.0, 2.0, 4.0, 4.0, 4.0, 1.0, 2.0]
     # The owner hears of the first reading and of the moved one; steady ones would change
     # nothing and are not posted.
     assert [i.total_size for i in posted if i is not None] == [4 * GIB, 2 * GIB]

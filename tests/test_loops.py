@@ -9,6 +9,7 @@ import time
 import pytest
 
 from runtime_agent.loops import Throttled, keep_running, run_stages, wait_event
+from tests.clocks import SteppedClock
 
 pytestmark = pytest.mark.loop_guard
 
@@ -115,3 +116,10 @@ async def test_wait_event_says_whether_the_event_came() -> None:
     assert await wait_event(event, 0.01) is False
     asyncio.get_running_loop().call_soon(event.set)
     assert await wait_event(event, 5.0) is True
+
+
+async def test_wait_event_times_out_on_the_clock_it_is_given() -> None:
+    clock = SteppedClock()
+    async with asyncio.timeout(5):  # an hour on the clock, none on the loop
+        assert await wait_event(asyncio.Event(), 3600.0, clock) is False
+    assert clock.asked == [3600.0] and clock.now() == 1000.0 + 3600.0

@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from contract.clock import Clock, LoopClock
 from contract.reasons import INSUFFICIENT_GPU
 from runtime_agent.cadence import Cadence, next_interval
 from runtime_agent.gpu.admission import Admit, Refuse, admit_sleep, claim
@@ -116,8 +117,10 @@ def _take(backend: GpuBackend, roots: list[int]) -> _Taken:
 class MemoryBroker:
     def __init__(self, backend: GpuBackend, engines: Callable[[], Mapping[str, EngineRef]],
                  reserve_bytes: int = 0, host_reserve_bytes: int = 0,
-                 interval_s: float = 1.0, steady_cap_s: float | None = None) -> None:
+                 interval_s: float = 1.0, steady_cap_s: float | None = None,
+                 clock: Clock | None = None) -> None:
         self.backend = backend
+        self._clock = clock or LoopClock()  # the sampling interval and callers' waits
         self.gate = DeviceGate()
         self._engines = engines
         self._reserve = reserve_bytes
@@ -135,7 +138,6 @@ class MemoryBroker:
         self._task: asyncio.Task[None] | None = None
         self.samples_total = 0
         self.sample_seconds_total = 0.0
-        self.started_at = time.monotonic()
         self._throttled = Throttled(log)  # a failing sample is reported once per interval
 
     # ---- sampling ---------------------------------------------------------------------------
@@ -158,7 +160,7 @@ class MemoryBroker:
     async def _loop(self) -> None:
         interval = self._interval
         while True:
-            changed = await wait_event(self._poke, interval)
+            changed = await wait_event(self._poke, interval, self._clock)
             self._poke.clear()
             before = self.sample
             try:
@@ -234,7 +236,7 @@ class MemoryBroker:
 
     async def changed(self, timeout_s: float) -> None:
         """Return at the next memory change (or after ``timeout_s``)."""
-        await wait_event(self._changed, timeout_s)
+        await wait_event(self._changed, timeout_s, self._clock)
 
     def claim_start(self, key: str, need_bytes: int, n_devices: int) -> Admit | Refuse:
         result = claim(need_bytes, n_devices, self.ledger, key, declared_bytes=need_bytes)
@@ -246,13 +248,13 @@ class MemoryBroker:
     async def claim_start_waiting(self, key: str, need_bytes: int, n_devices: int,
                                   wait_s: float) -> Admit | Refuse:
         """Claim now, or wait up to ``wait_s`` for memory to change and claim then."""
-        deadline = time.monotonic() + wait_s
+        deadline = self._clock.now() + wait_s
         while True:
             result = self.claim_start(key, need_bytes, n_devices)
-            left = deadline - time.monotonic()
+            left = deadline - self._clock.now()
             if isinstance(result, Admit) or result.reason != INSUFFICIENT_GPU or left <= 0:
                 return result
-            await wait_event(self._changed, left)
+            await wait_event(self._changed, left, self._clock)
 
     def adopt(self, key: str, devices: tuple[int, ...], declared_bytes: int,
               sleeping: bool) -> None:

@@ -3,7 +3,8 @@
 It belongs to one owner and is only called from the owner's task, so it needs no lock. Every
 segment read and write is blocking flock I/O and runs in a worker thread. The watch helper
 looks for the segment every few milliseconds until it appears (so an initial limit is in force
-within milliseconds of the engine creating it), then reads it on the hold interval. It writes
+within milliseconds of the engine creating it), then reads it on the hold interval; it waits on
+the owner's injected clock (``contract.clock``). It writes
 to the segment, and removes it, only while the agent still holds the segment's name (the claim
 marker its record names, ``runtime_agent.kv.ownership``): never another's engine's.
 """
@@ -18,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from contract.clock import Clock, LoopClock
 from registry.record import EngineRecord
 from contract.reasons import KV_SEGMENT_MISSING
 from runtime_agent.cadence import Pacer
@@ -54,8 +56,10 @@ _EVENT_REASONS = {"initial": "KVLimitSet", "requested": "KVLimitSet",
 class KvKeeper:
     def __init__(self, record: EngineRecord, shm_dir: Path,
                  emit: Callable[[str, str], None],
-                 writer: Callable[..., SegmentInfo] = write_limit) -> None:
+                 writer: Callable[..., SegmentInfo] = write_limit,
+                 clock: Clock | None = None) -> None:
         self._record = record
+        self._clock = clock or LoopClock()  # the owner's: it waits on it between looks
         self._writer = writer  # the segment write that returns its read-back
         self.writes = 0  # the agent's own writes finished: readings from before one are stale
         self._ipc = record.spec.ipc_name
@@ -90,7 +94,7 @@ class KvKeeper:
                     last = None
                     await hold.pause()
                 else:
-                    await asyncio.sleep(first_s)
+                    await self._clock.sleep(first_s)
                 continue
             writes = self.writes
             try:
@@ -105,7 +109,7 @@ class KvKeeper:
             if info is None or on_reading(self.state, info) != (self.state, None):
                 post(info, writes)  # a reading that would change nothing spares the owner
             if info is None:  # unreadable: look again soon
-                await asyncio.sleep(first_s)
+                await self._clock.sleep(first_s)
                 continue
             hold.looked(event=info != last)
             last = info

@@ -159,17 +159,19 @@ class SegmentBusy(SegmentError):
 
 
 def _flock_bounded(fd: int, op: int, path: str, wait_s: float = LOCK_WAIT_S) -> None:
-    """``flock`` that gives up after ``wait_s`` (blocking: called in a worker thread)."""
-    deadline = time.monotonic() + wait_s
-    pause = 0.001
+    """``flock`` that gives up once its pauses add up to ``wait_s`` (blocking: called in a
+    worker thread, where no clock of the loop's can drive the wait, so it counts what it slept
+    instead of reading the time)."""
+    pause, waited = 0.001, 0.0
     while True:
         try:
             fcntl.flock(fd, op | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            if waited >= wait_s:
                 raise SegmentBusy(path, wait_s) from None
             time.sleep(pause)
+            waited += pause
             pause = min(0.05, pause * 2)
 
 

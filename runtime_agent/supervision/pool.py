@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -291,10 +290,11 @@ class EnginePool:
         owner = self.owners.get(model_name)
         if owner is None:
             return NotFound(model_name, f"model {model_name!r} is not running on this agent")
-        deadline = time.monotonic() + wait_seconds
+        clock = self._deps.clock
+        deadline = clock.now() + wait_seconds
         while True:
             outcome = await owner.request(intent)
-            left = deadline - time.monotonic()
+            left = deadline - clock.now()
             if (not isinstance(intent, Wake) or not isinstance(outcome, Refused)
                     or outcome.reason != INSUFFICIENT_GPU or left <= 0):
                 return outcome

@@ -18,10 +18,10 @@ on it with its own, current state, or drops it when that process is gone.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from contract.clock import Clock
 from engines.adapter import EngineAdapter
 from engines.client import EngineCallError
 from runtime_agent.cadence import Pacer
@@ -33,12 +33,12 @@ Post = Callable[[Message], None]
 
 
 async def probe_ready(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
-                      prepare: bool, asleep: bool = False) -> None:
+                      prepare: bool, clock: Clock, asleep: bool = False) -> None:
     """Probe until the engine answers; a started engine is then prepared unless it is meant
     to sleep; then its own word on sleep decides."""
     s = settings
     for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
-        await asyncio.sleep(delay)
+        await clock.sleep(delay)
         if await adapter.healthy(s.probe_timeout_s, asleep):
             break
     if prepare:
@@ -52,23 +52,23 @@ async def probe_ready(adapter: EngineAdapter, settings: Settings, post: Post, ge
 
 
 async def watch_progress(log_path: Path, settings: Settings, post: Post, gen: int,
-                         ready: Callable[[], bool]) -> None:
+                         ready: Callable[[], bool], clock: Clock) -> None:
     """Until ``ready()``, watch the engine's log grow; report it stuck when it stops."""
     stall = settings.start_stall_s
-    last_size, last_change = -1, time.monotonic()
+    last_size, last_change = -1, clock.now()
     while not ready():
         try:
             size = (await asyncio.to_thread(log_path.stat)).st_size
         except OSError:
             size = -1
-        now = time.monotonic()
+        now = clock.now()
         if size != last_size:
             last_size, last_change = size, now
         elif now - last_change >= stall:
             post(Unusable(gen, f"start-up made no progress (no port, no log output) for "
                            f"{stall:g} s"))
             return
-        await asyncio.sleep(min(1.0, stall / 4))
+        await clock.sleep(min(1.0, stall / 4))
 
 
 async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,

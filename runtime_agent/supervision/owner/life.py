@@ -251,9 +251,10 @@ class Life:
 
         proc.exited.add_done_callback(exited)
         asleep = loop.record.phase is Phase.SLEEPING  # a re-adopted engine that was asleep
-        loop.helper(watchers.probe_ready(self._engine, s, loop.post, gen, prepare, asleep))
+        loop.helper(watchers.probe_ready(self._engine, s, loop.post, gen, prepare, loop.clock,
+                                         asleep))
         loop.helper(watchers.watch_progress(self._log_path, s, loop.post, gen,
-                                            lambda: self.ready))
+                                            lambda: self.ready, loop.clock))
         self._keep_running("KV-limit holding", lambda: self._kv.watch(
             lambda info, writes: loop.post(KvReading(gen, info, writes)),
             s.kv_watch_s, self._kv_pace, lambda: self.ready))

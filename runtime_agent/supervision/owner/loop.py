@@ -90,11 +90,12 @@ class EngineOwner:
         self._figures_at: float | None = None
         # The paces of the health probe, the scrape and the KV check: fast after any event
         # (each nudged by ``_changed``), backing off while nothing changes (runtime_agent.cadence).
-        self._paces = (Pacer(s.health_cadence), Pacer(s.scrape_cadence), Pacer(s.kv_hold_cadence))
+        self._paces = (Pacer(s.health_cadence, deps.clock), Pacer(s.scrape_cadence, deps.clock),
+                       Pacer(s.kv_hold_cadence, deps.clock))
         self._throttled = deps.throttled
         self.log_path = s.logs_dir / f"{record.engine_id}.log"
         self._kv = KvKeeper(record, s.kv_shm_dir, lambda reason, message:
-                            self.emit(reason, message))
+                            self.emit(reason, message), clock=deps.clock)
         # The parts: each keeps its own fields and reaches this loop through ``OwnerLoop``.
         self._procs = ProcessSlot()
         self._ops = OperationSlot()
