@@ -20,7 +20,7 @@ import ollama
 
 from contract.engines import OLLAMA_ARG_ENV as ARG_ENV
 from contract.engines import ollama_tag as model_tag
-from engines.adapter import LaunchContext, Observation
+from engines.driver import LaunchContext, Observation
 from engines.client import EngineCallError, EngineClient
 from registry.record import EngineRecord
 
@@ -32,7 +32,7 @@ def _loaded(names: list[str], model: str) -> bool:
     return any(name in (model, full) for name in names)
 
 
-class OllamaAdapter:
+class OllamaDriver:
     kind = "ollama"
 
     def __init__(self, session: aiohttp.ClientSession, host: str, port: int, model: str) -> None:

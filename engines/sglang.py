@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 import aiohttp
 
 from contract.engines import model_argument
-from engines.adapter import LaunchContext, Observation, adapters_from_cards
+from engines.driver import LaunchContext, Observation, adapters_from_cards
 from engines.client import EngineCallError, EngineClient
 from registry.record import EngineRecord
 
@@ -55,7 +55,7 @@ def build_argv(command: Sequence[str], artifact_url: str, served_name: str, host
     return argv
 
 
-class SglangAdapter:
+class SglangDriver:
     kind = "sglang"
 
     def __init__(self, session: aiohttp.ClientSession, host: str, port: int) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import aiohttp
 
 from contract.engines import lora_enabled, model_argument
-from engines.adapter import LaunchContext, Observation, adapters_from_cards
+from engines.driver import LaunchContext, Observation, adapters_from_cards
 from engines.client import EngineClient
 from registry.record import EngineRecord
 
@@ -63,7 +63,7 @@ SLEEP_UNSUPPORTED = ("vLLM cannot sleep on this platform (vLLM on CPU refuses "
                      "--enable-sleep-mode: \"Sleep mode is not supported on current platform\")")
 
 
-class VllmAdapter:
+class VllmDriver:
     kind = "vllm"
 
     def __init__(self, session: aiohttp.ClientSession, host: str, port: int,

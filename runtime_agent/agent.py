@@ -48,7 +48,7 @@ from runtime_agent.loops import Throttled, keep_running, run_stages
 from runtime_agent.settings import Settings
 from runtime_agent.statelock import StateLock
 from runtime_agent.supervision.durability import StorageHealth
-from runtime_agent.supervision.engine_kinds import make_adapter
+from runtime_agent.supervision.engine_kinds import make_driver
 from runtime_agent.supervision.messages import StartMode
 from runtime_agent.supervision.owner import OwnerDeps
 from runtime_agent.supervision.pool import EnginePool
@@ -125,7 +125,7 @@ class Agent:
         session = self._session
         cgroups = await asyncio.to_thread(engine_cgroups, s)
         deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(engine_cwd, cgroups),
-                         adapter_for=lambda record: make_adapter(s, session, record),
+                         driver_for=lambda record: make_driver(s, session, record),
                          on_event=self._on_event, on_view=self._on_view, memory=self.memory,
                          stager=EngineStager(self.artifacts) if self.artifacts else None,
                          storage=self.storage, throttled=Throttled(log), clock=clock)

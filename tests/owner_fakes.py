@@ -1,7 +1,7 @@
 """Recording fakes for testing an engine owner directly: no processes, no sockets.
 
 ``FakeLauncher`` hands out ``FakeProcess`` objects that record every signal and stop; a test
-makes one exit when it likes. ``FakeAdapter`` answers the owner's engine calls as a test sets
+makes one exit when it likes. ``FakeDriver`` answers the owner's engine calls as a test sets
 them and records each call. ``FakeStore`` keeps records in memory and can be told to fail like
 a full or read-only disk. ``FakeStager`` is the weight cache as a test wants it. ``OwnerRig``
 wires them to a real ``EngineOwner`` with a real memory broker over a simulated GPU, so what is
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.adapter import LaunchContext, Observation
+from engines.driver import LaunchContext, Observation
 from engines.client import EngineCallError
 from engines.process import ExitInfo
 from runtime_agent.artifacts.staging import StagingFailed, StagingView
@@ -115,7 +115,7 @@ class FakeLauncher:
 
 
 @dataclass
-class FakeAdapter:
+class FakeDriver:
     """The engine's HTTP API as a test wants it to answer; ``calls`` in order."""
 
     kind: str = "vllm"
@@ -133,7 +133,7 @@ class FakeAdapter:
                                                                      success_total=0))
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:
-        """Started on the weight cache's copy when there is one, as the real adapters are."""
+        """Started on the weight cache's copy when there is one, as the real drivers are."""
         return ["fake-engine", ctx.model_path or record.spec.artifact_url], dict(ctx.extra_env)
 
     def sleep_unsupported(self) -> str | None:
@@ -274,10 +274,10 @@ class OwnerRig:
     """One real ``EngineOwner`` over the fakes; events and views are kept for assertions."""
 
     def __init__(self, tmp: Path, settings: Settings | None = None,
-                 adapter: FakeAdapter | None = None) -> None:
+                 driver: FakeDriver | None = None) -> None:
         self.settings = settings or fast_settings(tmp)
         self.launcher = FakeLauncher()
-        self.adapter = adapter or FakeAdapter()
+        self.driver = driver or FakeDriver()
         self.store = FakeStore()
         self.events: list[EngineEvent] = []
         self.views: list[EngineView] = []
@@ -287,7 +287,7 @@ class OwnerRig:
         self.clock = RigClock()
         self.deps = OwnerDeps(settings=self.settings, store=self.store,  # type: ignore[arg-type]
                               launcher=self.launcher,  # type: ignore[arg-type]
-                              adapter_for=lambda record: self.adapter,  # type: ignore[arg-type,return-value]
+                              driver_for=lambda record: self.driver,  # type: ignore[arg-type,return-value]
                               on_event=self.events.append, on_view=self.views.append,
                               memory=self.memory, port_free=lambda port, host: self.port_free,
                               clock=self.clock)

@@ -1,4 +1,4 @@
-"""The engine owner tested directly: a real owner over a recording launcher, adapter and store.
+"""The engine owner tested directly: a real owner over a recording launcher, driver and store.
 
 No process and no socket: each test drives the owner's inbox through the fakes and asserts what
 it did (signals, calls, records, events) and what it answered.
@@ -208,10 +208,10 @@ async def test_a_crash_kills_the_engines_helpers_that_left_its_group(slow: Owner
 
 
 async def test_a_sleep_cut_short_by_a_crash_is_told_why(slow: OwnerRig) -> None:
-    slow.adapter.hold = asyncio.Event()
+    slow.driver.hold = asyncio.Event()
     await active(slow)
     sleeping = asyncio.ensure_future(slow.ask(Sleep(1)))
-    await slow.until(lambda: "sleep:1" in slow.adapter.calls, "sleep sent")
+    await slow.until(lambda: "sleep:1" in slow.driver.calls, "sleep sent")
     slow.launcher.last.exit(code=1)
     slept = await sleeping
     assert isinstance(slept, Refused)
@@ -237,7 +237,7 @@ async def test_news_from_a_dead_process_is_dropped(rig: OwnerRig) -> None:
     await active(rig)
     assert rig.owner is not None
     old_gen = rig.owner.generation
-    rig.adapter.healthy_answer = False  # the new process never answers
+    rig.driver.healthy_answer = False  # the new process never answers
     rig.launcher.last.exit(code=1)
     await rig.until(lambda: len(rig.launcher.spawned) == 2, "restart")
     rig.owner.post(Ready(old_gen, False))  # a late answer about the old one
@@ -278,11 +278,11 @@ async def test_a_stopped_engine_leaving_the_pool_is_a_change_readers_see(
 
 
 async def test_a_stop_answers_a_sleep_in_flight_and_later_callers(rig: OwnerRig) -> None:
-    rig.adapter.hold = asyncio.Event()
+    rig.driver.hold = asyncio.Event()
     await active(rig)
     assert rig.owner is not None
     sleeping = asyncio.ensure_future(rig.ask(Sleep(1)))
-    await rig.until(lambda: "sleep:1" in rig.adapter.calls, "sleep sent")
+    await rig.until(lambda: "sleep:1" in rig.driver.calls, "sleep sent")
     stopped = await rig.ask(Stop())
     slept = await sleeping
     assert isinstance(stopped, Done)
@@ -399,10 +399,10 @@ async def test_a_stop_kills_the_engines_helpers_that_left_its_group(rig: OwnerRi
 
 
 async def test_a_sleep_cut_short_by_a_stop_is_told_why(rig: OwnerRig) -> None:
-    rig.adapter.hold = asyncio.Event()
+    rig.driver.hold = asyncio.Event()
     await active(rig)
     sleeping = asyncio.ensure_future(rig.ask(Sleep(1)))
-    await rig.until(lambda: "sleep:1" in rig.adapter.calls, "sleep sent")
+    await rig.until(lambda: "sleep:1" in rig.driver.calls, "sleep sent")
     await rig.ask(Stop())
     slept = await sleeping
     assert isinstance(slept, Refused) and slept.message == "model 'm1' is being stopped; try again"
@@ -419,7 +419,7 @@ async def test_sleep_then_sleep_again_changes_nothing_the_second_time(rig: Owner
     assert isinstance(first, Done) and first.changed and first.phase is Phase.SLEEPING
     assert isinstance(again, Done) and not again.changed
     assert isinstance(replay, Done) and not replay.changed
-    assert rig.adapter.calls.count("sleep:1") == 1
+    assert rig.driver.calls.count("sleep:1") == 1
 
 
 async def test_a_wake_from_level_two_says_so_to_the_engine(rig: OwnerRig) -> None:
@@ -427,21 +427,21 @@ async def test_a_wake_from_level_two_says_so_to_the_engine(rig: OwnerRig) -> Non
     await rig.ask(Sleep(2))
     woke = await rig.ask(Wake("w"))
     assert isinstance(woke, Done) and woke.phase is Phase.ACTIVE
-    assert [c for c in rig.adapter.calls if c.startswith(("sleep", "wake"))] == ["sleep:2",
+    assert [c for c in rig.driver.calls if c.startswith(("sleep", "wake"))] == ["sleep:2",
                                                                                  "wake:2"]
 
 
 async def test_a_failed_wake_leaves_the_engine_asleep_and_says_why(rig: OwnerRig) -> None:
     await active(rig)
     await rig.ask(Sleep(1))
-    rig.adapter.wake_error = "POST /wake_up answered 500"
+    rig.driver.wake_error = "POST /wake_up answered 500"
     outcome = await rig.ask(Wake())
     assert isinstance(outcome, EngineFailed) and outcome.phase is Phase.SLEEPING
     assert "500" in outcome.message and "WakeFailed" in rig.reasons()
 
 
 async def test_a_second_sleep_waits_for_the_first_and_changes_nothing(rig: OwnerRig) -> None:
-    rig.adapter.call_takes_s = 0.05
+    rig.driver.call_takes_s = 0.05
     await active(rig)
     first, second = await asyncio.gather(rig.ask(Sleep(1)), rig.ask(Sleep(1)))
     assert isinstance(first, Done) and first.changed
@@ -451,15 +451,15 @@ async def test_a_second_sleep_waits_for_the_first_and_changes_nothing(rig: Owner
 async def test_a_restarted_engine_that_was_asleep_goes_back_to_sleep(rig: OwnerRig) -> None:
     await active(rig)
     await rig.ask(Sleep(2))
-    rig.adapter.sleeping = False  # a new process starts awake
+    rig.driver.sleeping = False  # a new process starts awake
     rig.launcher.last.exit(code=1)
     await rig.until(lambda: len(rig.launcher.spawned) == 2 and rig.owner is not None
                     and rig.owner.view.phase is Phase.SLEEPING, "asleep again")
-    assert rig.adapter.calls.count("sleep:2") == 2
+    assert rig.driver.calls.count("sleep:2") == 2
 
 
 async def test_an_engine_that_is_not_up_cannot_sleep(rig: OwnerRig) -> None:
-    rig.adapter.healthy_answer = False
+    rig.driver.healthy_answer = False
     rig.start()
     outcome = await rig.ask(Sleep(1))
     assert isinstance(outcome, Refused) and outcome.kind is Refusal.CONFLICT
@@ -471,7 +471,7 @@ async def test_an_engine_that_is_not_up_cannot_sleep(rig: OwnerRig) -> None:
 
 async def test_an_adopted_engine_is_taken_at_its_own_word_on_sleep(rig: OwnerRig) -> None:
     running = await rig.launcher.spawn(["x"], {}, Path("/dev/null"))
-    rig.adapter.sleeping = True
+    rig.driver.sleeping = True
     record = make_record(pid=running.pid, pid_start_time=running.start_time,
                          phase=Phase.ACTIVE, desired="awake")
     owner = rig.start(record, StartMode.ADOPT, running.pid)
@@ -520,11 +520,11 @@ async def test_an_engine_that_stops_answering_is_not_ready_then_killed_and_resta
     await active(probed)
     assert probed.owner is not None
     stuck = probed.launcher.last
-    probed.adapter.probe_hangs = True  # SIGSTOP, a deadlock: no answer
+    probed.driver.probe_hangs = True  # SIGSTOP, a deadlock: no answer
     await probed.until(lambda: "EngineUnresponsive" in probed.reasons(), "unresponsive")
     assert not probed.owner.view.ready and "EngineUnresponsive" in probed.owner.view.conditions
     await probed.until(lambda: "signal_group:SIGKILL" in stuck.calls, "killed after the grace")
-    probed.adapter.probe_hangs = False  # the next process answers
+    probed.driver.probe_hangs = False  # the next process answers
     await probed.until(lambda: len(probed.launcher.spawned) == 2, "restarted")
     assert "unresponsive" in (probed.owner.view.last_error or "")
 
@@ -532,7 +532,7 @@ async def test_an_engine_that_stops_answering_is_not_ready_then_killed_and_resta
 async def test_the_phase_follows_what_the_engine_says_about_sleep(probed: OwnerRig) -> None:
     await active(probed)
     assert probed.owner is not None
-    probed.adapter.sleeping = True  # asleep by someone else's hand, or by a lost call
+    probed.driver.sleeping = True  # asleep by someone else's hand, or by a lost call
     await probed.until(lambda: probed.owner is not None
                        and probed.owner.view.phase is Phase.SLEEPING, "observed asleep")
     assert "Observed" in probed.reasons()
@@ -541,7 +541,7 @@ async def test_the_phase_follows_what_the_engine_says_about_sleep(probed: OwnerR
 async def test_a_sleep_cut_short_by_an_agent_restart_is_resolved_by_asking_the_engine(
         probed: OwnerRig) -> None:
     running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
-    probed.adapter.sleeping = True  # the sleep went through after the old agent died
+    probed.driver.sleeping = True  # the sleep went through after the old agent died
     record = make_record(pid=running.pid, pid_start_time=running.start_time, phase=Phase.ACTIVE,
                          desired="awake", operation=InFlight(action="sleep", level=1))
     owner = probed.start(record, StartMode.ADOPT, running.pid)
@@ -553,13 +553,13 @@ async def test_a_sleep_cut_short_by_an_agent_restart_is_resolved_by_asking_the_e
 
 async def test_a_sleep_that_ends_after_the_restart_is_published_whole(probed: OwnerRig) -> None:
     running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
-    probed.adapter.sleeping = False  # still going to sleep when the new agent looks
+    probed.driver.sleeping = False  # still going to sleep when the new agent looks
     record = make_record(pid=running.pid, pid_start_time=running.start_time, phase=Phase.ACTIVE,
                          desired="awake", operation=InFlight(action="sleep", level=1,
                                                            started_at=time.time()))
     owner = probed.start(record, StartMode.ADOPT, running.pid)
     await probed.until(lambda: owner.view.phase is Phase.ACTIVE and owner.view.ready, "ready")
-    probed.adapter.sleeping = True  # the sleep the old agent asked for ends now
+    probed.driver.sleeping = True  # the sleep the old agent asked for ends now
     await probed.until(lambda: owner.view.phase is Phase.SLEEPING, "observed asleep")
     assert owner.view.desired == "asleep"
     # no reader ever saw the engine asleep with the desired state of before
@@ -569,17 +569,17 @@ async def test_a_sleep_that_ends_after_the_restart_is_published_whole(probed: Ow
 async def test_a_wake_still_running_after_the_restart_is_settled_when_the_engine_wakes(
         probed: OwnerRig) -> None:
     running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
-    probed.adapter.sleeping = True  # the old agent's wake is still under way in the engine
+    probed.driver.sleeping = True  # the old agent's wake is still under way in the engine
     record = make_record(pid=running.pid, pid_start_time=running.start_time,
                          phase=Phase.SLEEPING, desired="asleep", sleep_level=1,
                          operation=InFlight(action="wake", level=1, started_at=time.time()))
     owner = probed.start(record, StartMode.ADOPT, running.pid)
-    await probed.until(lambda: owner.view.phase is Phase.SLEEPING and probed.adapter.probes > 0,
+    await probed.until(lambda: owner.view.phase is Phase.SLEEPING and probed.driver.probes > 0,
                        "adopted asleep")
-    probes = probed.adapter.probes
-    await probed.until(lambda: probed.adapter.probes > probes + 5, "probed a while asleep")
+    probes = probed.driver.probes
+    await probed.until(lambda: probed.driver.probes > probes + 5, "probed a while asleep")
     assert owner.record.operation is not None and owner.view.desired == "asleep"
-    probed.adapter.sleeping = False  # the wake ends
+    probed.driver.sleeping = False  # the wake ends
     await probed.until(lambda: owner.view.phase is Phase.ACTIVE, "observed awake")
     assert owner.view.desired == "awake" and owner.record.operation is None
 
@@ -587,7 +587,7 @@ async def test_a_wake_still_running_after_the_restart_is_settled_when_the_engine
 async def test_a_cut_short_call_that_can_no_longer_be_running_settles_on_what_is(
         probed: OwnerRig) -> None:
     running = await probed.launcher.spawn(["x"], {}, Path("/dev/null"))
-    probed.adapter.sleeping = True  # the wake failed in the engine: it stays asleep
+    probed.driver.sleeping = True  # the wake failed in the engine: it stays asleep
     long_ago = time.time() - probed.settings.lifecycle_timeout_s - 1
     record = make_record(pid=running.pid, pid_start_time=running.start_time,
                          phase=Phase.SLEEPING, desired="awake", sleep_level=1,
@@ -599,14 +599,14 @@ async def test_a_cut_short_call_that_can_no_longer_be_running_settles_on_what_is
 
 
 async def test_a_sleep_is_durable_before_the_engine_is_called(rig: OwnerRig) -> None:
-    rig.adapter.hold = asyncio.Event()
+    rig.driver.hold = asyncio.Event()
     await active(rig)
     asking = asyncio.ensure_future(rig.ask(Sleep(1)))
-    await rig.until(lambda: "sleep:1" in rig.adapter.calls, "sleep sent")
+    await rig.until(lambda: "sleep:1" in rig.driver.calls, "sleep sent")
     on_disk = next(iter(rig.store.records.values()))
     assert on_disk.operation == InFlight(action="sleep", level=1,
                                          started_at=on_disk.operation.started_at)  # type: ignore[union-attr]
-    rig.adapter.hold.set()
+    rig.driver.hold.set()
     await asking
     await rig.until(lambda: next(iter(rig.store.records.values())).operation is None, "cleared")
 
@@ -618,7 +618,7 @@ async def test_a_full_disk_costs_no_control_and_refuses_what_it_cannot_remember(
     rig.store.fail = errno.ENOSPC
     first = await rig.ask(Sleep(1))  # nothing written yet: the sleep's own write finds out
     assert isinstance(first, Refused) and first.kind is Refusal.UNAVAILABLE
-    assert not any(c.startswith("sleep") for c in rig.adapter.calls)  # nothing was sent
+    assert not any(c.startswith("sleep") for c in rig.driver.calls)  # nothing was sent
     assert rig.owner.view.phase is Phase.ACTIVE and rig.owner.record.operation is None
     await rig.until(lambda: "StorageUnavailable" in rig.reasons(), "reported")
     refused = await rig.ask(Sleep(1))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from contract.phases import Phase
-from engines.adapter import Observation
+from engines.driver import Observation
 from runtime_agent.kv.segment import create_segment
 from runtime_agent.supervision.messages import (
     Exited,

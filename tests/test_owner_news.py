@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from contract.phases import Phase
-from engines.adapter import Observation
+from engines.driver import Observation
 from registry.record import EngineRecord, EngineSpec, LoraAdapter
 from runtime_agent.kv.segment import create_segment, read_segment
 from runtime_agent.supervision.messages import KvReading, LoadAdapter, Revive, SetKvLimit
@@ -33,7 +33,7 @@ async def rig(tmp_path: Path):
 
 async def test_request_figures_reach_the_view_with_when_they_were_taken(rig: OwnerRig) -> None:
     rig.clock.wall_at = 1234.5
-    rig.adapter.figures = Observation(running=3, waiting=1, success_total=42)
+    rig.driver.figures = Observation(running=3, waiting=1, success_total=42)
     owner = rig.start()
     await rig.until(lambda: owner.view.requests_running is not None, "figures")
     view = owner.view
@@ -72,7 +72,7 @@ async def test_a_started_engine_gets_its_recorded_adapters_and_loads_new_ones(
         rig: OwnerRig) -> None:
     owner = rig.start(lora_record(LoraAdapter(name="sql", path="/a/sql")))
     await rig.until(lambda: owner.view.adapters == (("sql", "/a/sql", True),), "sql loaded")
-    assert "load_adapter:sql" in rig.adapter.calls
+    assert "load_adapter:sql" in rig.driver.calls
     loaded = await rig.ask(LoadAdapter("chat", "/a/chat"))
     assert isinstance(loaded, Done) and loaded.details == {
         "lora_name": "chat", "loaded": True, "adapters": ["chat", "sql"]}

@@ -1,6 +1,6 @@
 """How an engine owner starts its engine, tested directly over the recording fakes.
 
-What the launcher is handed (the adapter's argv, the engine's identity in its environment, the
+What the launcher is handed (the driver's argv, the engine's identity in its environment, the
 log the owner later reads), the wait for a port another process holds (a doubling pause capped
 at 30 s, told once, no budget spent), the turn on the engine's cards, the weight cache's copy
 to start on, Ollama's load after the start, and what the agent log says about each start.
@@ -42,7 +42,7 @@ async def test_the_launcher_gets_the_engines_command_identity_and_log(rig: Owner
     owner = rig.start()
     assert await asyncio.wait_for(owner.spawned, 5) is None  # started: no error to report
     await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
-    assert rig.launcher.argv == [["fake-engine", "hf://org/m"]]  # the adapter's command line
+    assert rig.launcher.argv == [["fake-engine", "hf://org/m"]]  # the driver's command line
     env = rig.launcher.env[0]
     # what re-adoption finds the engine by, and kvcached's segment name for its KV limit
     assert env[ENV_ENGINE_ID] == "e" * 16 and env[ENV_STATE_DIR] == str(rig.settings.state_dir)
@@ -166,7 +166,7 @@ async def test_a_started_engine_is_prepared_unless_it_is_an_ollama_meant_to_slee
     owner = rig.start(record_of(engine, desired))
     await rig.until(lambda: owner.view.phase in (Phase.ACTIVE, Phase.SLEEPING)
                     and "Ready" in rig.reasons(), "ready")
-    assert ("prepare" in rig.adapter.calls) is prepared
+    assert ("prepare" in rig.driver.calls) is prepared
 
 
 # ---- the turn on the engine's cards ---------------------------------------------------------

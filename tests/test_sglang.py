@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from engines import sglang
-from engines.adapter import LaunchContext
+from engines.driver import LaunchContext
 from contract.flags import known_flags
 from contract.flags import unrecognized
 from registry.record import EngineRecord, EngineSpec
@@ -37,7 +37,7 @@ async def test_the_command_line_uses_only_sglangs_own_flags() -> None:
                         bind_host="0.0.0.0", base_env={"HF_TOKEN": "t"},
                         extra_env={"KVCACHED_IPC_NAME": "kvc_qwen3-0-6b"})
     async with aiohttp.ClientSession() as session:
-        argv, env = sglang.SglangAdapter(session, "127.0.0.1", 20007).command(
+        argv, env = sglang.SglangDriver(session, "127.0.0.1", 20007).command(
             _record({"--context-length": "4096", "--disable-radix-cache": ""}), ctx)
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     _check_against_sglangs_parser(argv[3:])

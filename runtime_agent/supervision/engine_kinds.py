@@ -1,4 +1,4 @@
-"""Engine kinds as the agent sees them: which adapter runs an engine, how it is started, and
+"""Engine kinds as the agent sees them: which driver runs an engine, how it is started, and
 what makes an activation invalid for its kind.
 
 The agent-side identity (engine id, state directory, spec) and the kvcached settings go into
@@ -23,7 +23,7 @@ from contract.engines import (
 )
 from contract.engines import gpus_needed as contract_gpus_needed
 from engines import sglang, vllm
-from engines.adapter import EngineAdapter, LaunchContext
+from engines.driver import EngineDriver, LaunchContext
 from registry.record import (
     ENV_ENGINE_ID,
     ENV_ENGINE_SPEC,
@@ -101,17 +101,17 @@ def gpus_needed(spec: EngineSpec) -> int:
     return contract_gpus_needed(spec.engine, spec.args)
 
 
-def make_adapter(settings: Settings, session: aiohttp.ClientSession,
-                 record: EngineRecord) -> EngineAdapter:
+def make_driver(settings: Settings, session: aiohttp.ClientSession,
+                 record: EngineRecord) -> EngineDriver:
     spec = record.spec
     host = settings.engine_probe_host
     if spec.engine == "ollama":
         from engines import ollama
 
-        return ollama.OllamaAdapter(session, host, record.port, spec.artifact_url)
+        return ollama.OllamaDriver(session, host, record.port, spec.artifact_url)
     if spec.engine == "sglang":
-        return sglang.SglangAdapter(session, host, record.port)
-    return vllm.VllmAdapter(session, host, record.port, sleep_mode=settings.vllm_sleep_mode)
+        return sglang.SglangDriver(session, host, record.port)
+    return vllm.VllmDriver(session, host, record.port, sleep_mode=settings.vllm_sleep_mode)
 
 
 def carried_spec(record: EngineRecord) -> str:
@@ -125,7 +125,7 @@ def carried_spec(record: EngineRecord) -> str:
         "sleep_level": record.sleep_level, "credential_keys": sorted(record.credentials)})
 
 
-def engine_command(settings: Settings, record: EngineRecord, adapter: EngineAdapter,
+def engine_command(settings: Settings, record: EngineRecord, driver: EngineDriver,
                    model_path: str | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and env; ``model_path``: the weight cache's copy to start on, in place of the
     artifact URL."""
@@ -157,4 +157,4 @@ def engine_command(settings: Settings, record: EngineRecord, adapter: EngineAdap
                         base_env=os.environ,
                         extra_env={**settings.extra_engine_env, **record.credentials, **identity},
                         model_path=os.path.abspath(model_path) if model_path else None)
-    return adapter.command(record, ctx)
+    return driver.command(record, ctx)

@@ -11,7 +11,7 @@ import asyncio
 import enum
 from dataclasses import dataclass
 
-from engines.adapter import Observation
+from engines.driver import Observation
 from engines.process import ExitInfo
 from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.segment import SegmentInfo

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from contract.clock import Clock
-from engines.adapter import EngineAdapter
+from engines.driver import EngineDriver
 from engines.client import EngineCallError
 from runtime_agent.cadence import Pacer
 from runtime_agent.settings import Settings
@@ -32,22 +32,22 @@ from runtime_agent.supervision.messages import Figures, Health, Message, Ready, 
 Post = Callable[[Message], None]
 
 
-async def probe_ready(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
+async def probe_ready(driver: EngineDriver, settings: Settings, post: Post, gen: int,
                       prepare: bool, clock: Clock, asleep: bool = False) -> None:
     """Probe until the engine answers; a started engine is then prepared unless it is meant
     to sleep; then its own word on sleep decides."""
     s = settings
     for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
         await clock.sleep(delay)
-        if await adapter.healthy(s.probe_timeout_s, asleep):
+        if await driver.healthy(s.probe_timeout_s, asleep):
             break
     if prepare:
         try:
-            await adapter.prepare(s.lifecycle_timeout_s)
+            await driver.prepare(s.lifecycle_timeout_s)
         except EngineCallError as exc:
             post(Unusable(gen, f"start-up failed: {exc}"))
             return
-    sleeping = await adapter.is_sleeping(s.probe_timeout_s)
+    sleeping = await driver.is_sleeping(s.probe_timeout_s)
     post(Ready(gen, sleeping))
 
 
@@ -71,13 +71,13 @@ async def watch_progress(log_path: Path, settings: Settings, post: Post, gen: in
         await clock.sleep(min(1.0, stall / 4))
 
 
-async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
+async def scrape(driver: EngineDriver, settings: Settings, post: Post, gen: int,
                  pacer: Pacer) -> None:
     """Read the engine's request figures now, then as ``pacer`` says: figures other than the
     last ones (requests came or went) are an event."""
     last: object = None
     while True:
-        figures = await adapter.observe(settings.probe_timeout_s)
+        figures = await driver.observe(settings.probe_timeout_s)
         if figures is not None:
             post(Figures(gen, figures))
         pacer.looked(event=figures != last)
@@ -85,7 +85,7 @@ async def scrape(adapter: EngineAdapter, settings: Settings, post: Post, gen: in
         await pacer.pause()
 
 
-async def watch_health(adapter: EngineAdapter, settings: Settings, post: Post, gen: int,
+async def watch_health(driver: EngineDriver, settings: Settings, post: Post, gen: int,
                        asleep: Callable[[], bool], busy: Callable[[], bool],
                        pacer: Pacer) -> None:
     """Probe a ready engine as ``pacer`` says: its answer (or none within the probe timeout)
@@ -99,10 +99,10 @@ async def watch_health(adapter: EngineAdapter, settings: Settings, post: Post, g
     while True:
         await pacer.pause()
         if busy():
-            answered = await adapter.healthy(settings.probe_timeout_s, asleep())
+            answered = await driver.healthy(settings.probe_timeout_s, asleep())
             sleeping: bool | None = None
         else:
-            answered, sleeping = await adapter.probe(settings.probe_timeout_s, asleep())
+            answered, sleeping = await driver.probe(settings.probe_timeout_s, asleep())
         misses = 0 if answered else misses + 1
         post(Health(gen, answered, sleeping, misses))
         pacer.looked(event=not answered or (answered, sleeping) != last)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from contract.clock import Clock, LoopClock
-from engines.adapter import EngineAdapter
+from engines.driver import EngineDriver
 from engines.process import ProcessLauncher
 from registry.record import EngineRecord
 from registry.store import RegistryStore
@@ -27,12 +27,12 @@ class OwnerDeps:
     settings: Settings
     store: RegistryStore
     launcher: ProcessLauncher
-    adapter_for: Callable[[EngineRecord], EngineAdapter]
+    driver_for: Callable[[EngineRecord], EngineDriver]
     on_event: Callable[[EngineEvent], None]
     on_view: Callable[[EngineView], None]
     memory: MemoryBroker
     clock: Clock = field(default_factory=LoopClock)  # every time an owner reads or waits for
     port_free: Callable[[int, str], bool] = port_is_free
-    stager: EngineStager | None = None  # the weight cache (None: off); see staging.py
+    stager: EngineStager | None = None  # the weight cache (None: off); see ``weights.py``
     storage: StorageHealth = field(default_factory=StorageHealth)  # shared by every owner
     throttled: Throttled = field(default_factory=lambda: Throttled(log))

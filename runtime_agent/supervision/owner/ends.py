@@ -16,7 +16,7 @@ from pathlib import Path
 from contract.clock import Timer
 from contract.phases import Phase
 from contract.reasons import PORT_HELD, RESTART_BUDGET_EXHAUSTED
-from engines.adapter import EngineAdapter
+from engines.driver import EngineDriver
 from engines.process import ExitInfo, tail_lines
 from registry import stops
 from runtime_agent.kv.keeper import KvKeeper
@@ -50,7 +50,7 @@ class EndParts:
 
 
 class Ends:
-    def __init__(self, loop: OwnerLoop, deps: OwnerDeps, engine: EngineAdapter, kv: KvKeeper,
+    def __init__(self, loop: OwnerLoop, deps: OwnerDeps, engine: EngineDriver, kv: KvKeeper,
                  log_path: Path, parts: EndParts, forget_figures: Callable[[], None]) -> None:
         self._loop, self._deps, self._settings = loop, deps, deps.settings
         self._engine, self._kv, self._log_path, self._p = engine, kv, log_path, parts

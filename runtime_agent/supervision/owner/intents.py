@@ -17,7 +17,7 @@ from typing import Any
 
 from contract.phases import Phase
 from contract.reasons import SLEEP_FAILED, STORAGE_UNAVAILABLE, WAKE_FAILED
-from engines.adapter import EngineAdapter
+from engines.driver import EngineDriver
 from engines.client import EngineCallError
 from registry.record import InFlight
 from runtime_agent.gpu.admission import Refuse
@@ -44,7 +44,7 @@ from runtime_agent.supervision.owner.slots import OperationSlot
 
 class Intents:
     def __init__(self, loop: OwnerLoop, ops: OperationSlot, lora: Lora, kv: KvKeeper,
-                 engine: EngineAdapter, memory: MemoryBroker, storage: StorageHealth,
+                 engine: EngineDriver, memory: MemoryBroker, storage: StorageHealth,
                  settings: Settings) -> None:
         self._loop, self._ops, self._lora, self._kv = loop, ops, lora, kv
         self._engine, self._memory, self._storage, self._settings = (engine, memory, storage,

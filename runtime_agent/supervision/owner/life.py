@@ -17,7 +17,7 @@ from typing import Any
 
 from contract.phases import Phase
 from contract.reasons import PORT_HELD, START_FAILED, START_QUEUED, STORAGE_UNAVAILABLE
-from engines.adapter import EngineAdapter
+from engines.driver import EngineDriver
 from engines.process import EngineProcess, ExitInfo, SpawnError, group_workers
 from runtime_agent.cadence import Pacer
 from runtime_agent.kv.keeper import KvKeeper
@@ -45,7 +45,7 @@ from runtime_agent.supervision.owner.ends import Ends
 from runtime_agent.supervision.owner.port import OwnerLoop, post_later
 from runtime_agent.supervision.owner.promises import Promises
 from runtime_agent.supervision.owner.slots import ProcessSlot
-from runtime_agent.supervision.owner.staging import STAGING_FAILED, FailWith, StagingSlot, StartOn
+from runtime_agent.supervision.owner.weights import STAGING_FAILED, FailWith, StagingSlot, StartOn
 from runtime_agent.supervision.owner.turns import TurnSlot
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Parts:
 
 
 class Life:
-    def __init__(self, loop: OwnerLoop, deps: OwnerDeps, engine: EngineAdapter, kv: KvKeeper,
+    def __init__(self, loop: OwnerLoop, deps: OwnerDeps, engine: EngineDriver, kv: KvKeeper,
                  log_path: Path, parts: Parts, paces: tuple[Pacer, Pacer, Pacer],
                  forget_figures: Callable[[], None]) -> None:
         self._loop, self._deps, self._settings = loop, deps, deps.settings

@@ -10,7 +10,7 @@ tasks that post their results back, so the owner keeps answering (a stop, an exi
 engine call is in flight. No lock exists.
 
 The loop is the only writer of the inbox, the phase and the view; the rest lives in parts that
-keep their own fields (``slots``, ``liveness``, ``records``, ``staging``, ``turns``, ``lora``,
+keep their own fields (``slots``, ``liveness``, ``records``, ``weights``, ``turns``, ``lora``,
 ``intents``, ``observe``, ``promises``) and reach the loop through ``port.OwnerLoop`` only.
 Starting the engine's process is ``life``; ending it, ``ends``. Time comes from the injected
 clock (``deps.clock``).
@@ -29,7 +29,7 @@ from typing import Any
 
 from contract.clock import Clock
 from contract.phases import Phase, check_transition
-from engines.adapter import Observation
+from engines.driver import Observation
 from registry.record import EngineRecord, EngineSpec
 from runtime_agent.cadence import Pacer
 from runtime_agent.kv.keeper import KvKeeper
@@ -70,7 +70,7 @@ from runtime_agent.supervision.owner.observe import Observer
 from runtime_agent.supervision.owner.promises import Promises
 from runtime_agent.supervision.owner.records import RecordWriter
 from runtime_agent.supervision.owner.slots import OperationSlot, ProcessSlot
-from runtime_agent.supervision.owner.staging import StagingSlot
+from runtime_agent.supervision.owner.weights import StagingSlot
 from runtime_agent.supervision.owner.turns import TurnSlot
 from runtime_agent.supervision.owner.view import Seen, make_view
 from runtime_agent.supervision.views import EngineEvent, EngineView
@@ -84,7 +84,7 @@ class EngineOwner:
         self._deps = deps
         s = self._settings = deps.settings
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self._engine = deps.adapter_for(record)
+        self._engine = deps.driver_for(record)
         self._helpers: set[asyncio.Task[None]] = set()
         self._figures: Observation | None = None
         self._figures_at: float | None = None

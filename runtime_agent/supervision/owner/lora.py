@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from contract.engines import adapter_name_problem, lora_enabled
 from contract.phases import Phase
-from engines.adapter import EngineAdapter
+from engines.driver import EngineDriver
 from engines.client import EngineCallError
 from registry.record import LoraAdapter
 from runtime_agent.settings import Settings
@@ -58,7 +58,7 @@ class Plan:
 
 class Lora:
     def __init__(self, loop: OwnerLoop, ops: OperationSlot, procs: ProcessSlot,
-                 engine: EngineAdapter, storage: StorageHealth, settings: Settings) -> None:
+                 engine: EngineDriver, storage: StorageHealth, settings: Settings) -> None:
         self._loop, self._ops, self._procs = loop, ops, procs
         self._engine, self._storage, self._settings = engine, storage, settings
         self._loaded: set[str] = set()  # the adapters the current process serves

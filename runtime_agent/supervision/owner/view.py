@@ -15,7 +15,7 @@ from contract.reasons import (
     START_QUEUED,
     STORAGE_UNAVAILABLE,
 )
-from engines.adapter import Observation
+from engines.driver import Observation
 from registry.record import EngineRecord
 from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.hold import KvState

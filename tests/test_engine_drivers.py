@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from engines import ollama, vllm
-from engines.adapter import LaunchContext
+from engines.driver import LaunchContext
 from engines.client import EngineCallError
 from registry.record import EngineRecord, EngineSpec
 
@@ -29,8 +29,8 @@ def ctx(command: tuple[str, ...], simulated: bool = False) -> LaunchContext:
 
 async def test_vllm_gets_agent_flags_dev_mode_and_inherits_hf_settings() -> None:
     async with aiohttp.ClientSession() as session:
-        adapter = vllm.VllmAdapter(session, "127.0.0.1", 20005, sleep_mode=True)
-        argv, env = adapter.command(record("vllm", "hf://Qwen/Qwen3-0.6B",
+        driver = vllm.VllmDriver(session, "127.0.0.1", 20005, sleep_mode=True)
+        argv, env = driver.command(record("vllm", "hf://Qwen/Qwen3-0.6B",
                                            {"--max-model-len": "2048"}), ctx(("vllm", "serve")))
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-0.6B"]
     assert "--enable-sleep-mode" in argv and argv[-2:] == ["--max-model-len", "2048"]
@@ -40,21 +40,21 @@ async def test_vllm_gets_agent_flags_dev_mode_and_inherits_hf_settings() -> None
 
 async def test_vllm_without_sleep_support_starts_without_the_flag_and_says_why() -> None:
     async with aiohttp.ClientSession() as session:
-        adapter = vllm.VllmAdapter(session, "127.0.0.1", 20005, sleep_mode=False)
-        argv, _ = adapter.command(record("vllm", "hf://a/b"), ctx(("vllm", "serve")))
+        driver = vllm.VllmDriver(session, "127.0.0.1", 20005, sleep_mode=False)
+        argv, _ = driver.command(record("vllm", "hf://a/b"), ctx(("vllm", "serve")))
         assert "--enable-sleep-mode" not in argv
-        assert "not supported on current platform" in (adapter.sleep_unsupported() or "")
-        assert await adapter.is_sleeping(1.0) is False
+        assert "not supported on current platform" in (driver.sleep_unsupported() or "")
+        assert await driver.is_sleeping(1.0) is False
 
 
 async def test_ollama_runs_one_server_per_model_on_its_port_with_its_settings() -> None:
     async with aiohttp.ClientSession() as session:
-        adapter = ollama.OllamaAdapter(session, "127.0.0.1", 20005, "ollama://qwen3:0.6b")
-        argv, env = adapter.command(
+        driver = ollama.OllamaDriver(session, "127.0.0.1", 20005, "ollama://qwen3:0.6b")
+        argv, env = driver.command(
             record("ollama", "ollama://qwen3:0.6b",
                    {"--context-length": "8192", "--num-parallel": "2", "--models": "/m"}),
             ctx(("ollama", "serve")))
-        await adapter.close()
+        await driver.close()
     assert argv == ["ollama", "serve"]
     assert env["OLLAMA_HOST"] == "0.0.0.0:20005" and env["OLLAMA_KEEP_ALIVE"] == "-1"
     assert env["OLLAMA_CONTEXT_LENGTH"] == "8192" and env["OLLAMA_NUM_PARALLEL"] == "2"
@@ -63,10 +63,10 @@ async def test_ollama_runs_one_server_per_model_on_its_port_with_its_settings() 
 
 async def test_a_simulated_ollama_gets_the_simulator_in_ollama_mode() -> None:
     async with aiohttp.ClientSession() as session:
-        adapter = ollama.OllamaAdapter(session, "127.0.0.1", 20005, "qwen3:0.6b")
-        argv, _ = adapter.command(record("ollama", "qwen3:0.6b", {"--sim-load-seconds": "0"}),
+        driver = ollama.OllamaDriver(session, "127.0.0.1", 20005, "qwen3:0.6b")
+        argv, _ = driver.command(record("ollama", "qwen3:0.6b", {"--sim-load-seconds": "0"}),
                                   ctx(("python", "-m", "engines.sim", "serve"), simulated=True))
-        await adapter.close()
+        await driver.close()
     assert argv == ["python", "-m", "engines.sim", "serve", "qwen3:0.6b", "--sim-mode", "ollama",
                     "--sim-load-seconds", "0"]
 
@@ -96,10 +96,10 @@ async def test_a_wake_from_level_two_reloads_the_weights_before_the_kv_cache() -
     server, seen = await _recording_vllm()
     try:
         async with aiohttp.ClientSession() as session:
-            adapter = vllm.VllmAdapter(session, "127.0.0.1", server.port)
-            await adapter.sleep(2, 5)
-            await adapter.wake(2, 5)
-            await adapter.wake(1, 5)
+            driver = vllm.VllmDriver(session, "127.0.0.1", server.port)
+            await driver.sleep(2, 5)
+            await driver.wake(2, 5)
+            await driver.wake(1, 5)
     finally:
         await server.close()
     assert seen == ["POST /sleep?level=2",
@@ -137,10 +137,10 @@ async def test_every_step_of_a_wake_is_bounded_by_its_timeout(stuck: str) -> Non
     """An engine that never answers one step of a wake: the call fails within its timeout
     instead of waiting for ever (the owner's lifecycle bound depends on it)."""
     async with engine_stuck_on(stuck) as port, aiohttp.ClientSession() as session:
-        adapter = vllm.VllmAdapter(session, "127.0.0.1", port)
+        driver = vllm.VllmDriver(session, "127.0.0.1", port)
         level = 1 if stuck == "/wake_up" else 2
         with pytest.raises(EngineCallError):
-            await asyncio.wait_for(adapter.wake(level, 0.2), 10)
+            await asyncio.wait_for(driver.wake(level, 0.2), 10)
 
 
 @pytest.mark.parametrize("stuck", ["/sleep?level=1", "/is_sleeping"])
@@ -149,12 +149,12 @@ async def test_a_sleep_and_the_sleep_question_are_bounded_by_their_timeout(stuck
     question goes unanswered within the timeout (the owner's sleep and health probes rely on
     it), instead of waiting for ever."""
     async with engine_stuck_on(stuck) as port, aiohttp.ClientSession() as session:
-        adapter = vllm.VllmAdapter(session, "127.0.0.1", port, sleep_mode=True)
+        driver = vllm.VllmDriver(session, "127.0.0.1", port, sleep_mode=True)
         if stuck == "/is_sleeping":
-            assert await asyncio.wait_for(adapter.is_sleeping(0.2), 10) is None  # unknown
+            assert await asyncio.wait_for(driver.is_sleeping(0.2), 10) is None  # unknown
         else:
             with pytest.raises(EngineCallError):
-                await asyncio.wait_for(adapter.sleep(1, 0.2), 10)
+                await asyncio.wait_for(driver.sleep(1, 0.2), 10)
 
 
 async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:
@@ -162,8 +162,8 @@ async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:
     from contract.flags import unrecognized
 
     async with aiohttp.ClientSession() as session:
-        adapter = vllm.VllmAdapter(session, "127.0.0.1", 20005, sleep_mode=True)
-        argv, _ = adapter.command(record("vllm", "hf://Qwen/Qwen3-0.6B", {
+        driver = vllm.VllmDriver(session, "127.0.0.1", 20005, sleep_mode=True)
+        argv, _ = driver.command(record("vllm", "hf://Qwen/Qwen3-0.6B", {
             "--max-model-len": "2048", "--enable-lora": "", "-tp": "1"}), ctx(("vllm", "serve")))
     assert unrecognized(argv[2:], known_flags("vllm")) == []  # after "vllm serve"; MODEL is the one positional
     assert unrecognized(argv[2:] + ["--no-such-flag"], known_flags("vllm")) == ["--no-such-flag"]

@@ -1,9 +1,10 @@
-"""What the supervisor needs from an engine kind, whatever the kind: the adapter interface.
+"""What the supervisor needs from an engine kind, whatever the kind: the driver interface.
 
-An owner holds one adapter for its engine. The adapter builds the command line and
-environment, says what is wrong with an activation, and speaks the engine's own HTTP API for
-readiness, sleep state, sleep, wake and observations. It keeps no lifecycle state of its own:
-the owner decides, the adapter carries it out.
+An owner holds one driver for its engine (``vllm.VllmDriver``, ``sglang.SglangDriver``,
+``ollama.OllamaDriver``). The driver builds the command line and environment, says what is
+wrong with an activation, and speaks the engine's own HTTP API for readiness, sleep state,
+sleep, wake, observations and LoRA adapters. It keeps no lifecycle state of its own: the owner
+decides, the driver carries it out. ("Adapter" in this codebase means a LoRA adapter only.)
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class LaunchContext:
     model_path: str | None = None  # a local copy of the artifact to start on (the weight cache)
 
 
-class EngineAdapter(Protocol):
+class EngineDriver(Protocol):
     kind: str
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:
