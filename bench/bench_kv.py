@@ -28,9 +28,9 @@ from bench.common import (
     summary_ms,
 )
 from contract.names import ipc_name_for
+from contract.quantity import GiB
 
 GOAL_P99_MS = 200.0
-GiB = 1024 ** 3
 
 
 def watch_for(path: Path, seen: dict[str, float], timeout_s: float = 20.0) -> threading.Thread:

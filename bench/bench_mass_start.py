@@ -33,9 +33,9 @@ from typing import Any
 
 from bench.common import Events, Result, log, percentile, session
 from bench.sidebyside import ROOT, engine_argv
+from contract.quantity import GiB
 from tests.harness import AgentProcess, free_port_block
 
-GiB = 2**30
 WEIGHTS = 256 * 2**20  # small, so 64 fit on 8 cards with room to spare; the figure is timing
 DECLARED = {"maximum_footprint_bytes": GiB, "kv_floor_bytes": GiB // 2}
 GOAL_DECLARED, GOAL_MEASURED = 1.1, 1.3  # the "within 1.1x / 1.3x of the floor"

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-GiB = 1 << 30
+from contract.quantity import GiB
 
 
 def agent_ip(index: int) -> str:

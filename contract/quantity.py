@@ -18,7 +18,8 @@ from fractions import Fraction
 
 KiB = 1 << 10
 MiB = 1 << 20
-GiB = 1 << 30
+GiB = 1 << 30  # the one GiB constant of the product
+TiB = 1 << 40
 
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
 _DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
@@ -107,12 +108,15 @@ def size_type(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def gib(nbytes: int) -> str:
-    """A size as messages show it: GiB with one decimal (``7.0 GiB``), MiB below a GiB (never
-    ``0.0 GiB``). The one byte formatter of the agent's and the reconciler's messages."""
-    if abs(nbytes) >= GiB:
-        return f"{nbytes / GiB:.1f} GiB"
-    return f"{nbytes / MiB:.0f} MiB"
+def gib(nbytes: float, sep: str = " ") -> str:
+    """A size as people read it, in binary units with one decimal: ``7.0 GiB``, ``1.0 TiB``,
+    ``512.0 MiB``, ``1.5 KiB``, plain bytes below a KiB (``12 B``), never ``0.0 GiB``; ``sep``
+    goes between number and unit (tables leave it out: ``1.5GiB``). The one byte formatter of
+    the agent's and the reconciler's messages, the weight cache's and the console's."""
+    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f}{sep}{unit}"
+    return f"{int(nbytes)}{sep}B"
 
 
 def quantity(nbytes: int) -> str:

@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 
 from contract.endpoints import AGENT_PORT, base_url
-from contract.quantity import quantity
+from contract.quantity import gib, quantity
 from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_loopback, \
     listen_host
 from guard import listen
@@ -495,7 +495,7 @@ def describe(doc: dict[str, Any], now: float | None = None) -> str:
               f"Phase:        {st['phase']}"]
     for inst in st.get("instances") or ():
         kv = inst.get("kvLimitBytes")
-        kv_text = f"{kv / 2**30:.2f} GiB" if isinstance(kv, int) else "not set"
+        kv_text = gib(kv) if isinstance(kv, int) else "not set"
         lines.append(f"Instance:     {inst['agent']} port {inst.get('port')} GPU "
                      f"{','.join(str(d) for d in inst.get('devices') or ()) or '-'}, "
                      f"KV limit {kv_text}")

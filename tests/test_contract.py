@@ -247,3 +247,11 @@ def test_minus_tp_two_is_two_gpus_on_both_sides() -> None:
     tmp = Path("/nonexistent-state-dir")
     assert _claim_verdict("vllm", {"-tp": "2"}) == (True, 2)
     assert _agent_verdict("vllm", {"-tp": "2"}, tmp) == (True, 2)
+
+
+def test_a_size_reads_in_binary_units_with_one_decimal_whatever_its_scale() -> None:
+    from contract.quantity import GiB, MiB, TiB, gib
+
+    assert [gib(n) for n in (12, 1536, 512 * MiB, 7 * GiB, TiB)] == [
+        "12 B", "1.5 KiB", "512.0 MiB", "7.0 GiB", "1.0 TiB"]
+    assert gib(3 * GiB // 2, sep="") == "1.5GiB" and gib(-2 * GiB) == "-2.0 GiB"

@@ -24,7 +24,8 @@ import psutil
 import pytest
 
 from engines.sim.kvcache import KvCache
-from engines.sim.options import GIB, OptionsError, parse_options
+from contract.quantity import GiB as GIB
+from engines.sim.options import OptionsError, parse_options
 from runtime_agent.kv.segment import (
     SegmentInfo,
     SegmentReplaced,

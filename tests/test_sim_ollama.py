@@ -30,7 +30,8 @@ from engines.sim.ollama_config import (
     parse_host,
     settings_from_env,
 )
-from engines.sim.options import GIB, MIB, OptionsError, parse_options
+from contract.quantity import GiB as GIB, MiB as MIB
+from engines.sim.options import OptionsError, parse_options
 
 pytestmark = pytest.mark.timeout(30)
 

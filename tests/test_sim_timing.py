@@ -18,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engines.sim import timing
-from engines.sim.options import GIB, parse_options
+from contract.quantity import GiB as GIB
+from engines.sim.options import parse_options
 from engines.sim.textgen import answer_length, finish_reason
 from tests.harness import SimProcess, engine_port
 

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from contract.flags import invalid_values, known_flags, unrecognized
 from contract.flags.values import ValueType, convert
+from contract.quantity import GiB, KiB, MiB
 from engines.sim.kvcache import DEFAULT_SHM_DIR, ipc_name_from_env, round_up_to_pages
 from engines.sim.ollama_config import (
     OllamaSettings,
@@ -40,9 +41,6 @@ from engines.sim.ollama_config import (
 )
 from engines.sim.timing import start_seconds
 
-KIB = 1024
-MIB = 1024**2
-GIB = 1024**3
 SUPPORTED_MODES = ("vllm", "ollama", "sglang")
 VLLM_DEFAULT_HOST = "0.0.0.0"
 VLLM_DEFAULT_PORT = 8000
@@ -78,21 +76,21 @@ class SimOptions:
     fail_wake: bool = False
     sleep_seconds: float | None = None  # None: by the model's size and the level (engines.sim.timing)
     wake_seconds: float | None = None
-    memory_bytes: int = GIB
+    memory_bytes: int = GiB
     spawn_child: bool = False
     spawn_escaped: bool = False  # a helper in its own session, escaped from the group
     spawn_hidden: bool = False  # ... and with an empty environment: only a cgroup holds it
     request_seconds: float = 0.0
     token_seconds: float = 0.0
     max_running: int = 256
-    kv_capacity_bytes: int = 2 * GIB
-    kv_bytes_per_request: int = 64 * MIB
-    kv_page_bytes: int = 2 * MIB
+    kv_capacity_bytes: int = 2 * GiB
+    kv_bytes_per_request: int = 64 * MiB
+    kv_page_bytes: int = 2 * MiB
     kv_layers: int = 1
     reload_seconds: float | None = None  # vLLM: collective_rpc reload_weights (None: by the size)
     load_seconds: float = 0.2  # Ollama: loading one model
     stop_seconds: float = 0.0  # a SIGTERM ends the process this much later (a slow shutdown)
-    kv_bytes_per_token: int = 64 * KIB  # Ollama: KV slab = this x context_length x num_parallel
+    kv_bytes_per_token: int = 64 * KiB  # Ollama: KV slab = this x context_length x num_parallel
     missing_models: tuple[str, ...] = ()  # Ollama: normalised names that answer "not found"
     runner: str = "generate"  # vLLM's --runner: "pooling" serves /v1/embeddings instead of completions
     embedding_dim: int = 384  # the width of the simulated embedding vectors
@@ -141,20 +139,20 @@ _SIM_FLAGS: tuple[tuple[str, Callable[[str], Any], Any, bool], ...] = (
     ("fail_wake", _parse_bool, False, True),
     ("sleep_seconds", float, None, False),
     ("wake_seconds", float, None, False),
-    ("memory_bytes", int, GIB, False),
+    ("memory_bytes", int, GiB, False),
     ("spawn_child", _parse_bool, False, True),
     ("spawn_escaped", _parse_bool, False, True),
     ("spawn_hidden", _parse_bool, False, True),
     ("request_seconds", float, 0.0, False),
     ("token_seconds", float, 0.0, False),
     ("max_running", int, 256, False),
-    ("kv_capacity_bytes", int, 2 * GIB, False),
-    ("kv_bytes_per_request", int, 64 * MIB, False),
-    ("kv_page_bytes", int, 2 * MIB, False),
+    ("kv_capacity_bytes", int, 2 * GiB, False),
+    ("kv_bytes_per_request", int, 64 * MiB, False),
+    ("kv_page_bytes", int, 2 * MiB, False),
     ("kv_layers", int, 1, False),
     ("reload_seconds", float, None, False),
     ("load_seconds", float, 0.2, False),
-    ("kv_bytes_per_token", int, 64 * KIB, False),
+    ("kv_bytes_per_token", int, 64 * KiB, False),
     ("stop_seconds", float, 0.0, False),
     ("embedding_dim", int, 384, False),
 )

@@ -22,6 +22,8 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
+from contract.quantity import gib
+
 from runtime_agent.artifacts.entries import (
     ArtifactEvent,
     Entry,
@@ -38,7 +40,7 @@ from runtime_agent.artifacts.manifest import (
     job_from,
     read_json,
 )
-from runtime_agent.artifacts.planning import Evictable, Rate, human, make_room
+from runtime_agent.artifacts.planning import Evictable, Rate, make_room
 from runtime_agent.artifacts.sources.base import FetchError, FetchKind, Source
 from runtime_agent.artifacts.store import CacheDisk
 from runtime_agent.artifacts.transfer import bytes_on_disk, drop_stale, transfer
@@ -316,7 +318,7 @@ class ArtifactCache:
         self.tallies.completed += 1
         self.tallies.bytes_fetched += need
         self._emit(entry, "downloading", "ready", "Ready",
-                   f"{human(plan.total_bytes)} in {len(plan.files)} files, checked: "
+                   f"{gib(plan.total_bytes)} in {len(plan.files)} files, checked: "
                    f"size{''.join(', ' + v for v in verified)}")
 
     def _prepare_staging(self, job: JobFile) -> int:
@@ -349,7 +351,7 @@ class ArtifactCache:
             if now - last_event >= self.config.event_interval_s:
                 last_event = now
                 self._emit(entry, "downloading", "downloading", "Progress",
-                           f"{human(entry.progress.done)} of {human(entry.progress.total)}")
+                           f"{gib(entry.progress.done)} of {gib(entry.progress.total)}")
 
     async def _failed(self, entry: Entry, exc: FetchError) -> None:
         if self._entries.get(entry.entry_id) is not entry:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contract.quantity import gib
+
 RATE_SMOOTHING = 0.3  # weight of the newest sample in the moving average
 
 
@@ -30,13 +32,6 @@ class Room:
     message: str = ""
 
 
-def human(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
 def make_room(need: int, free: int, reserve: int, committed: int,
               candidates: Sequence[Evictable]) -> Room:
     """Whether ``need`` more bytes fit, keeping ``reserve`` free; if only with evictions, the
@@ -53,11 +48,11 @@ def make_room(need: int, free: int, reserve: int, committed: int,
         freed += c.size
     if freed >= short:
         return Room(True, tuple(chosen), f"evicting {len(chosen)} unused entries "
-                    f"({human(freed)}) to make room")
+                    f"({gib(freed)}) to make room")
     return Room(False, message=(
-        f"not enough disk space: the download needs {human(need)} more, the disk has "
-        f"{human(free)} free, {human(reserve)} is kept in reserve, {human(committed)} is promised "
-        f"to other downloads, and unused entries would free only {human(freed)}"))
+        f"not enough disk space: the download needs {gib(need)} more, the disk has "
+        f"{gib(free)} free, {gib(reserve)} is kept in reserve, {gib(committed)} is promised "
+        f"to other downloads, and unused entries would free only {gib(freed)}"))
 
 
 @dataclass(frozen=True)

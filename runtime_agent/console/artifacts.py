@@ -13,7 +13,7 @@ import time
 from typing import Any, TextIO
 
 from agent_client import HttpAgentClient, ok_body
-from runtime_agent.artifacts.planning import human
+from contract.quantity import gib
 from runtime_agent.console.commands import add_agent_options, guarded
 from runtime_agent.console.output import add_output_flag, columns, render
 
@@ -79,9 +79,9 @@ def progress_line(entry: dict[str, Any]) -> str:
     bar = "#" * int(share * BAR) + "-" * (BAR - int(share * BAR))
     rate = entry.get("rate_bytes_per_second")
     eta = entry.get("eta_seconds")
-    parts = [f"[{bar}] {share * 100:5.1f}%", f"{human(done)} / {human(total)}"]
+    parts = [f"[{bar}] {share * 100:5.1f}%", f"{gib(done)} / {gib(total)}"]
     if rate is not None:
-        parts.append(f"{human(rate)}/s")
+        parts.append(f"{gib(rate)}/s")
     if eta is not None:
         parts.append(f"ETA {eta}s")
     parts.append(entry["state"])
@@ -108,7 +108,7 @@ def table(entries: list[dict[str, Any]]) -> str:
         used = e.get("last_used_at")
         rows.append((e["artifact_id"], e["artifact_url"], str(e.get("resolved_revision")
                                                             or e.get("revision") or "-")[:12],
-                     e["state"], human(e["bytes_total"] or 0),
+                     e["state"], gib(e["bytes_total"] or 0),
                      f"{100 * (e['bytes_done'] or 0) / (e['bytes_total'] or 1):.0f}%",
                      "yes" if e["in_use"] else "no",
                      time.strftime("%Y-%m-%d %H:%M", time.localtime(used)) if used else "-",

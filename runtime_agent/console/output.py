@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
+from contract.quantity import gib
+
 FORMATS = ("table", "wide", "json", "yaml")
 
 
@@ -44,12 +46,7 @@ def columns(rows: Sequence[Sequence[str]], gap: str = "  ") -> str:
 
 def size(value: Any) -> str:
     """Bytes for people: ``1.5GiB``; ``-`` when not known."""
-    if value is None:
-        return "-"
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f}{unit}"
-    return f"{value}B"
+    return "-" if value is None else gib(value, sep="")
 
 
 def number(value: Any) -> str:
