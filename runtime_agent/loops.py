@@ -41,12 +41,15 @@ class Throttled:
 
 
 async def keep_running(name: str, loop: Callable[[], Awaitable[None]], throttled: Throttled,
-                       first_pause_s: float = 0.1, max_pause_s: float = 5.0) -> None:
+                       first_pause_s: float = 0.1, max_pause_s: float = 5.0,
+                       clock: Clock | None = None) -> None:
     """Run ``loop()`` until it returns or is cancelled; after an error, log (throttled), wait
-    a growing pause and run it again. The pause starts over after a run that lasted a while."""
+    a growing pause on ``clock`` (the loop's by default) and run it again. The pause starts over
+    after a run that lasted a while."""
+    clock = clock or LoopClock()
     pause = first_pause_s
     while True:
-        started = time.monotonic()
+        started = clock.now()
         try:
             await loop()
             return
@@ -55,9 +58,9 @@ async def keep_running(name: str, loop: Callable[[], Awaitable[None]], throttled
         except Exception as exc:  # noqa: BLE001 - any failure: log it and start again
             throttled.warning(name, "%s failed (%s: %s); restarting it", name,
                               type(exc).__name__, exc)
-        if time.monotonic() - started > 10 * max_pause_s:
+        if clock.now() - started > 10 * max_pause_s:
             pause = first_pause_s
-        await asyncio.sleep(pause)
+        await clock.sleep(pause)
         pause = min(max_pause_s, pause * 2)
 
 

@@ -123,3 +123,18 @@ async def test_wait_event_times_out_on_the_clock_it_is_given() -> None:
     async with asyncio.timeout(5):  # an hour on the clock, none on the loop
         assert await wait_event(asyncio.Event(), 3600.0, clock) is False
     assert clock.asked == [3600.0] and clock.now() == 1000.0 + 3600.0
+
+
+async def test_keep_running_pauses_on_the_clock_it_is_given() -> None:
+    clock, runs = SteppedClock(), 0
+
+    async def fails_three_times() -> None:
+        nonlocal runs
+        runs += 1
+        if runs <= 3:
+            raise OSError("EMFILE")
+
+    async with asyncio.timeout(5):  # 0.7 s of pauses on the clock, none on the loop
+        await keep_running("flaky", fails_three_times, Throttled(log), first_pause_s=0.1,
+                           clock=clock)
+    assert runs == 4 and clock.asked == [0.1, 0.2, 0.4]

@@ -262,7 +262,7 @@ class Life:
     def _keep_running(self, what: str, watch: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """A watcher for this process's life, restarted if it fails (``loops.keep_running``)."""
         self._loop.helper(keep_running(f"{what} of {self._loop.name}", watch,
-                                       self._deps.throttled))
+                                       self._deps.throttled, clock=self._loop.clock))
 
     async def on_ready(self, sleeping: bool | None) -> None:
         loop, record, s, p = self._loop, self._loop.record, self._settings, self._p
