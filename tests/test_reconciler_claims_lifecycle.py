@@ -86,6 +86,33 @@ async def test_a_model_busy_at_the_last_look_stays_on_the_route_and_awake(tmp_pa
     assert rig.status("m").phase == "Active" and "m" not in rig.deps.holds
 
 
+async def test_a_request_sent_straight_to_the_engine_before_the_idle_sleep_keeps_it_awake(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
+    await active_claim(rig, a, "m")
+    # The agent's scrape backed off (its snapshot still says 0 served); the engine itself has
+    # just finished a request that came past the door. Only the last look's read shows it.
+    a.live["m"] = {"request_success_total": 1.0}
+    result = await rig.reconcile("m", advance=61)
+    assert a.calls_of("fresh_snapshot") == [("fresh_snapshot", ("m",))]
+    assert a.calls_of("sleep") == [] and rig.status("m").phase == "Active"
+    assert "m" not in rig.deps.holds and result.requeue_after == 60
+
+
+async def test_an_engine_that_does_not_answer_the_last_look_is_not_put_to_sleep(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
+    await active_claim(rig, a, "m")
+    a.fresh_answers = False  # its figures are only the old scrape's: no judgement on them
+    await rig.reconcile("m", advance=61)
+    assert a.calls_of("sleep") == [] and rig.status("m").phase == "Active"
+    a.fresh_answers = True
+    await rig.reconcile("m", advance=61)
+    assert a.calls_of("sleep") == [("sleep", "m", 1)]
+
+
 # ---- wake -------------------------------------------------------------------------------------
 
 
