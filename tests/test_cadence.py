@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime_agent.cadence import Cadence, Pacer, next_interval
+from runtime_agent.settings import Settings
 
 pytestmark = pytest.mark.loop_guard
 
@@ -89,3 +90,11 @@ async def test_nudges_never_make_looks_come_faster_than_the_floor() -> None:
     assert not waiting.done()
     async with asyncio.timeout(10):
         await waiting
+
+
+def test_by_default_scrapes_back_off_by_the_same_factor_as_the_health_probes() -> None:
+    """The last look before an idle sleep reads the engine itself (``?fresh=requests``), so a
+    steady engine's scrapes need not stay at their floor: 2 s after a change, 20 s at most."""
+    settings = Settings()
+    assert settings.scrape_cadence == Cadence(floor_s=2.0, cap_s=20.0)
+    assert settings.scrape_cadence.cap_s / settings.scrape_interval_s == settings.steady_backoff
