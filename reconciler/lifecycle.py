@@ -195,7 +195,7 @@ class Lifecycle:
         self._settling[entry] = (asked, None)
         self.d.holds.hold(victim)
         try:
-            fresh = (await self.d.cache.fresh(agent)).engine(victim) \
+            fresh = await self._last_look(agent, victim) \
                 if await self.d.routes_out(victim) else None
             if fresh is None or not self._idle(fresh, victim):
                 del self._settling[entry]

@@ -146,6 +146,16 @@ async def test_waking_makes_room_by_sleeping_the_longest_idle_model_first(tmp_pa
     assert ("sleep", "new", 1) not in a.calls
 
 
+async def test_a_model_that_served_a_request_sent_straight_to_it_is_not_slept_for_room(
+        tmp_path: Path) -> None:
+    rig, a = await sleeper_old_and_new(tmp_path)
+    a.live["old"] = {"request_success_total": 1.0}  # only its engine knows: scrapes backed off
+    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    await rig.reconcile("sleeper")
+    assert ("fresh_snapshot", ("old",)) in a.calls
+    assert ("sleep", "old", 1) not in a.calls and rig.status("old").phase == "Active"
+
+
 async def test_a_model_that_cannot_wake_where_it_is_moves_to_an_agent_with_room(
         tmp_path: Path) -> None:
     a, b = FakeAgent("agent-a"), FakeAgent("agent-b")
