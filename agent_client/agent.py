@@ -77,6 +77,12 @@ class AgentApi(Protocol):
         """The agent's snapshot; raises ``AgentUnreachable``."""
         ...
 
+    async def fresh_snapshot(self, models: Sequence[str]) -> dict[str, Any]:
+        """The snapshot with ``models``' request figures read from their engines during this
+        call (``?fresh=requests``): the last look before an idle sleep. Raises
+        ``AgentUnreachable``."""
+        ...
+
     async def activate(self, spec: ActivateSpec) -> Reply: ...
 
     async def deactivate(self, model_name: str) -> Reply: ...
@@ -116,6 +122,18 @@ class HttpAgentClient(JsonApi):
         body = dict(reply.body)
         self._etag = (reply.etag, body) if reply.etag else None
         return body
+
+    async def fresh_snapshot(self, models: Sequence[str]) -> dict[str, Any]:
+        """``?fresh=requests&model=...``: each named engine's request figures are read after
+        the call arrived; one that did not answer says ``request_metrics_observed: false``.
+        An agent without the parameter answers its plain snapshot, whose entries then lack
+        ``request_figures_fresh``: a caller must treat that as not fresh."""
+        query = urllib.parse.urlencode([("fresh", "requests"), *(("model", m) for m in models)])
+        reply = await self._call("GET", f"{RUNTIME}/snapshot?{query}", None, self._timeout)
+        if not reply.ok:
+            raise AgentUnreachable(f"{self._url}: fresh snapshot answered {reply.status}: "
+                                   f"{reply.message}")
+        return dict(reply.body)
 
     async def snapshot_reply(self) -> Reply:
         """The snapshot as a ``Reply`` (a refusal is data), without the ETag cache."""

@@ -1,9 +1,10 @@
 """Sleep and wake: idle models asleep, woken models served, room made by sleeping others.
 
 * Idle sleep (the pool's ``sleepAfterSeconds``): ``idle_to_sleep`` names the model; it is taken
-  off the route first, a fresh snapshot must still show no request running or waiting and the
-  front door none in flight; only then is it put to sleep (level 1) -> Sleeping, event
-  ``Sleeping``. A model that turned busy stays awake and on the route.
+  off the route first, figures read from the engine at that moment (the agent's
+  ``?fresh=requests``, not its last scrape) must still show no request running or waiting and
+  none finished since, and the front door none in flight; only then is it put to sleep
+  (level 1) -> Sleeping, event ``Sleeping``. A model that turned busy stays awake and on the route.
 * Wake requests (``WakeBook``): a sleeping claim wakes where it is when its GPUs have room for it
   (``victims`` answers []); the agent's own check may still refuse (409
   ``InsufficientGPUMemory``). With ``noWakeReserveWhileAsleep`` the idle models on those GPUs are
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any
 
 from contract.reasons import INSUFFICIENT_GPU
 from agent_client import AgentUnreachable, Reply
@@ -37,7 +39,7 @@ from reconciler.context import Deps
 from reconciler.desired import ClaimKey, claim_key
 from reconciler.model.manifests import ModelClaim
 from reconciler.model.policy import PoolPolicy
-from reconciler.observe import EngineObs, Reservation, World
+from reconciler.observe import AgentObs, EngineObs, Reservation, World
 from reconciler.placing import Placer
 from reconciler.planning.placement import retry_delay
 from reconciler.planning.sleep_policy import idle_to_sleep, victims
@@ -124,7 +126,7 @@ class Lifecycle:
                 log.warning("claim %s: could not take %s off the route; not sleeping it",
                             claim.key, model)
                 return Result(requeue_after=retry_delay(0))
-            fresh = (await self.d.cache.fresh(agent)).engine(model)
+            fresh = await self._last_look(agent, model)
             if fresh is None or not self._idle(fresh, model):
                 self.d.tracker.busy(agent, model, self.d.clock.now())
                 return Result(requeue_after=RELEASE_RECHECK_S if released
@@ -147,6 +149,26 @@ class Lifecycle:
             return Result(requeue_after=retry_delay(0))
         finally:
             self.d.holds.release(model)
+
+    async def _last_look(self, agent: str, model: str) -> EngineObs | None:
+        """The engine as figures read from it now show it (``fresh_snapshot``: a steady
+        engine's scrape may be ``--scrape-interval-max`` old, and a request sent straight to
+        it shows only there); None when they could not be read, or when a request came and
+        went since the figures its idleness was judged by (its success counter moved)."""
+        try:
+            body = await self.d.client(agent).fresh_snapshot([model])
+        except (AgentUnreachable, LookupError) as err:
+            log.info("agent %s: no fresh look at %s (%s); not sleeping it", agent, model, err)
+            return None
+        obs = AgentObs.parse(agent, body, self.d.clock.now())
+        entries: list[dict[str, Any]] = list(body.get("models") or ())
+        if not any(m.get("model_name") == model and m.get("request_figures_fresh") is True
+                   for m in entries):
+            return None  # not read now (no answer, or an agent without the fresh look)
+        self.d.tracker.observe(obs)  # a snapshot like any other: its figures count
+        if self.d.tracker.last_busy(agent, model) == obs.fetched_at:
+            return None  # busy since the last look (its success counter moved)
+        return obs.engine(model)
 
     def _idle(self, fresh: EngineObs, model: str) -> bool:
         """The last look before a sleep: active, no request running or waiting in the engine,
@@ -173,7 +195,7 @@ class Lifecycle:
         self._settling[entry] = (asked, None)
         self.d.holds.hold(victim)
         try:
-            fresh = (await self.d.cache.fresh(agent)).engine(victim) \
+            fresh = await self._last_look(agent, victim) \
                 if await self.d.routes_out(victim) else None
             if fresh is None or not self._idle(fresh, victim):
                 del self._settling[entry]

@@ -448,11 +448,10 @@ def serve_parser(sub: Any) -> None:
                      "(default %(default)g)")
     sup.add_argument("--scrape-interval", type=_interval, default=2.0,
                      help="seconds between scrapes of an engine's /metrics (default %(default)g)")
-    sup.add_argument("--scrape-interval-max", type=_interval, default=2.0,
+    sup.add_argument("--scrape-interval-max", type=_interval, default=20.0,
                      help="seconds a steady engine's scrapes back off to at most (default "
-                     "%(default)g: not at all; the controller's last look before an idle sleep "
-                     "reads these figures, and a request sent to the engine directly must be "
-                     "in them)")
+                     "%(default)g; a controller's last look before an idle sleep reads the "
+                     "engine itself with GET /v1/runtime/snapshot?fresh=requests)")
     sup.add_argument("--steady-backoff", type=_factor, default=10.0,
                      help="while nothing changes, health probes, scrapes and KV checks of an "
                      "engine slow down, doubling, to this many times their interval; any change "

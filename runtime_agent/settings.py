@@ -102,11 +102,11 @@ class Settings:
     # doubling up to this many times their interval (1: a fixed interval); any change brings
     # them back to it (runtime_agent.cadence).
     steady_backoff: float = 10.0
-    # ... but request figures are never older than this while the engine answers (the first
-    # request after a quiet spell is seen within it: the controller's last look before an idle
-    # sleep reads them, and a request sent straight to the engine, past the door, counts only
-    # there). The default, the scrape interval itself, keeps them as fresh as before backoff.
-    scrape_interval_max_s: float = 2.0
+    # ... and scrapes at most to this (the first request after a quiet spell is in the
+    # snapshot's figures within it). An idle sleep's last look does not rest on them: it reads
+    # the engine then (``?fresh=requests``, ``runtime_agent.api.fresh``), so they may back off
+    # as far as the probes do.
+    scrape_interval_max_s: float = 20.0
     # The restart budget starts again after an engine served this long without a crash.
     budget_reset_s: float = 600.0
 

@@ -9,7 +9,7 @@ store, so a test is: write manifests, reconcile, change the fake world, reconcil
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,10 @@ class FakeAgent:
         self.cached: list[str] = []
         self.staging: list[str] = []  # artifacts its weight cache is downloading
         self.snapshots = 0
+        # What an engine shows now that the agent's last scrape does not (a request sent
+        # straight to it while scrapes back off): seen only by a fresh look.
+        self.live: dict[str, dict[str, Any]] = {}
+        self.fresh_answers = True  # False: the engines do not answer a fresh look
         self.on_snapshot: Callable[[int], None] | None = None  # called with the count
 
     @property
@@ -77,6 +81,18 @@ class FakeAgent:
         return {"node": {}, "accelerators": accelerators,
                 "models": [dict(m) for m in self.models.values()],
                 "cached_artifacts": list(self.cached), "artifacts_staging": list(self.staging)}
+
+    async def fresh_snapshot(self, models: Sequence[str]) -> dict[str, Any]:
+        """The snapshot with the named engines read now: ``live`` over the last scrape."""
+        body = await self.snapshot()
+        self.calls.append(("fresh_snapshot", tuple(models)))
+        for entry in body["models"]:
+            if entry["model_name"] in models:
+                read = self.fresh_answers and entry["phase"] == "active"
+                entry.update(self.live.get(entry["model_name"], {}) if read else
+                             {"request_metrics_observed": False, "request_success_total": None})
+                entry["request_figures_fresh"] = read
+        return body
 
     async def activate(self, spec: ActivateSpec) -> Reply:
         self._check()

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from contract.clock import LoopClock
 from runtime_agent.cadence import Cadence, Pacer, next_interval
+from runtime_agent.settings import Settings
 from tests.clocks import SteppedClock
 
 pytestmark = pytest.mark.loop_guard
@@ -102,3 +103,11 @@ async def test_a_pacer_waits_on_its_clock_not_the_loops() -> None:
     async with asyncio.timeout(5):  # eight seconds on the clock, none on the loop
         await pacer.pause()
     assert clock.asked == [7.0, 1.0] and clock.now() == 1000.0 + 8.0
+
+
+def test_by_default_scrapes_back_off_by_the_same_factor_as_the_health_probes() -> None:
+    """The last look before an idle sleep reads the engine itself (``?fresh=requests``), so a
+    steady engine's scrapes need not stay at their floor: 2 s after a change, 20 s at most."""
+    settings = Settings()
+    assert settings.scrape_cadence == Cadence(floor_s=2.0, cap_s=20.0)
+    assert settings.scrape_cadence.cap_s / settings.scrape_interval_s == settings.steady_backoff

@@ -86,6 +86,33 @@ async def test_a_model_busy_at_the_last_look_stays_on_the_route_and_awake(tmp_pa
     assert rig.status("m").phase == "Active" and "m" not in rig.deps.holds
 
 
+async def test_a_request_sent_straight_to_the_engine_before_the_idle_sleep_keeps_it_awake(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
+    await active_claim(rig, a, "m")
+    # The agent's scrape backed off (its snapshot still says 0 served); the engine itself has
+    # just finished a request that came past the door. Only the last look's read shows it.
+    a.live["m"] = {"request_success_total": 1.0}
+    result = await rig.reconcile("m", advance=61)
+    assert a.calls_of("fresh_snapshot") == [("fresh_snapshot", ("m",))]
+    assert a.calls_of("sleep") == [] and rig.status("m").phase == "Active"
+    assert "m" not in rig.deps.holds and result.requeue_after == 60
+
+
+async def test_an_engine_that_does_not_answer_the_last_look_is_not_put_to_sleep(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a")
+    rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
+    await active_claim(rig, a, "m")
+    a.fresh_answers = False  # its figures are only the old scrape's: no judgement on them
+    await rig.reconcile("m", advance=61)
+    assert a.calls_of("sleep") == [] and rig.status("m").phase == "Active"
+    a.fresh_answers = True
+    await rig.reconcile("m", advance=61)
+    assert a.calls_of("sleep") == [("sleep", "m", 1)]
+
+
 # ---- wake -------------------------------------------------------------------------------------
 
 
@@ -117,6 +144,16 @@ async def test_waking_makes_room_by_sleeping_the_longest_idle_model_first(tmp_pa
     await rig.reconcile("sleeper")
     assert a.calls_of("wake") == [("wake", "sleeper")]
     assert ("sleep", "new", 1) not in a.calls
+
+
+async def test_a_model_that_served_a_request_sent_straight_to_it_is_not_slept_for_room(
+        tmp_path: Path) -> None:
+    rig, a = await sleeper_old_and_new(tmp_path)
+    a.live["old"] = {"request_success_total": 1.0}  # only its engine knows: scrapes backed off
+    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    await rig.reconcile("sleeper")
+    assert ("fresh_snapshot", ("old",)) in a.calls
+    assert ("sleep", "old", 1) not in a.calls and rig.status("old").phase == "Active"
 
 
 async def test_a_model_that_cannot_wake_where_it_is_moves_to_an_agent_with_room(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -268,6 +269,37 @@ async def test_an_idle_model_sleeps_after_the_policy_time_and_a_wake_request_bri
     assert lifecycle[-3:] == ["Sleeping", "Waking", "Woken"]  # one wake
     (route,) = (await pool.get("/v1/routes"))["routes"]
     assert route["state"] == "active" and route["port"] > 0 and not route["wakeRequested"]
+
+
+async def test_requests_sent_straight_to_the_engine_keep_it_awake_while_scrapes_back_off(
+        tmp_path: Path, agent_factory: Callable[..., AgentProcess]) -> None:
+    # One scrape when the engine is ready, the next 30 s later: the agent's snapshot keeps its
+    # first figures (nothing served) throughout, as a steady engine's under
+    # --scrape-interval-max; only the last look's read of the engine sees the requests.
+    agent = agent_factory(extra_args=[*CARD, "--scrape-interval", "30",
+                                      "--scrape-interval-max", "30"])
+    pool = Pool(tmp_path, [agent])
+    pool.write_pool('{"lifecycle": {"sleepAfterSeconds": 2}}')
+    try:
+        pool.write("m", sim_claim("m"))
+        await pool.start()
+        await pool.phase("m", "Active")
+        engine = pool.engine("agent-a", "m-model")
+        assert engine is not None
+        end = time.monotonic() + 7  # past the door, for three times sleepAfterSeconds
+        while time.monotonic() < end:
+            try:
+                await asyncio.to_thread(chat, engine["port"], "m-model")
+            except urllib.error.HTTPError as err:  # a sleeping engine answers 503
+                pytest.fail(f"put to sleep while requests reached it: {err}")
+            st = pool.status("m")
+            assert st is not None and st.phase == "Active", [e.reason for e in st.events] \
+                if st else None
+            await asyncio.sleep(0.5)
+        await pool.phase("m", "Sleeping", timeout=15)  # once they stop, it sleeps
+    finally:
+        if pool.app is not None:
+            await pool.app.stop()
 
 
 async def test_with_no_wake_reserve_room_is_made_by_sleeping_the_longest_idle_model(

@@ -18,6 +18,7 @@ from runtime_agent import __version__
 from runtime_agent.api import models as req
 from runtime_agent.api import schemas as ans
 from runtime_agent.api.artifacts import DownloadRequest
+from runtime_agent.api.fresh import FRESH_KINDS
 
 _REF = "#/components/schemas/{model}"
 _ERRORS_POST = (400, 404, 409, 413, 422, 502, 503)
@@ -27,12 +28,18 @@ _ERRORS_CACHE = (400, 403, 404, 409, 413, 422, 503)  # 503: the weight cache is 
 
 @dataclass(frozen=True)
 class Query:
-    """An integer query parameter."""
+    """A query parameter: an integer within bounds, or a string (one of ``choices`` if given)."""
 
     name: str
     text: str
-    maximum: int
+    maximum: int | None = None
     minimum: int = 0
+    choices: tuple[str, ...] = ()
+
+    def schema(self) -> dict[str, Any]:
+        if self.maximum is None:
+            return {"type": "string", **({"enum": list(self.choices)} if self.choices else {})}
+        return {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,10 @@ ROUTES = (
           req.KvLimitRequest, ans.OperationAnswer, _ERRORS_POST),
     Route("get", "/v1/runtime/models", "every engine, short", None, ans.ModelList),
     Route("get", "/v1/runtime/snapshot", "every engine and card, as the controller reads it",
-          None, ans.Snapshot),
+          None, ans.Snapshot, (400, 404), (
+              Query("fresh", "requests: read request figures from the engines now (the last "
+                    "look before an idle sleep)", choices=FRESH_KINDS),
+              Query("model", "with fresh: the engines to read (repeatable; default every one)"))),
     Route("get", "/v1/runtime/events", "engine events after a cursor (long-poll with wait)",
           None, ans.Events, (400,), (Query("since", "the last seq seen", 2**62),
                                      Query("wait", "seconds to wait for a new event", 60))),
@@ -117,7 +127,7 @@ def _operation(route: Route) -> dict[str, Any]:
     parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                   for name in re.findall(r"{(\w+)}", route.path)]
     parameters += [{"name": q.name, "in": "query", "required": False, "description": q.text,
-                    "schema": {"type": "integer", "minimum": q.minimum, "maximum": q.maximum}}
+                    "schema": q.schema()}
                    for q in route.query]
     if parameters:
         op["parameters"] = parameters

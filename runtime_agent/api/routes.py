@@ -16,6 +16,7 @@ from contract.numbers import whole_number
 
 from runtime_agent.api.context import agent_of
 from runtime_agent.api.errors import BadRequest, parse
+from runtime_agent.api.fresh import FRESH_KINDS, fresh_snapshot
 from runtime_agent.api.metrics import CONTENT_TYPE
 from runtime_agent.api.models import (
     ActivateRequest,
@@ -76,7 +77,16 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def snapshot(request: web.Request) -> web.Response:
-    return _rendered(request, "snapshot")
+    """The snapshot, rendered once per change; ``?fresh=requests`` reads request figures from
+    the engines first (``model=`` names which; ``runtime_agent.api.fresh``)."""
+    fresh = request.query.get("fresh")
+    if fresh is None:
+        return _rendered(request, "snapshot")
+    if fresh not in FRESH_KINDS:
+        raise BadRequest(f"query parameter fresh must be one of {', '.join(FRESH_KINDS)}, "
+                         f"got {fresh!r}")
+    return web.json_response(await fresh_snapshot(agent_of(request),
+                                                  request.query.getall("model", [])))
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:

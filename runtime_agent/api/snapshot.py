@@ -2,7 +2,8 @@
 
 Building it touches no engine, no disk and no GPU: every figure was gathered before the request
 (request figures by each owner's scrape loop), so a snapshot costs the same with one engine
-busy for ten seconds as with all idle.
+busy for ten seconds as with all idle. The one exception is asked for by name:
+``?fresh=requests`` (``runtime_agent.api.fresh``) reads the request figures first.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ def model_entry(view: EngineView) -> dict[str, Any]:
     not observed is null (a counter) or 0 with ``request_metrics_observed: false`` (the gauges
     the controller takes as int64)."""
     spec = view.spec
-    observed = request_figures_observed(view)
     return {
         "model_name": spec.model_name,
         "engine": spec.engine,
@@ -51,11 +51,7 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "last_error": view.last_error,
         "last_exit": view.last_exit,
         "last_transition": _iso(view.last_transition) if view.last_transition else None,
-        "request_metrics_observed": observed,
-        "requests_running": view.requests_running if observed else 0,
-        "requests_waiting": view.requests_waiting if observed else 0,
-        "request_success_total": view.request_success_total if observed else None,
-        "request_figures_at": _iso(view.figures_at) if view.figures_at else None,
+        **request_fields(view),
         "observed_footprint_bytes": view.observed_footprint_bytes,
         "context_length": view.context_length,
         "kv_limit_requested_bytes": view.kv.requested,
@@ -75,6 +71,18 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "engine_args": dict(spec.args),
         "lora_adapters": [{"name": n, "path": p, "loaded": loaded} for n, p, loaded in view.adapters],
         "log_path": view.log_path,
+    }
+
+
+def request_fields(view: EngineView) -> dict[str, Any]:
+    """The request figures of one entry: the gauges 0 and the counter null when not observed."""
+    observed = request_figures_observed(view)
+    return {
+        "request_metrics_observed": observed,
+        "requests_running": view.requests_running if observed else 0,
+        "requests_waiting": view.requests_waiting if observed else 0,
+        "request_success_total": view.request_success_total if observed else None,
+        "request_figures_at": _iso(view.figures_at) if view.figures_at else None,
     }
 
 

@@ -65,6 +65,7 @@ from runtime_agent.supervision.owner.intents import Intents
 from runtime_agent.supervision.owner.ends import EndParts, Ends
 from runtime_agent.supervision.owner.life import Life, Parts
 from runtime_agent.supervision.owner.liveness import Liveness
+from runtime_agent.supervision.owner.look import FreshLook
 from runtime_agent.supervision.owner.lora import Lora
 from runtime_agent.supervision.owner.observe import Observer
 from runtime_agent.supervision.owner.promises import Promises
@@ -115,6 +116,7 @@ class EngineOwner:
             self._procs, self._liveness, self._staging, self._turns, self._lora,
             self._intents, self._observer, self._promises, self._ends), self._paces,
             self._forget_figures)
+        self._look = FreshLook(self._engine, s.probe_timeout_s, self.post, lambda: self.generation)
         self.view = self._make_view()
         self._task: asyncio.Task[None] | None = None
 
@@ -184,6 +186,11 @@ class EngineOwner:
         self.post(Request(intent, reply))
         return await reply
 
+    async def fresh_figures(self) -> Observation | None:
+        """Request figures read by an engine call begun after this call (``look``); None unless
+        the same process is active before and after (its view: ``self.view``, no await since)."""
+        return await self._look(lambda: self.view.phase is Phase.ACTIVE)
+
     def post(self, message: Message) -> None:
         """Put ``message`` in the inbox (news from a helper, a timer, a test)."""
         self._inbox.put_nowait(message)
@@ -195,6 +202,7 @@ class EngineOwner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.cancel_helpers()
+        self._look.cancel()
         self._turns.end()
         self._procs.close()
         await self._engine.close()
