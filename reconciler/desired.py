@@ -1,4 +1,4 @@
-"""The desired state: the claims and pools of a manifest directory, as last read.
+"""The desired state: the claims, pools and routes of a manifest directory, as last read.
 
 The reconciler runs against local manifests: a directory of ModelClaims (any ``*.yaml``) and a
 pool file (``kind: WarmPool`` naming the agents, in the directory or elsewhere). The
@@ -37,16 +37,20 @@ from reconciler.model.manifests import (
     POOL_LABEL,
     AgentRef,
     ModelClaim,
+    ROUTE_KIND,
     ParseResult,
     Problem,
+    RouteDocument,
     WarmPool,
     parse_manifests,
 )
+from reconciler.selection.route_spec import Route, RouteError, parse_route
 
 log = logging.getLogger("reconciler.desired")
 
 ClaimKey = tuple[str, str]  # (namespace, name)
 MANIFEST_UNREADABLE = "ManifestUnreadable"
+INVALID_ROUTE = "InvalidRoute"
 DIRECTORY_UNREADABLE = "ClaimsDirectoryUnreadable"
 SAMPLE_LABELS = {POOL_LABEL: "pool-a", ENABLED_LABEL: "true"}
 SUFFIXES = (".yaml", ".yml")
@@ -66,6 +70,11 @@ class Desired(Protocol):
 
     @property
     def problems(self) -> tuple[Problem, ...]: ...
+
+    @property
+    def routes(self) -> Mapping[str, Route]:
+        """The ModelRoutes by name (what clients send as ``model``); empty on Kubernetes."""
+        ...
 
     def claim(self, key: ClaimKey) -> ModelClaim | None: ...
 
@@ -103,6 +112,7 @@ class Lookups:
     def __init__(self) -> None:
         self.claims: dict[ClaimKey, ModelClaim] = {}
         self.pools: tuple[WarmPool, ...] = ()
+        self.routes: dict[str, Route] = {}
         self._by_model: dict[str, ClaimKey] = {}
         self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
         self._spec_problems: dict[ClaimKey, Problem] = {}
@@ -276,11 +286,12 @@ class DesiredState(Lookups):
         self._spec_problems = problems
         self.claims = claims
         self._by_model = {c.model_name: k for k, c in claims.items()}
+        self.routes, route_problems = routes_from(result.routes, self._by_model)
         self.pools = self._effective_pools(result)
         self._agents = {a.name: (a, p) for p in self.pools for a in p.agents}
         self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) \
-            + tuple(problems.values())
-        found = {p for p in result.problems if p.reason != NO_AGENTS}
+            + route_problems + tuple(problems.values())
+        found = {p for p in result.problems if p.reason != NO_AGENTS} | set(route_problems)
         for problem in sorted(found - self._logged, key=str):  # a manifest that is not taken
             log.warning("invalid manifest: %s", problem)
         self._logged = found
@@ -325,6 +336,31 @@ class DesiredState(Lookups):
                          base.policy_problem, base.gpus_per_agent),)
 
 
+def routes_from(docs: Iterable[RouteDocument], models: Mapping[str, ClaimKey]
+                ) -> tuple[dict[str, Route], tuple[Problem, ...]]:
+    """The valid routes by name, and a problem for each one not taken: invalid (saying what to
+    fix), a name given twice, or a name a claim's modelName already serves (an exact name
+    always reaches its claim, so such a route could never be asked for)."""
+    routes: dict[str, Route] = {}
+    problems: list[Problem] = []
+    for doc in docs:
+        why: tuple[str, str] | None
+        try:
+            route = parse_route(doc.obj)
+        except RouteError as bad:
+            why = (INVALID_ROUTE, str(bad))
+        else:
+            why = (DUPLICATE, f"route {route.name!r} is defined more than once") \
+                if route.name in routes else (DUPLICATE, (
+                    f"{route.name!r} is the modelName of claim {key_text(models[route.name])}; "
+                    "give the route another name")) if route.name in models else None
+            if why is None:
+                routes[route.name] = route
+                continue
+        problems.append(Problem(ROUTE_KIND, doc.name, *why, doc.namespace, doc.source))
+    return routes, tuple(problems)
+
+
 def unreadable_reason(text: str, result: ParseResult) -> tuple[str, str] | None:
     """Why a file's text cannot be taken as what it declares (None: it can): it is empty, or a
     document in it is not YAML or not a manifest."""
@@ -344,6 +380,7 @@ def merge(results: Iterable[ParseResult]) -> ParseResult:
     pools: list[WarmPool] = []
     problems: list[Problem] = []
     ignored: list[str] = []
+    routes: list[RouteDocument] = []
     keys: set[str] = set()
     models: dict[str, str] = {}
     pool_keys: set[str] = set()
@@ -351,6 +388,7 @@ def merge(results: Iterable[ParseResult]) -> ParseResult:
     for result in results:
         problems.extend(result.problems)
         ignored.extend(result.ignored)
+        routes.extend(result.routes)
         for claim in result.claims:
             other = models.get(claim.model_name)
             if claim.key in keys or other is not None:
@@ -372,4 +410,5 @@ def merge(results: Iterable[ParseResult]) -> ParseResult:
             pool_keys.add(pool.key)
             agents.update({a.name: pool.key for a in pool.agents})
             pools.append(pool)
-    return ParseResult(tuple(claims), tuple(pools), tuple(problems), tuple(ignored))
+    return ParseResult(tuple(claims), tuple(pools), tuple(problems), tuple(ignored),
+                       tuple(routes))

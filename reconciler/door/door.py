@@ -41,9 +41,11 @@ from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
 from reconciler.door.ledger import Changes, Ledger
 from reconciler.door.metrics import DoorMetrics
+from reconciler.door.routing import Routed, Router
 from reconciler.door.settings import DoorSettings
 from reconciler.door.upstream import Upstream
 from reconciler.routes import Route, route_of
+from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
 
 TOKENIZE_TIMEOUT_S = 5.0
@@ -113,6 +115,10 @@ class Door:
         self._urls: tuple[object, dict[str, str]] | None = None
         self._targets: dict[tuple[str, int, str], URL] = {}
         self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
+        self.router = Router(deps.desired, lambda k: self.catalog.context(k, self.model_of(k)),
+                             lambda: self.catalog.version,
+                             lambda k: plan.decide(k, *self.status_and_route(k)),
+                             self._wake_pending, deps.clock.now)
 
     # ---- the reconciler's view ------------------------------------------------------------
 
@@ -140,6 +146,10 @@ class Door:
                 or st.phase not in (ACTIVE, SLEEPING) or not route.host:
             return None
         return route.host, inst.port
+
+    def _wake_pending(self, model: str) -> bool:
+        req = self.d.wakes.get(model)
+        return req is not None and not self.d.wakes.expired(req, self.d.clock.now())
 
     def model_of(self, key: ClaimKey) -> str:
         claim = self.d.desired.claim(key)
@@ -229,13 +239,40 @@ class Door:
                     rec: AccessRecord, outcome: proxy.Outcome) -> Answer | Stream:
         name = doc["model"]
         keys = self.catalog.claims_for(name)
-        if not keys:  # perhaps an adapter loaded since we last asked the engines
+        if not keys:  # a route's name, or perhaps an adapter loaded since we last asked
+            route = self.d.desired.routes.get(name)
+            if route is not None:
+                return await self.serve_route(route, request, endpoint, doc, body, key,
+                                              ticket, rec, outcome)
             await self.refresh_names()
             keys = self.catalog.claims_for(name)
         if not keys:
             raise Refused(errors.unknown_model(name, self.visible_names(key)), "unknown_model")
         if key is not None and not self.allowed(key, name, keys):
             raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
+        return await self._serve(request, endpoint, doc, body, key, ticket, rec, outcome, name,
+                                 keys)
+
+    async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
+                          doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,
+                          rec: AccessRecord, outcome: proxy.Outcome) -> Answer | Stream:
+        """A request to a ModelRoute: the per-call choice (``routing``), then the chosen
+        claim's own path (held, woken, checked, forwarded), its answer attributed."""
+        if key is not None and not key.may_use(route.name):
+            raise Refused(errors.not_allowed(route.name, self.visible_names(key)), "forbidden")
+        rec.route = route.name
+        got = self.router.choose(route, endpoint, doc, body)
+        if not isinstance(got, Routed):
+            raise Refused(errors.route_refused(got), got.code)
+        rec.route_choice = got.kind
+        self.metrics.route_chose(route.name, rec.route_choice, got.model)
+        return await self._serve(request, endpoint, doc, body, key, ticket, rec, outcome,
+                                 got.model, (got.claim,), got)
+
+    async def _serve(self, request: Request, endpoint: str, doc: Mapping[str, Any],
+                     body: bytes, key: Key | None, ticket: Ticket, rec: AccessRecord,
+                     outcome: proxy.Outcome, name: str, keys: tuple[ClaimKey, ...],
+                     routed: Routed | None = None) -> Answer | Stream:
         kinds = endpoints.engines_for(request.path)
         first = self.catalog.claim(keys[0])
         if first is not None and first.engine not in kinds:  # before any wake is asked
@@ -260,9 +297,10 @@ class Door:
         else:  # the engine's own token counts for every stream, asked for the client if need be
             body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
         self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
+        extra = routed.headers(fwd.agent) if routed is not None else None
         try:
             return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
-                                       body, outcome, hide_usage)
+                                       body, outcome, hide_usage, extra)
         finally:
             self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
 
@@ -345,7 +383,8 @@ class Door:
 
     def listing(self, key: Key | None) -> list[dict[str, Any]]:
         """``/v1/models``: every claim's model and its adapters, with context length and the
-        route's state, as far as ``key`` may use them."""
+        route's state, then every ModelRoute with its candidates, as far as ``key`` may use
+        them."""
         out: list[dict[str, Any]] = []
         for ckey, claim in sorted(self.d.desired.claims.items()):
             st, route = self.status_and_route(ckey)
@@ -359,7 +398,7 @@ class Door:
                     continue
                 out.append({"id": name, **common, "root": root, "parent": parent,
                             "max_model_len": self.catalog.context(ckey, name)})
-        return out
+        return out + self.router.listing(lambda n: key is None or key.may_use(n))
 
     def ollama_claims(self, key: Key | None) -> list[tuple[ClaimKey, str, float, str,
                                                          tuple[str, int] | None]]:
