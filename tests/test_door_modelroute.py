@@ -19,9 +19,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 NEVER_SLEEP = "claim.model.aibrix.ai/lifecycle: '{\"neverSleep\": true}'"
 
 
-def labelled(name: str, labels: dict[str, str], never_sleep: bool = False, **args: str) -> str:
+def labelled(name: str, labels: dict[str, str], never_sleep: bool = False,
+             args: dict[str, str] | None = None) -> str:
     """A claim whose ``metadata.labels`` say what its model is."""
-    text = claim(name, **args)
+    text = claim(name, **(args or {}))
     shown = ", ".join(f'{k}: "{v}"' for k, v in labels.items())
     meta = f"  namespace: default\n  labels: {{{shown}}}\n"
     if never_sleep:
@@ -46,14 +47,11 @@ spec:
 async def two_models(door: Door, small_stays_awake: bool, **args: str) -> None:
     """Claims ``big`` (preferred) and ``small`` of one family, ``big`` asleep; ``small`` awake
     when ``small_stays_awake``, else asleep too."""
-    door.write("big", labelled("big", {"family": "qwen", "tier": "big"}, **args))
+    door.write("big", labelled("big", {"family": "qwen", "tier": "big"}, args=args))
     door.write("small", labelled("small", {"family": "qwen", "tier": "small"},
-                                 never_sleep=small_stays_awake, **args))
-    await door.phase("small", "Active")
-    await door.phase("big", "Active")
-    await door.phase("big", "Sleeping")
-    if not small_stays_awake:
-        await door.phase("small", "Sleeping")
+                                 never_sleep=small_stays_awake, args=args))
+    await door.phase("big", "Sleeping", 60)  # placed, awake, then a second idle
+    await door.phase("small", "Active" if small_stays_awake else "Sleeping", 60)
 
 
 async def get(door: Door, url: str) -> Any:

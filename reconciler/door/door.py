@@ -3,7 +3,8 @@
 One request, start to end (``serve``):
 
 1. its ``model`` names claims (``Catalog``: modelNames, Ollama tags, learned served names and
-   LoRA adapters); an unknown name, or one the API key may not use, is answered at once;
+   LoRA adapters), else a ModelRoute (``routing``: one claim chosen per call); an unknown name,
+   or one the API key may not use, is answered at once;
 2. ``admit`` decides per call (``plan.decide`` per claim, ``plan.choose`` among them) and, while
    the model cannot serve, holds the request: it asks the reconciler for a wake through the same
    wake book the gateway's wake requests use (many requests, one wake), kicks a claim that waits
@@ -39,7 +40,7 @@ from reconciler.door.access import AccessRecord
 from reconciler.door.catalog import Catalog
 from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
-from reconciler.door.ledger import Changes, Ledger
+from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.routing import Routed, Router
 from reconciler.door.settings import DoorSettings
@@ -58,41 +59,6 @@ class Refused(Exception):
         super().__init__(reason)
         self.response = response
         self.reason = reason
-
-
-class Ticket:
-    """One request's place in the ledger: in flight for a model, held for a model."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
-        self.model: str | None = None  # in flight for this claim model
-        self.held: str | None = None
-
-    def enter(self, model: str) -> None:
-        if self.model != model:
-            self.leave()
-            self._ledger.enter(model)
-            self.model = model
-
-    def hold(self, model: str, bound: int) -> bool:
-        if self.held == model:
-            return True
-        self.unhold()
-        if not self._ledger.try_hold(model, bound):
-            return False
-        self.held = model
-        return True
-
-    def unhold(self) -> None:
-        if self.held is not None:
-            self._ledger.release(self.held)
-            self.held = None
-
-    def leave(self) -> None:
-        self.unhold()
-        if self.model is not None:
-            self._ledger.leave(self.model)
-            self.model = None
 
 
 class Door:
@@ -118,7 +84,8 @@ class Door:
         self.router = Router(deps.desired, lambda k: self.catalog.context(k, self.model_of(k)),
                              lambda: self.catalog.version,
                              lambda k: plan.decide(k, *self.status_and_route(k)),
-                             self._wake_pending, deps.clock.now)
+                             lambda m: (w := deps.wakes.get(m)) is not None
+                             and not deps.wakes.expired(w, deps.clock.now()), deps.clock.now)
 
     # ---- the reconciler's view ------------------------------------------------------------
 
@@ -146,10 +113,6 @@ class Door:
                 or st.phase not in (ACTIVE, SLEEPING) or not route.host:
             return None
         return route.host, inst.port
-
-    def _wake_pending(self, model: str) -> bool:
-        req = self.d.wakes.get(model)
-        return req is not None and not self.d.wakes.expired(req, self.d.clock.now())
 
     def model_of(self, key: ClaimKey) -> str:
         claim = self.d.desired.claim(key)
@@ -236,43 +199,26 @@ class Door:
 
     async def serve(self, request: Request, endpoint: str, doc: Mapping[str, Any],
                     body: bytes, key: Key | None, ticket: Ticket,
-                    rec: AccessRecord, outcome: proxy.Outcome) -> Answer | Stream:
-        name = doc["model"]
-        keys = self.catalog.claims_for(name)
-        if not keys:  # a route's name, or perhaps an adapter loaded since we last asked
-            route = self.d.desired.routes.get(name)
-            if route is not None:
-                return await self.serve_route(route, request, endpoint, doc, body, key,
-                                              ticket, rec, outcome)
-            await self.refresh_names()
+                    rec: AccessRecord, outcome: proxy.Outcome,
+                    routed: Routed | None = None) -> Answer | Stream:
+        """One request; ``routed``: the claim a route chose for it (``serve_route``)."""
+        if routed is None:  # the exact name's path: as before, one test more
+            name = doc["model"]
             keys = self.catalog.claims_for(name)
-        if not keys:
-            raise Refused(errors.unknown_model(name, self.visible_names(key)), "unknown_model")
-        if key is not None and not self.allowed(key, name, keys):
-            raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
-        return await self._serve(request, endpoint, doc, body, key, ticket, rec, outcome, name,
-                                 keys)
-
-    async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
-                          doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,
-                          rec: AccessRecord, outcome: proxy.Outcome) -> Answer | Stream:
-        """A request to a ModelRoute: the per-call choice (``routing``), then the chosen
-        claim's own path (held, woken, checked, forwarded), its answer attributed."""
-        if key is not None and not key.may_use(route.name):
-            raise Refused(errors.not_allowed(route.name, self.visible_names(key)), "forbidden")
-        rec.route = route.name
-        got = self.router.choose(route, endpoint, doc, body)
-        if not isinstance(got, Routed):
-            raise Refused(errors.route_refused(got), got.code)
-        rec.route_choice = got.kind
-        self.metrics.route_chose(route.name, rec.route_choice, got.model)
-        return await self._serve(request, endpoint, doc, body, key, ticket, rec, outcome,
-                                 got.model, (got.claim,), got)
-
-    async def _serve(self, request: Request, endpoint: str, doc: Mapping[str, Any],
-                     body: bytes, key: Key | None, ticket: Ticket, rec: AccessRecord,
-                     outcome: proxy.Outcome, name: str, keys: tuple[ClaimKey, ...],
-                     routed: Routed | None = None) -> Answer | Stream:
+            if not keys:  # a route's name, or perhaps an adapter loaded since we last asked
+                route = self.d.desired.routes.get(name)
+                if route is not None:
+                    return await self.serve_route(route, request, endpoint, doc, body, key,
+                                                  ticket, rec, outcome)
+                await self.refresh_names()
+                keys = self.catalog.claims_for(name)
+            if not keys:
+                raise Refused(errors.unknown_model(name, self.visible_names(key)),
+                              "unknown_model")
+            if key is not None and not self.allowed(key, name, keys):
+                raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
+        else:
+            name, keys = routed.model, (routed.claim,)
         kinds = endpoints.engines_for(request.path)
         first = self.catalog.claim(keys[0])
         if first is not None and first.engine not in kinds:  # before any wake is asked
@@ -303,6 +249,21 @@ class Door:
                                        body, outcome, hide_usage, extra)
         finally:
             self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
+
+    async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
+                          doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,
+                          rec: AccessRecord, outcome: proxy.Outcome) -> Answer | Stream:
+        """A request to a ModelRoute: the per-call choice (``routing``), then the chosen
+        claim's own path (held, woken, checked, forwarded), its answer attributed."""
+        if key is not None and not key.may_use(route.name):
+            raise Refused(errors.not_allowed(route.name, self.visible_names(key)), "forbidden")
+        rec.route = route.name
+        got = self.router.choose(route, endpoint, doc, body)
+        if not isinstance(got, Routed):
+            raise Refused(errors.route_refused(got), got.code)
+        rec.route_choice = got.kind
+        self.metrics.route_chose(route.name, got.kind, got.model)
+        return await self.serve(request, endpoint, doc, body, key, ticket, rec, outcome, got)
 
     def _url(self, host: str, port: int, path: str) -> URL:
         target = (host, port, path)
@@ -370,9 +331,11 @@ class Door:
 
     def visible_names(self, key: Key | None) -> list[str]:
         names = self.catalog.names()
+        routes = sorted(self.d.desired.routes)
         if key is None:
-            return names
-        return [n for n in names if self.allowed(key, n, self.catalog.claims_for(n))]
+            return names + routes
+        return [n for n in names if self.allowed(key, n, self.catalog.claims_for(n))] \
+            + [n for n in routes if key.may_use(n)]
 
     # ---- the models list ----------------------------------------------------------------------
 
