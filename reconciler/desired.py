@@ -37,20 +37,19 @@ from reconciler.model.manifests import (
     POOL_LABEL,
     AgentRef,
     ModelClaim,
-    ROUTE_KIND,
     ParseResult,
     Problem,
     RouteDocument,
     WarmPool,
     parse_manifests,
 )
-from reconciler.selection.route_spec import Route, RouteError, parse_route
+from reconciler.route_manifests import routes_from
+from reconciler.selection.route_spec import Route
 
 log = logging.getLogger("reconciler.desired")
 
 ClaimKey = tuple[str, str]  # (namespace, name)
 MANIFEST_UNREADABLE = "ManifestUnreadable"
-INVALID_ROUTE = "InvalidRoute"
 DIRECTORY_UNREADABLE = "ClaimsDirectoryUnreadable"
 SAMPLE_LABELS = {POOL_LABEL: "pool-a", ENABLED_LABEL: "true"}
 SUFFIXES = (".yaml", ".yml")
@@ -334,31 +333,6 @@ class DesiredState(Lookups):
             return (WarmPool("local", "default", (agent,), labels=labels),)
         return (WarmPool(base.name, base.namespace, (agent,), base.policy, labels,
                          base.policy_problem, base.gpus_per_agent),)
-
-
-def routes_from(docs: Iterable[RouteDocument], models: Mapping[str, ClaimKey]
-                ) -> tuple[dict[str, Route], tuple[Problem, ...]]:
-    """The valid routes by name, and a problem for each one not taken: invalid (saying what to
-    fix), a name given twice, or a name a claim's modelName already serves (an exact name
-    always reaches its claim, so such a route could never be asked for)."""
-    routes: dict[str, Route] = {}
-    problems: list[Problem] = []
-    for doc in docs:
-        why: tuple[str, str] | None
-        try:
-            route = parse_route(doc.obj)
-        except RouteError as bad:
-            why = (INVALID_ROUTE, str(bad))
-        else:
-            why = (DUPLICATE, f"route {route.name!r} is defined more than once") \
-                if route.name in routes else (DUPLICATE, (
-                    f"{route.name!r} is the modelName of claim {key_text(models[route.name])}; "
-                    "give the route another name")) if route.name in models else None
-            if why is None:
-                routes[route.name] = route
-                continue
-        problems.append(Problem(ROUTE_KIND, doc.name, *why, doc.namespace, doc.source))
-    return routes, tuple(problems)
 
 
 def unreadable_reason(text: str, result: ParseResult) -> tuple[str, str] | None:
