@@ -1,4 +1,4 @@
-"""The desired state: the claims and pools of a manifest directory, as last read.
+"""The desired state: the claims, pools and routes of a manifest directory, as last read.
 
 The reconciler runs against local manifests: a directory of ModelClaims (any ``*.yaml``) and a
 pool file (``kind: WarmPool`` naming the agents, in the directory or elsewhere). The
@@ -39,9 +39,12 @@ from reconciler.model.manifests import (
     ModelClaim,
     ParseResult,
     Problem,
+    RouteDocument,
     WarmPool,
     parse_manifests,
 )
+from reconciler.route_manifests import routes_from
+from reconciler.selection.route_spec import Route
 
 log = logging.getLogger("reconciler.desired")
 
@@ -66,6 +69,11 @@ class Desired(Protocol):
 
     @property
     def problems(self) -> tuple[Problem, ...]: ...
+
+    @property
+    def routes(self) -> Mapping[str, Route]:
+        """The ModelRoutes by name (what clients send as ``model``); empty on Kubernetes."""
+        ...
 
     def claim(self, key: ClaimKey) -> ModelClaim | None: ...
 
@@ -103,6 +111,7 @@ class Lookups:
     def __init__(self) -> None:
         self.claims: dict[ClaimKey, ModelClaim] = {}
         self.pools: tuple[WarmPool, ...] = ()
+        self.routes: dict[str, Route] = {}
         self._by_model: dict[str, ClaimKey] = {}
         self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
         self._spec_problems: dict[ClaimKey, Problem] = {}
@@ -276,11 +285,12 @@ class DesiredState(Lookups):
         self._spec_problems = problems
         self.claims = claims
         self._by_model = {c.model_name: k for k, c in claims.items()}
+        self.routes, route_problems = routes_from(result.routes, self._by_model)
         self.pools = self._effective_pools(result)
         self._agents = {a.name: (a, p) for p in self.pools for a in p.agents}
         self.problems = tuple(p for p in result.problems if p.reason != NO_AGENTS) \
-            + tuple(problems.values())
-        found = {p for p in result.problems if p.reason != NO_AGENTS}
+            + route_problems + tuple(problems.values())
+        found = {p for p in result.problems if p.reason != NO_AGENTS} | set(route_problems)
         for problem in sorted(found - self._logged, key=str):  # a manifest that is not taken
             log.warning("invalid manifest: %s", problem)
         self._logged = found
@@ -344,6 +354,7 @@ def merge(results: Iterable[ParseResult]) -> ParseResult:
     pools: list[WarmPool] = []
     problems: list[Problem] = []
     ignored: list[str] = []
+    routes: list[RouteDocument] = []
     keys: set[str] = set()
     models: dict[str, str] = {}
     pool_keys: set[str] = set()
@@ -351,6 +362,7 @@ def merge(results: Iterable[ParseResult]) -> ParseResult:
     for result in results:
         problems.extend(result.problems)
         ignored.extend(result.ignored)
+        routes.extend(result.routes)
         for claim in result.claims:
             other = models.get(claim.model_name)
             if claim.key in keys or other is not None:
@@ -372,4 +384,5 @@ def merge(results: Iterable[ParseResult]) -> ParseResult:
             pool_keys.add(pool.key)
             agents.update({a.name: pool.key for a in pool.agents})
             pools.append(pool)
-    return ParseResult(tuple(claims), tuple(pools), tuple(problems), tuple(ignored))
+    return ParseResult(tuple(claims), tuple(pools), tuple(problems), tuple(ignored),
+                       tuple(routes))

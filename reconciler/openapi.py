@@ -33,6 +33,12 @@ _CLAIMS = {"type": "object", "required": ["items", "problems"],
 _ROUTES = {"type": "object", "required": ["routes"],
            "properties": {"routes": {"type": "array",
                                      "items": {"$ref": "#/components/schemas/Route"}}}}
+_MODEL_ROUTES = {"type": "object", "required": ["items"], "properties": {"items": {
+    "type": "array", "items": {"type": "object", "required": ["name", "candidates",
+                                                               "conditions"],
+                               "properties": {"name": {"type": "string"},
+                                              "candidates": {"type": "array"},
+                                              "conditions": {"type": "array"}}}}}}
 _WAKE = {"type": "object", "required": ["status", "model", "claim", "new"],
          "properties": {"status": {"enum": ["accepted", "success"]},
                         "model": {"type": "string"}, "claim": {"type": "string"},
@@ -79,6 +85,10 @@ def openapi_document() -> dict[str, Any]:
                                "security": _CLOSED,
                                "responses": {"200": _json("Routes", "the route table"),
                                              **_refused(401)}}},
+        "/v1/modelroutes": {"get": {
+            "operationId": "modelroutes", "security": _CLOSED,
+            "summary": "each ModelRoute's candidates in order, FailedScheduling on no match",
+            "responses": {"200": _json("ModelRoutes", "the routes"), **_refused(401)}}},
         "/openapi.json": {"get": {"operationId": "openapi", "summary": "this document",
                                   "responses": {"200": {"description": "OpenAPI 3.1",
                                                         "content": {"application/json": {
@@ -97,6 +107,6 @@ def openapi_document() -> dict[str, Any]:
             "paths": paths,
             "components": {"schemas": {"Error": _ERROR, "Health": health, "Route": _ROUTE,
                                        "Claim": _CLAIM, "Claims": _CLAIMS, "Wake": _WAKE,
-                           "Routes": _ROUTES},
+                           "Routes": _ROUTES, "ModelRoutes": _MODEL_ROUTES},
                            "securitySchemes": {"bearer": {"type": "http",
                                                           "scheme": "bearer"}}}}

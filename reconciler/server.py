@@ -7,6 +7,7 @@
 | ``GET /v1/claims/{namespace}/{name}`` | one claim (metadata, spec, status, events, route) |
 | ``GET /v1/routes`` | ``{"routes": [{model, claim, agent, host, port, state, reason, ...}]}`` |
 | ``POST /v1/routes/{model}/wake`` | records a wake request (202; repeats collapse) |
+| ``GET /v1/modelroutes`` | ``{"items": [{name, candidates: [{claim, model, score}], conditions}]}``: each ModelRoute, ``FailedScheduling`` while it matches no claim |
 | ``GET /metrics`` | Prometheus exposition: the ModelClaim and reconcile metrics |
 | ``GET /openapi.json`` | this table as OpenAPI 3.1 (``reconciler.openapi``) |
 
@@ -35,8 +36,11 @@ from guard import access
 from guard.conns import API_LIMITS, GuardedSite, quiet_accept_errors
 from guard.tokens import TokenSource
 from reconciler.context import Deps
+from reconciler.door.routing import claim_infos, describe
+from reconciler.door.window import context_from_args
 from reconciler.openapi import openapi_document
 from reconciler.routes import route_of, route_table
+from reconciler.selection.candidates import rank
 from reconciler.status import ACTIVE, ClaimStatus
 
 log = logging.getLogger("reconciler.server")
@@ -126,6 +130,16 @@ async def routes(request: web.Request) -> web.Response:
     return web.json_response({"routes": [r.as_json() for r in table]})
 
 
+async def modelroutes(request: web.Request) -> web.Response:
+    deps = request.app[DEPS_KEY]
+    desired = deps.desired
+    infos = claim_infos(desired, lambda k: (c := desired.claim(k)) is not None
+                        and context_from_args(c.engine, c.engine_args) or None)
+    items = [describe(desired, route, rank(route, (i for _, i in infos.values())))
+             for _, route in sorted(desired.routes.items())]
+    return web.json_response({"items": items})
+
+
 async def wake(request: web.Request) -> web.Response:
     deps = request.app[DEPS_KEY]
     model = request.match_info["model"]
@@ -163,6 +177,7 @@ def make_app(deps: Deps, registry: CollectorRegistry, token: TokenSource | None 
     app.router.add_get("/v1/claims/{namespace}/{name}", claim)
     app.router.add_get("/v1/routes", routes)
     app.router.add_post("/v1/routes/{model:.+}/wake", wake)
+    app.router.add_get("/v1/modelroutes", modelroutes)
     app.router.add_get("/metrics", metrics)
     described = openapi_document()
 

@@ -13,9 +13,9 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from reconciler.door.access import AccessLog, AccessRecord
-from reconciler.door.door import Door, Refused, Ticket
+from reconciler.door.door import Door, Refused
 from reconciler.door.keys import KeyFile
-from reconciler.door.ledger import Changes, Ledger
+from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.plan import Forward
 from reconciler.door.server import make_server

@@ -86,6 +86,11 @@ class Catalog:
         self._index = {name: tuple(dict.fromkeys(keys)) for name, keys in index.items()}
         self._indexed = (claims, self._version)
 
+    @property
+    def version(self) -> int:
+        """Bumped whenever an engine told something new (names, contexts)."""
+        return self._version
+
     def names(self) -> list[str]:
         self.claims_for("")
         return sorted(self._index)

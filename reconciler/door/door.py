@@ -3,7 +3,8 @@
 One request, start to end (``serve``):
 
 1. its ``model`` names claims (``Catalog``: modelNames, Ollama tags, learned served names and
-   LoRA adapters); an unknown name, or one the API key may not use, is answered at once;
+   LoRA adapters), else a ModelRoute (``routing``: one claim chosen per call); an unknown name,
+   or one the API key may not use, is answered at once;
 2. ``admit`` decides per call (``plan.decide`` per claim, ``plan.choose`` among them) and, while
    the model cannot serve, holds the request: it asks the reconciler for a wake through the same
    wake book the gateway's wake requests use (many requests, one wake), kicks a claim that waits
@@ -39,11 +40,13 @@ from reconciler.door.access import AccessRecord
 from reconciler.door.catalog import Catalog
 from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
-from reconciler.door.ledger import Changes, Ledger
+from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
+from reconciler.door.routing import Routed, Router
 from reconciler.door.settings import DoorSettings
 from reconciler.door.upstream import Upstream
 from reconciler.routes import Route, route_of
+from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
 
 TOKENIZE_TIMEOUT_S = 5.0
@@ -56,41 +59,6 @@ class Refused(Exception):
         super().__init__(reason)
         self.response = response
         self.reason = reason
-
-
-class Ticket:
-    """One request's place in the ledger: in flight for a model, held for a model."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
-        self.model: str | None = None  # in flight for this claim model
-        self.held: str | None = None
-
-    def enter(self, model: str) -> None:
-        if self.model != model:
-            self.leave()
-            self._ledger.enter(model)
-            self.model = model
-
-    def hold(self, model: str, bound: int) -> bool:
-        if self.held == model:
-            return True
-        self.unhold()
-        if not self._ledger.try_hold(model, bound):
-            return False
-        self.held = model
-        return True
-
-    def unhold(self) -> None:
-        if self.held is not None:
-            self._ledger.release(self.held)
-            self.held = None
-
-    def leave(self) -> None:
-        self.unhold()
-        if self.model is not None:
-            self._ledger.leave(self.model)
-            self.model = None
 
 
 class Door:
@@ -113,6 +81,11 @@ class Door:
         self._urls: tuple[object, dict[str, str]] | None = None
         self._targets: dict[tuple[str, int, str], URL] = {}
         self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
+        self.router = Router(deps.desired, lambda k: self.catalog.context(k, self.model_of(k)),
+                             lambda: self.catalog.version,
+                             lambda k: plan.decide(k, *self.status_and_route(k)),
+                             lambda m: (w := deps.wakes.get(m)) is not None
+                             and not deps.wakes.expired(w, deps.clock.now()), deps.clock.now)
 
     # ---- the reconciler's view ------------------------------------------------------------
 
@@ -226,16 +199,26 @@ class Door:
 
     async def serve(self, request: Request, endpoint: str, doc: Mapping[str, Any],
                     body: bytes, key: Key | None, ticket: Ticket,
-                    rec: AccessRecord, outcome: proxy.Outcome) -> Answer | Stream:
-        name = doc["model"]
-        keys = self.catalog.claims_for(name)
-        if not keys:  # perhaps an adapter loaded since we last asked the engines
-            await self.refresh_names()
+                    rec: AccessRecord, outcome: proxy.Outcome,
+                    routed: Routed | None = None) -> Answer | Stream:
+        """One request; ``routed``: the claim a route chose for it (``serve_route``)."""
+        if routed is None:  # the exact name's path: as before, one test more
+            name = doc["model"]
             keys = self.catalog.claims_for(name)
-        if not keys:
-            raise Refused(errors.unknown_model(name, self.visible_names(key)), "unknown_model")
-        if key is not None and not self.allowed(key, name, keys):
-            raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
+            if not keys:  # a route's name, or perhaps an adapter loaded since we last asked
+                route = self.d.desired.routes.get(name)
+                if route is not None:
+                    return await self.serve_route(route, request, endpoint, doc, body, key,
+                                                  ticket, rec, outcome)
+                await self.refresh_names()
+                keys = self.catalog.claims_for(name)
+            if not keys:
+                raise Refused(errors.unknown_model(name, self.visible_names(key)),
+                              "unknown_model")
+            if key is not None and not self.allowed(key, name, keys):
+                raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
+        else:
+            name, keys = routed.model, (routed.claim,)
         kinds = endpoints.engines_for(request.path)
         first = self.catalog.claim(keys[0])
         if first is not None and first.engine not in kinds:  # before any wake is asked
@@ -260,11 +243,27 @@ class Door:
         else:  # the engine's own token counts for every stream, asked for the client if need be
             body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
         self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
+        extra = routed.headers(fwd.agent) if routed is not None else None
         try:
             return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
-                                       body, outcome, hide_usage)
+                                       body, outcome, hide_usage, extra)
         finally:
             self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
+
+    async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
+                          doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,
+                          rec: AccessRecord, outcome: proxy.Outcome) -> Answer | Stream:
+        """A request to a ModelRoute: the per-call choice (``routing``), then the chosen
+        claim's own path (held, woken, checked, forwarded), its answer attributed."""
+        if key is not None and not key.may_use(route.name):
+            raise Refused(errors.not_allowed(route.name, self.visible_names(key)), "forbidden")
+        rec.route = route.name
+        got = self.router.choose(route, endpoint, doc, body)
+        if not isinstance(got, Routed):
+            raise Refused(errors.route_refused(got), got.code)
+        rec.route_choice = got.kind
+        self.metrics.route_chose(route.name, got.kind, got.model)
+        return await self.serve(request, endpoint, doc, body, key, ticket, rec, outcome, got)
 
     def _url(self, host: str, port: int, path: str) -> URL:
         target = (host, port, path)
@@ -332,9 +331,11 @@ class Door:
 
     def visible_names(self, key: Key | None) -> list[str]:
         names = self.catalog.names()
+        routes = sorted(self.d.desired.routes)
         if key is None:
-            return names
-        return [n for n in names if self.allowed(key, n, self.catalog.claims_for(n))]
+            return names + routes
+        return [n for n in names if self.allowed(key, n, self.catalog.claims_for(n))] \
+            + [n for n in routes if key.may_use(n)]
 
     # ---- the models list ----------------------------------------------------------------------
 
@@ -345,7 +346,8 @@ class Door:
 
     def listing(self, key: Key | None) -> list[dict[str, Any]]:
         """``/v1/models``: every claim's model and its adapters, with context length and the
-        route's state, as far as ``key`` may use them."""
+        route's state, then every ModelRoute with its candidates, as far as ``key`` may use
+        them."""
         out: list[dict[str, Any]] = []
         for ckey, claim in sorted(self.d.desired.claims.items()):
             st, route = self.status_and_route(ckey)
@@ -359,7 +361,7 @@ class Door:
                     continue
                 out.append({"id": name, **common, "root": root, "parent": parent,
                             "max_model_len": self.catalog.context(ckey, name)})
-        return out
+        return out + self.router.listing(lambda n: key is None or key.may_use(n))
 
     def ollama_claims(self, key: Key | None) -> list[tuple[ClaimKey, str, float, str,
                                                          tuple[str, int] | None]]:

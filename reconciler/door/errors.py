@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import Any
 
 from reconciler.door.http1 import Answer
 
@@ -51,6 +52,16 @@ def unauthorized(message: str) -> Answer:
     response = error_response(401, message, "invalid_request_error", "invalid_api_key")
     response.headers["WWW-Authenticate"] = "Bearer"
     return response
+
+
+def route_refused(refusal: Any) -> Answer:
+    """A route's call that cannot be served (``reconciler.selection.refusals``): its status,
+    code and message, Retry-After when waiting helps."""
+    if refusal.status == 400:
+        param = refusal.prompt.param if hasattr(refusal, "prompt") else None
+        return error_response(400, refusal.message, "invalid_request_error", refusal.code,
+                              param)
+    return unavailable(refusal.message, refusal.code, refusal.retry_after)
 
 
 def context_exceeded(message: str, param: str) -> Answer:

@@ -11,6 +11,8 @@ Counts change only on the event loop and without an await between a decision and
 so the reconciler's last look before a sleep (also on the loop) sees every request that was
 sent, or about to be sent, to the engine.
 
+``Ticket`` is one request's place in the ledger (in flight for one model, held for one).
+
 ``Changes`` is how held requests learn that something moved: every claim status change and
 every route hold taken or released bumps it, and each held request re-decides. A waiter takes
 ``next()`` *before* it looks at the world, so a change between its look and its wait still
@@ -74,6 +76,41 @@ class Ledger:
 
     def models(self) -> list[str]:
         return sorted(self._in_flight.keys() | self._held.keys())
+
+
+class Ticket:
+    """One request's place in the ledger: in flight for a model, held for a model."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.model: str | None = None  # in flight for this claim model
+        self.held: str | None = None
+
+    def enter(self, model: str) -> None:
+        if self.model != model:
+            self.leave()
+            self._ledger.enter(model)
+            self.model = model
+
+    def hold(self, model: str, bound: int) -> bool:
+        if self.held == model:
+            return True
+        self.unhold()
+        if not self._ledger.try_hold(model, bound):
+            return False
+        self.held = model
+        return True
+
+    def unhold(self) -> None:
+        if self.held is not None:
+            self._ledger.release(self.held)
+            self.held = None
+
+    def leave(self) -> None:
+        self.unhold()
+        if self.model is not None:
+            self._ledger.leave(self.model)
+            self.model = None
 
 
 def _down(counts: dict[str, int], model: str) -> None:

@@ -9,6 +9,7 @@
 | ``aibrix:door_held_seconds`` | model, cause | time held before forwarding: ``wake``, ``room``, ``start``, ``move``, ``settle`` |
 | ``aibrix:door_wakes_requested_total`` | model | wakes the door asked the reconciler for (repeats collapse) |
 | ``aibrix:door_tokens_total`` | model, kind | ``prompt`` and ``completion`` tokens from the engines' ``usage`` (streams too: ``reconciler.door.usage``) |
+| ``aibrix:door_route_choices_total`` | route, kind, model | calls to a ModelRoute by what served them (``warm``, ``converged``, ``woken``, ``started``, ``queued``, ``made-room``, ``held``) and the claim model chosen |
 | ``aibrix:door_requests_in_flight``, ``aibrix:door_requests_held`` | model | now |
 
 ``model`` is the claim's modelName (an adapter counts under its claim), or ``""`` for a request
@@ -66,6 +67,8 @@ class DoorMetrics:
                              registry=registry)
         self.tokens = Counter(P + "tokens", "Tokens the engines reported in usage.",
                               ["model", "kind"], registry=registry)
+        self.route_choices = Counter(P + "route_choices", "Calls to a ModelRoute by choice.",
+                                     ["route", "kind", "model"], registry=registry)
         registry.register(_Now(ledger))
         self._children: dict[tuple[Any, ...], Any] = {}
 
@@ -91,6 +94,9 @@ class DoorMetrics:
 
     def wake_requested(self, model: str) -> None:
         self._child(self.wakes, model).inc()
+
+    def route_chose(self, route: str, kind: str, model: str) -> None:
+        self._child(self.route_choices, route, kind, model).inc()
 
     def usage(self, model: str, prompt: int, completion: int) -> None:
         if prompt:

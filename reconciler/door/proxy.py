@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reconciler.door.errors import stream_error_event, upstream_failed, upstream_timed_out
@@ -107,8 +108,9 @@ def _request_headers(request: Request) -> dict[str, str]:
     return out
 
 
-def _response_headers(upstream: Response) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _response_headers(upstream: Response, extra: Mapping[str, str] | None = None
+                      ) -> dict[str, str]:
+    out: dict[str, str] = dict(extra) if extra else {}
     for name in PASS_RESPONSE:
         value = upstream.headers.get(name.lower())
         if value is not None:
@@ -118,10 +120,12 @@ def _response_headers(upstream: Response) -> dict[str, str]:
 
 async def forward(request: Request, upstream_pool: Upstream, host: str, port: int,
                   path: str, body: bytes, outcome: Outcome,
-                  hide_usage: bool = False) -> Answer | Stream:
+                  hide_usage: bool = False, extra: Mapping[str, str] | None = None
+                  ) -> Answer | Stream:
     """Send ``body`` to the engine at ``host:port``; the answer for the client (a 502 when the
     engine did not answer). ``hide_usage``: the door asked for a stream's usage, the client
-    did not (``reconciler.door.usage``)."""
+    did not (``reconciler.door.usage``); ``extra``: headers the door adds to the engine's
+    answer (a route's attribution)."""
     sent = time.monotonic()
     try:
         upstream = await upstream_pool.post(host, port, path, _request_headers(request), body)
@@ -135,7 +139,8 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
         outcome.status = upstream.status
         if upstream.content_type in STREAMS:
             outcome.stream = True
-            return await _stream(request, upstream, outcome, Hider() if hide_usage else None)
+            return await _stream(request, upstream, outcome, Hider() if hide_usage else None,
+                                 extra)
         try:
             data = await upstream.read()
         except UpstreamTimeout as err:
@@ -152,12 +157,12 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
     else:
         outcome.usage_from = data
     outcome.bytes_out = len(data)
-    return Answer(upstream.status, data, _response_headers(upstream))
+    return Answer(upstream.status, data, _response_headers(upstream, extra))
 
 
 async def _stream(request: Request, upstream: Response, outcome: Outcome,
-                  hider: Hider | None) -> Stream:
-    out = await request.stream(upstream.status, _response_headers(upstream))
+                  hider: Hider | None, extra: Mapping[str, str] | None) -> Stream:
+    out = await request.stream(upstream.status, _response_headers(upstream, extra))
     tail = b""
 
     def seen(chunk: bytes) -> None:  # the engine's bytes, usage included: what is counted

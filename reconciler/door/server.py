@@ -31,7 +31,8 @@ from typing import Any
 from guard import jsonbody
 from reconciler.door import errors, release
 from reconciler.door.access import AccessLog, AccessRecord
-from reconciler.door.door import Door, Refused, Ticket
+from reconciler.door.door import Door, Refused
+from reconciler.door.ledger import Ticket
 from reconciler.door.endpoints import ENDPOINTS
 from reconciler.door.http1 import Answer, Request, Server, Stream, json_answer
 from guard.access import Audit, Refusal, check

@@ -75,6 +75,7 @@ from reconciler.model.selector import LabelSelector, selector_from
 API_VERSION = "model.aibrix.ai/v1alpha1"
 CLAIM_KIND = "ModelClaim"
 POOL_KIND = "WarmPool"
+ROUTE_KIND = "ModelRoute"  # parsed by ``reconciler.selection.route_spec`` (``reconciler.desired``)
 POOL_LABEL = "claim.model.aibrix.ai/pool"
 ENABLED_LABEL = "claim.model.aibrix.ai/enabled"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -211,11 +212,23 @@ class WarmPool:
 
 
 @dataclass(frozen=True)
+class RouteDocument:
+    """A ``ModelRoute`` as written, with where it came from: the selection package parses it
+    (this module sits below it and must not import it)."""
+
+    name: str
+    namespace: str
+    source: str
+    obj: Mapping[str, Any] = field(hash=False, compare=False)
+
+
+@dataclass(frozen=True)
 class ParseResult:
     claims: tuple[ModelClaim, ...] = ()
     pools: tuple[WarmPool, ...] = ()
     problems: tuple[Problem, ...] = ()
     ignored: tuple[str, ...] = ()
+    routes: tuple[RouteDocument, ...] = ()
 
     @property
     def placeable_claims(self) -> tuple[ModelClaim, ...]:
@@ -286,6 +299,7 @@ class _Builder:
         self.pools: list[WarmPool] = []
         self.problems: list[Problem] = []
         self.ignored: list[str] = []
+        self.routes: list[RouteDocument] = []
         self.claim_keys: set[str] = set()
         self.model_names: dict[str, str] = {}
         self.pool_keys: set[str] = set()
@@ -293,7 +307,7 @@ class _Builder:
 
     def result(self) -> ParseResult:
         return ParseResult(tuple(self.claims), tuple(self.pools), tuple(self.problems),
-                           tuple(self.ignored))
+                           tuple(self.ignored), tuple(self.routes))
 
     def document(self, source: str, start: int, chunk: str) -> None:
         where = f"{source}#line{start + 1}"
@@ -323,6 +337,8 @@ class _Builder:
             self._claim(obj, label, namespace, where)
         elif kind == POOL_KIND:
             self._pool(obj, label, namespace, where)
+        elif kind == ROUTE_KIND:
+            self.routes.append(RouteDocument(label, namespace, where, obj))
         elif kind == "Deployment" and isinstance(meta, Mapping) and isinstance(
                 meta.get("labels"), Mapping) and POOL_LABEL in meta["labels"]:
             self._deployment(obj, label, namespace, where)

@@ -1,0 +1,101 @@
+"""The door's per-call choice for a ModelRoute (``reconciler.door.routing.Router``) over what
+``plan.decide`` says of each candidate claim: the mapping table of the module's docstring."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.desired import ClaimKey, DesiredState
+from reconciler.door import plan
+from reconciler.door.routing import Routed, Router
+from reconciler.selection.refusals import ZeroMatch
+from tests.reconciler_fakes import claim_yaml
+from tests.test_door_modelroute import route
+
+pytestmark = pytest.mark.timeout(30)
+BIG, SMALL = ("default", "big"), ("default", "small")
+
+
+def labelled(name: str, tier: str, context: int) -> str:
+    text = claim_yaml(name, args={"--max-model-len": str(context)})
+    return text.replace("  namespace: default\n",
+                        f'  namespace: default\n  labels: {{family: qwen, tier: "{tier}"}}\n', 1)
+
+
+def router(tmp_path: Path, decisions: dict[ClaimKey, plan.Decision], tolerance: float = 10,
+           wakes: frozenset[str] = frozenset(), family: str = "qwen",
+           big_context: int = 2048) -> tuple[Router, DesiredState]:
+    (tmp_path / "all.yaml").write_text(labelled("big", "big", big_context)
+                                       + labelled("small", "small", 4096)
+                                       + "---\n" + route("chat", tolerance, family))
+    desired = DesiredState(tmp_path)
+    desired.load()
+    contexts = {BIG: big_context, SMALL: 4096}
+    return Router(desired, contexts.get, lambda: 0, decisions.__getitem__,
+                  wakes.__contains__, lambda: 100.0), desired
+
+
+def pick(r: Router, desired: DesiredState, doc: Mapping[str, Any] | None = None
+         ) -> Routed | object:
+    body = doc or {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    return r.choose(desired.routes["chat"], "chat", body, str(body).encode())
+
+
+FWD_BIG = plan.Forward(BIG, "127.0.0.1", 1, "agent-a")
+FWD_SMALL = plan.Forward(SMALL, "127.0.0.1", 2, "agent-a")
+ASLEEP_BIG = plan.Hold(BIG, plan.WAKE, wake=True)
+ASLEEP_SMALL = plan.Hold(SMALL, plan.WAKE, wake=True)
+
+
+def test_the_preferred_claim_serving_is_chosen_warm(tmp_path: Path) -> None:
+    r, d = router(tmp_path, {BIG: FWD_BIG, SMALL: FWD_SMALL})
+    assert pick(r, d) == Routed("chat", "warm", BIG, "big")
+
+
+def test_a_warm_candidate_in_tolerance_wins_over_waking_the_preferred(tmp_path: Path) -> None:
+    r, d = router(tmp_path, {BIG: ASLEEP_BIG, SMALL: FWD_SMALL})
+    assert pick(r, d) == Routed("chat", "warm", SMALL, "small")
+
+
+def test_with_tolerance_zero_the_sleeping_preferred_is_woken(tmp_path: Path) -> None:
+    r, d = router(tmp_path, {BIG: ASLEEP_BIG, SMALL: FWD_SMALL}, tolerance=0)
+    assert pick(r, d) == Routed("chat", "woken", BIG, "big")
+
+
+def test_a_wake_already_asked_is_converged_on(tmp_path: Path) -> None:
+    r, d = router(tmp_path, {BIG: ASLEEP_BIG, SMALL: ASLEEP_SMALL}, wakes=frozenset({"big"}))
+    assert pick(r, d) == Routed("chat", "converged", BIG, "big")
+    r, d = router(tmp_path, {BIG: plan.Hold(BIG, plan.START), SMALL: ASLEEP_SMALL})
+    assert pick(r, d) == Routed("chat", "converged", BIG, "big")
+
+
+def test_a_pending_preferred_claim_is_started(tmp_path: Path) -> None:
+    r, d = router(tmp_path, {BIG: plan.Hold(BIG, plan.ROOM, kick=True), SMALL: ASLEEP_SMALL},
+                  tolerance=0)
+    assert pick(r, d) == Routed("chat", "started", BIG, "big")
+
+
+def test_a_preferred_claim_that_cannot_serve_holds_the_call_for_its_own_answer(
+        tmp_path: Path) -> None:
+    r, d = router(tmp_path, {BIG: plan.Refuse(BIG, "too large", None), SMALL: ASLEEP_SMALL},
+                  tolerance=0)
+    assert pick(r, d) == Routed("chat", "held", BIG, "big")
+
+
+def test_a_route_that_matches_nothing_is_refused_naming_its_selector(tmp_path: Path) -> None:
+    r, d = router(tmp_path, {}, family="llama")
+    got = pick(r, d)
+    assert isinstance(got, ZeroMatch) and "family=llama" in got.message
+
+
+def test_a_long_prompt_passes_over_a_candidate_whose_context_cannot_hold_it(
+        tmp_path: Path) -> None:
+    r, d = router(tmp_path, {BIG: ASLEEP_BIG, SMALL: ASLEEP_SMALL}, tolerance=0, big_context=64)
+    doc = {"model": "chat", "messages": [{"role": "user", "content": "word " * 300}]}
+    assert pick(r, d, doc) == Routed("chat", "woken", SMALL, "small")
+    short = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    assert pick(r, d, short) == Routed("chat", "woken", BIG, "big")
