@@ -451,7 +451,8 @@ def serve_parser(sub: Any) -> None:
     sup.add_argument("--scrape-interval-max", type=_interval, default=20.0,
                      help="seconds a steady engine's scrapes back off to at most (default "
                      "%(default)g; a controller's last look before an idle sleep reads the "
-                     "engine itself with GET /v1/runtime/snapshot?fresh=requests)")
+                     "engine itself: the snapshot with ?fresh=requests; keep 2 under AIBrix's "
+                     "controller, which does not ask for it)")
     sup.add_argument("--steady-backoff", type=_factor, default=10.0,
                      help="while nothing changes, health probes, scrapes and KV checks of an "
                      "engine slow down, doubling, to this many times their interval; any change "

@@ -2,7 +2,7 @@
 
 The scrape loop backs off to ``--scrape-interval-max`` while nothing changes, so its figures may
 be that old. A caller whose decision must not rest on an old figure (an idle sleep's last look:
-``GET /v1/runtime/snapshot?fresh=requests``) asks the owner for a look that *starts after* it
+the snapshot route with ``?fresh=requests``) asks the owner for a look that *starts after* it
 asked. Two rules keep that cheap and honest:
 
 - a look already running began before the caller asked, so the caller never takes its answer:
