@@ -3,19 +3,25 @@
 client, ``agent_client.HttpAgentClient``, so the agent's paths, its replies and its tokens are
 read in one place.
 
-Each call runs the asynchronous one to its end on a loop of its own (in a thread of its own
-when the caller's thread runs a loop already), so a call blocks its caller (as a script
-expects) and may be made from inside a running event loop too (a test's). A refusal raises ``AgentError`` (status and body); an agent that does not
-answer raises ``AgentUnreachableError``, an ``OSError`` as the standard library's clients raise.
-``url`` may be changed between calls.
+Each call runs the asynchronous one to its end on one event loop that every synchronous client
+shares, in a daemon thread of its own (``_Runner``), over one HTTP session whose connections are
+not kept alive (an agent restarted on the same port is reached anew, as by urllib). A call
+blocks its caller (as a script expects) and may be made from inside a running event loop too (a
+test's), whose loop it leaves alone. A loop and a session per call cost four times urllib's CPU
+per call, which the test harness's polling multiplied over the whole suite. A refusal raises
+``AgentError`` (status and body); an agent that does not answer raises
+``AgentUnreachableError``, an ``OSError`` as the standard library's clients raise. ``url`` may
+be changed between calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
+import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import aiohttp
@@ -63,17 +69,16 @@ class AgentClient:
         return dict(reply.body)
 
     async def _reply(self, call: Call) -> Reply:
-        async with aiohttp.ClientSession() as session:
-            client = HttpAgentClient(self.url, session, timeout_s=self.timeout_s,
-                                     lifecycle_timeout_s=self.timeout_s, token=self._token)
-            try:
-                return await call(client)
-            except NotTheApi as exc:
-                if exc.status < 400:
-                    raise
-                return Reply(exc.status, {"status": "error", "message": exc.text})
-            except AgentUnreachable as exc:
-                raise AgentUnreachableError(str(exc)) from None
+        client = HttpAgentClient(self.url, _RUNNER.session(), timeout_s=self.timeout_s,
+                                 lifecycle_timeout_s=self.timeout_s, token=self._token)
+        try:
+            return await call(client)
+        except NotTheApi as exc:
+            if exc.status < 400:
+                raise
+            return Reply(exc.status, {"status": "error", "message": exc.text})
+        except AgentUnreachable as exc:
+            raise AgentUnreachableError(str(exc)) from None
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """Any call of the API, for what has no method here."""
@@ -134,16 +139,49 @@ class AgentClient:
         return self._run(lambda c: c.delete_artifact(artifact_id))
 
 
+class _Runner:
+    """One event loop in a daemon thread and one HTTP session on it, for every synchronous
+    client of the process; started on the first call, closed at exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="agent-client",
+                                 daemon=True).start()
+                self._loop = loop
+                atexit.register(self.close)
+            return self._loop
+
+    def session(self) -> aiohttp.ClientSession:
+        """The shared session (called on the runner's loop only)."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True, limit=0))
+        return self._session
+
+    def close(self) -> None:
+        loop, session = self._loop, self._session
+        if loop is None or loop.is_closed():
+            return
+        if session is not None and not session.closed:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(session.close(), loop).result(2)
+        loop.call_soon_threadsafe(loop.stop)
+
+
+_RUNNER = _Runner()
+
+
 def _blocking(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to its end on a new loop: in this thread, or, when this thread runs a
-    loop already (a test's), in a new thread, leaving that loop alone (it is blocked, as by
-    any synchronous call)."""
+    """Run a coroutine to its end on the shared runner loop and wait for it here (a caller's own
+    running loop, a test's, is blocked meanwhile, as by any synchronous call)."""
     async def main() -> T:
         return await make()
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(main())
-    with ThreadPoolExecutor(1, thread_name_prefix="agent-client") as pool:
-        return pool.submit(asyncio.run, main()).result()
+    return asyncio.run_coroutine_threadsafe(main(), _RUNNER.loop()).result()
