@@ -227,7 +227,7 @@ class Door:
                 f"{name!r} runs on {endpoints.kinds_text(frozenset((first.engine,)))}.",
                 "model"), "wrong_engine")
         checked = len(keys) == 1 and await self.check_context(  # before it may wake or start
-            endpoint, doc, body, keys[0], name, self.endpoint(keys[0]))
+            endpoint, doc, body, keys[0], name, lambda: self.endpoint(keys[0]))
         fwd = await self.admit(name, keys, ticket, rec, key)
         claim = self.catalog.claim(fwd.claim)
         assert claim is not None  # admit looked, with no await since
@@ -237,7 +237,8 @@ class Door:
         self.catalog.learn_soon(self.session, fwd.claim, fwd.host, fwd.port)
         upstream_name = self.catalog.upstream_name(claim, name)
         if not checked:
-            await self.check_context(endpoint, doc, body, fwd.claim, name, (fwd.host, fwd.port))
+            await self.check_context(endpoint, doc, body, fwd.claim, name,
+                                     lambda: (fwd.host, fwd.port))
         if endpoint in endpoints.OLLAMA_NATIVE:  # the pool keeps it loaded, not the client
             body, hide_usage = ollama.native_body(doc, body, upstream_name), False
         else:  # the engine's own token counts for every stream, asked for the client if need be
@@ -276,10 +277,12 @@ class Door:
         return url
 
     async def check_context(self, endpoint: str, doc: Mapping[str, Any], body: bytes,
-                            key: ClaimKey, name: str, where: tuple[str, int] | None) -> bool:
+                            key: ClaimKey, name: str,
+                            where: Callable[[], tuple[str, int] | None]) -> bool:
         """Refuse a request the claim's engine cannot hold (``window``): an output limit over
         the whole context, or a prompt over it. ``where``: the engine's address, awake or asleep
-        (None: no engine runs). True when checked; False when the context or the prompt's count
+        (None: no engine runs), asked only when a count needs the engine (a route lookup per
+        request would cost every small one). True when checked; False when the context or the prompt's count
         needs an engine that does not run yet (the caller checks again once one serves)."""
         claim = self.catalog.claim(key)
         context = self.catalog.context(key, name)
@@ -298,9 +301,10 @@ class Door:
         if count is None and claim.engine == "ollama":
             count = window.estimate(prompt.text)
         elif count is None and claim.engine == "vllm" and prompt.tokenize_body is not None:
-            if where is None:
+            address = where()
+            if address is None:
                 return False
-            count = await self._tokenize(where, prompt.tokenize_body)
+            count = await self._tokenize(address, prompt.tokenize_body)
         if window.exceeded(count, context):
             assert count is not None
             raise Refused(errors.context_exceeded(
