@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from contract.clock import LoopClock
 from runtime_agent.cadence import Cadence, Pacer, next_interval
 from runtime_agent.settings import Settings
-from tests.clocks import SteppedClock
+from tests.clocks import FakeClock
 
 pytestmark = pytest.mark.loop_guard
 
@@ -95,7 +95,7 @@ async def test_nudges_never_make_looks_come_faster_than_the_floor() -> None:
 
 
 async def test_a_pacer_waits_on_its_clock_not_the_loops() -> None:
-    clock = SteppedClock()
+    clock = FakeClock(1000.0, stepped=True)
     pacer = Pacer(Cadence(floor_s=1.0, cap_s=8.0), clock)
     for _ in range(3):
         pacer.looked(event=False)

@@ -118,7 +118,7 @@ from registry.record import EngineRecord, EngineSpec  # noqa: E402
 from runtime_agent.cadence import Cadence, Pacer  # noqa: E402
 from runtime_agent.kv.keeper import KvKeeper  # noqa: E402
 from runtime_agent.kv.segment import create_segment, read_segment, write_limit  # noqa: E402
-from tests.clocks import SteppedClock  # noqa: E402
+from tests.clocks import FakeClock  # noqa: E402
 
 pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
 
@@ -165,10 +165,10 @@ async def test_a_reading_taken_before_the_agents_own_write_is_not_taken_for_an_o
 
 
 class _PacedBy(Pacer):
-    """A pacer whose pause is one sleep of its whole interval on a ``SteppedClock``, so the
+    """A pacer whose pause is one sleep of its whole interval on a stepped ``FakeClock``, so the
     clock's record shows the intervals it chose."""
 
-    def __init__(self, clock: SteppedClock, floor_s: float = 1.0, cap_s: float = 1.0,
+    def __init__(self, clock: FakeClock, floor_s: float = 1.0, cap_s: float = 1.0,
                  on_pause: Callable[[int], None] = lambda n: None) -> None:
         super().__init__(Cadence(floor_s, cap_s), clock)
         self._stepped = clock
@@ -181,7 +181,7 @@ class _PacedBy(Pacer):
 
 async def test_no_segment_is_looked_for_often_once_the_engine_is_ready_without_one(
         tmp_path: Path) -> None:
-    clock = SteppedClock(limit=6)
+    clock = FakeClock(1000.0, stepped=True, limit=6)
     ready = False
     keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None, clock=clock)
 
@@ -197,7 +197,7 @@ async def test_no_segment_is_looked_for_often_once_the_engine_is_ready_without_o
 
 async def test_a_segment_that_appears_while_the_engine_boots_is_read_at_once(
         tmp_path: Path) -> None:
-    clock = SteppedClock(limit=3)
+    clock = FakeClock(1000.0, stepped=True, limit=3)
     readings: list[SegmentInfo | None] = []
     keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None, clock=clock)
 
@@ -215,7 +215,7 @@ async def test_a_segment_that_appears_while_the_engine_boots_is_read_at_once(
 
 async def test_a_steady_segment_is_read_less_often_and_a_moved_one_at_once_again(
         tmp_path: Path) -> None:
-    clock = SteppedClock(limit=7)
+    clock = FakeClock(1000.0, stepped=True, limit=7)
     create_segment("kvc_m", 4 * GIB, tmp_path)
     keeper = KvKeeper(_record(), tmp_path, lambda reason, _: None, clock=clock)
 

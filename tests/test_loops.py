@@ -9,7 +9,7 @@ import time
 import pytest
 
 from runtime_agent.loops import Throttled, keep_running, run_stages, wait_event
-from tests.clocks import SteppedClock
+from tests.clocks import FakeClock
 
 pytestmark = pytest.mark.loop_guard
 
@@ -119,14 +119,14 @@ async def test_wait_event_says_whether_the_event_came() -> None:
 
 
 async def test_wait_event_times_out_on_the_clock_it_is_given() -> None:
-    clock = SteppedClock()
+    clock = FakeClock(1000.0, stepped=True)
     async with asyncio.timeout(5):  # an hour on the clock, none on the loop
         assert await wait_event(asyncio.Event(), 3600.0, clock) is False
     assert clock.asked == [3600.0] and clock.now() == 1000.0 + 3600.0
 
 
 async def test_keep_running_pauses_on_the_clock_it_is_given() -> None:
-    clock, runs = SteppedClock(), 0
+    clock, runs = FakeClock(1000.0, stepped=True), 0
 
     async def fails_three_times() -> None:
         nonlocal runs
