@@ -5,8 +5,11 @@ record and events carry) and schedules callbacks (a restart's backoff, a port re
 write retried). It takes all three from one ``Clock`` in its dependencies, never from the event
 loop or ``time`` directly: production passes ``LoopClock``; a test passes a fake that records
 what was scheduled and fires it when the test says. The agent's watchers, pacers, KV keeper and
-memory broker wait on the same clock (``sleep``), so one fake drives all of them. It sits in ``contract`` so that both the
-agent and the reconciler (``reconciler.runtime.clock``) may use it.
+memory broker wait on the same clock (``sleep``), so one fake drives all of them. It sits in
+``contract`` so that the reconciler takes the same one: its work queue's delayed adds, its
+controllers' durations, its sources' intervals and reconnect backoff, its informers, leader
+election and Events, and the wall time its statuses carry. The tests' one fake is
+``tests/clocks.FakeClock``.
 """
 
 from __future__ import annotations

@@ -28,11 +28,10 @@ import contextlib
 import logging
 import signal
 import socket
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.clock import Clock, LoopClock
 from guard.tokens import TokenSource
 from reconciler.context import Timings
 from reconciler.core import DEFAULT_PORT, Core, CoreSettings, scaled_timings
@@ -40,7 +39,6 @@ from reconciler.desired import DesiredState
 from reconciler.door.settings import DoorSettings
 from reconciler.footprints import FILE_NAME as FOOTPRINTS_FILE
 from reconciler.model.manifests import AgentRef
-from reconciler.runtime.clock import Clock
 from reconciler.runtime.heap import frozen_heap
 from reconciler.runtime.loop import run as run_on_uvloop
 from reconciler.runtime.sources import DirectorySource
@@ -82,16 +80,16 @@ class Settings:
 class ReconcilerApp(Core):
     """One reconciler: ``await start()``, then ``await stop()``. ``port``: where it listens."""
 
-    def __init__(self, settings: Settings, *, clock: Clock | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: Settings, *, clock: Clock | None = None) -> None:
         self.settings = settings
+        clock = clock or LoopClock()
         status_dir = settings.status_dir or settings.claims_dir / LEGACY_STATUS
         desired = DesiredState(settings.claims_dir, settings.pool_file,
                                local_agent=settings.local_agent,
                                footprints=settings.status_dir.parent / FOOTPRINTS_FILE
                                if settings.status_dir is not None else None)
-        super().__init__(settings.core(), desired, StatusStore(status_dir, wall), clock=clock,
-                         wall=wall, door=settings.door)
+        super().__init__(settings.core(), desired, StatusStore(status_dir, clock.wall),
+                         clock=clock, door=settings.door)
         self.manifests = desired
 
     async def start(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent_client import AgentApi
+from contract.clock import Clock
 from reconciler.desired import ClaimKey, Desired
 from reconciler.metrics import ClaimMetrics
 from reconciler.model.manifests import AgentRef, PerGPU, WarmPool
@@ -32,7 +33,6 @@ from reconciler.planning.state import Candidate
 from reconciler.release_book import ReleaseBook, ReleaseRequest
 from reconciler.room_book import RoomBook
 from reconciler.routes import RouteHolds, WakeBook, WakeRequest
-from reconciler.runtime.clock import Clock
 from reconciler.status import (
     ACTIVATE_FAILED,
     ENGINE_FAILED,
@@ -70,8 +70,7 @@ async def _routes_read_live(model: str) -> bool:
 
 @dataclass
 class Deps:
-    clock: Clock
-    wall: Callable[[], float]
+    clock: Clock  # monotonic time for waits and ages, wall time for what statuses carry
     desired: Desired
     store: StatusStore
     clients: Callable[[str], AgentApi | None]
@@ -97,6 +96,10 @@ class Deps:
     def __post_init__(self) -> None:
         self.rooms = RoomBook(self.desired.agent, self.reservations.version, self._candidate,
                               self.per_gpu)
+
+    def wall(self) -> float:
+        """Seconds since the epoch on the clock: what statuses and events carry."""
+        return self.clock.wall()
 
     # ---- reading the world ----------------------------------------------------------------
 

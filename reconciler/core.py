@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from contract.clock import Clock, LoopClock
 from reconciler.claims import ClaimReconciler
 from guard.tokens import TokenSource
 from agent_client import AgentApi, HttpAgentClient, bearer_middleware
@@ -42,7 +42,6 @@ from reconciler.door.settings import DoorSettings
 from reconciler.kv import KvReconciler
 from reconciler.metrics import ClaimMetrics
 from reconciler.observe import IdleTracker, SnapshotCache
-from reconciler.runtime.clock import Clock, RealClock
 from reconciler.runtime.controller import Controller
 from reconciler.runtime.metrics import ControllerMetrics
 from reconciler.runtime.queue import WorkQueue
@@ -82,16 +81,15 @@ class Core:
     """Agents, controllers, feeds and the HTTP server around a desired state and a store."""
 
     def __init__(self, settings: CoreSettings, desired: Desired, store: StatusStore, *,
-                 clock: Clock | None = None, wall: Callable[[], float] = time.time,
+                 clock: Clock | None = None,
                  door: DoorSettings | None = None,
                  standby: Callable[[], str | None] = lambda: None) -> None:
         self.core_settings = settings
-        self.clock: Clock = clock or RealClock()
-        self.wall = wall
+        self.clock: Clock = clock or LoopClock()
         self.desired = desired
         self.store = store
         self.registry = CollectorRegistry()
-        self.metrics = ClaimMetrics(self.registry, self.store, self.desired, wall)
+        self.metrics = ClaimMetrics(self.registry, self.store, self.desired, self.clock.wall)
         self._session: aiohttp.ClientSession | None = None
         self._clients: dict[tuple[str, str], HttpAgentClient] = {}
         self.claim_queue: WorkQueue[ClaimKey] = WorkQueue(self.clock)
@@ -100,7 +98,7 @@ class Core:
         tracker = IdleTracker()
         self.cache = SnapshotCache(self._client, self.clock, ttl=settings.snapshot_ttl,
                                    on_snapshot=tracker.observe)
-        self.deps = Deps(self.clock, wall, self.desired, self.store, self._client, self.cache,
+        self.deps = Deps(self.clock, self.desired, self.store, self._client, self.cache,
                          tracker=tracker, metrics=self.metrics, timings=settings.timings,
                          kick_kv=self.kv_queue.add, kick_claim=self.claim_queue.add,
                          in_flight=self.ledger.in_flight)

@@ -27,10 +27,10 @@ from functools import cached_property
 from typing import Any
 
 from agent_client import AgentApi, AgentUnreachable
+from contract.clock import Clock
 from reconciler.desired import ClaimKey
 from reconciler.model.manifests import AgentRef, PerGPU, WarmPool
 from reconciler.planning.state import Candidate, EngineState, Gpu, Resident
-from reconciler.runtime.clock import Clock
 
 log = logging.getLogger("reconciler.observe")
 

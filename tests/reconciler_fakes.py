@@ -20,10 +20,10 @@ from reconciler.context import Deps
 from reconciler.desired import ClaimKey, DesiredState
 from reconciler.kv import KvReconciler
 from reconciler.observe import IdleTracker, SnapshotCache
-from reconciler.runtime.clock import FakeClock
 from reconciler.runtime.controller import Result
 from reconciler.status import ClaimStatus
 from reconciler.store import StatusStore
+from tests.clocks import FakeClock
 
 POOL_LABELS = {"claim.model.aibrix.ai/pool": "pool-a", "claim.model.aibrix.ai/enabled": "true"}
 SLEEPING_FOOTPRINT = 512 * MiB
@@ -232,13 +232,13 @@ class Rig:
         (directory / "claims.yaml").write_text(claims)
         self.desired = DesiredState(directory, footprints=footprints)
         self.desired.load()
-        self.store = StatusStore(None, lambda: 1.8e9 + self.clock.now())
+        self.store = StatusStore(None, self.clock.wall)
         tracker = IdleTracker()
         cache = SnapshotCache(self.agents.get, self.clock, on_snapshot=tracker.observe)
         self.kv_kicks: list[str] = []
         self.claim_kicks: list[ClaimKey] = []
-        self.deps = Deps(self.clock, lambda: 1.8e9 + self.clock.now(), self.desired, self.store,
-                         self.agents.get, cache, tracker=tracker, kick_kv=self.kv_kicks.append,
+        self.deps = Deps(self.clock, self.desired, self.store, self.agents.get, cache,
+                         tracker=tracker, kick_kv=self.kv_kicks.append,
                          kick_claim=self.claim_kicks.append)
         self.claims = ClaimReconciler(self.deps)
         self.kv = KvReconciler(self.deps)

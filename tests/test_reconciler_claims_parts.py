@@ -21,10 +21,10 @@ from reconciler.metrics import ClaimMetrics
 from reconciler.model.manifests import AgentRef
 from reconciler.observe import SnapshotCache
 from reconciler.routes import RouteHolds, WakeBook, route_table
-from reconciler.runtime.clock import FakeClock
 from reconciler.server import make_app, serve
 from reconciler.status import ClaimStatus
 from reconciler.store import StatusStore
+from tests.clocks import FakeClock
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]

@@ -5,16 +5,16 @@ as agents, and the route publisher stopping whenever a change comes with the sto
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
+from contract.clock import LoopClock
 from reconciler.kube.desired import KubeDesired, pod_agent
 from reconciler.kube.events import COMBINED, EventRecorder, ObjectRef
 from reconciler.kube.routes import RoutePublisher
 from reconciler.model.changes import IMMUTABLE_FIELD_CHANGED, take_change
 from reconciler.model.manifests import claim_from_object
-from reconciler.runtime.clock import FakeClock, RealClock
+from tests.clocks import FakeClock
 from tests.reconciler_fakes import Rig
 
 REF = ObjectRef("model.aibrix.ai/v1alpha1", "ModelClaim", "default", "c", "uid-1")
@@ -42,7 +42,7 @@ async def drained(recorder: EventRecorder) -> None:
 
 async def test_a_claim_gets_25_events_in_a_burst_then_one_every_five_minutes() -> None:
     api, clock = Recording(), FakeClock()
-    recorder = EventRecorder(api, clock=clock, wall=lambda: 1.8e9)  # type: ignore[arg-type]
+    recorder = EventRecorder(api, clock=clock)  # type: ignore[arg-type]
     recorder.start()
     for i in range(40):
         recorder.record(REF, "Normal", f"R{i}", "m")
@@ -59,7 +59,7 @@ async def test_a_claim_gets_25_events_in_a_burst_then_one_every_five_minutes() -
 
 async def test_a_repeated_event_is_counted_on_the_first_instead_of_sent_again() -> None:
     api = Recording()
-    recorder = EventRecorder(api, clock=FakeClock(), wall=lambda: 1.8e9)  # type: ignore[arg-type]
+    recorder = EventRecorder(api, clock=FakeClock())  # type: ignore[arg-type]
     recorder.start()
     for _ in range(3):
         recorder.record(REF, "Warning", "WakeFailed", "no room")
@@ -71,7 +71,7 @@ async def test_a_repeated_event_is_counted_on_the_first_instead_of_sent_again() 
 
 async def test_events_older_than_the_window_are_forgotten_and_repeats_keep_theirs() -> None:
     api, clock = Recording(), FakeClock()
-    recorder = EventRecorder(api, clock=clock, wall=lambda: 1.8e9)  # type: ignore[arg-type]
+    recorder = EventRecorder(api, clock=clock)  # type: ignore[arg-type]
     recorder.start()
     recorder.record(REF, "Normal", "A", "m")
     clock.advance(1)
@@ -92,7 +92,7 @@ async def test_events_older_than_the_window_are_forgotten_and_repeats_keep_their
 
 async def test_many_similar_events_are_combined_into_one() -> None:
     api = Recording()
-    recorder = EventRecorder(api, clock=FakeClock(), wall=lambda: 1.8e9)  # type: ignore[arg-type]
+    recorder = EventRecorder(api, clock=FakeClock())  # type: ignore[arg-type]
     recorder.start()
     for i in range(14):
         recorder.record(REF, "Normal", "KVLimitSet", f"KV limit {i} GiB")
@@ -150,7 +150,7 @@ async def test_the_route_publisher_stops_when_a_change_comes_with_the_stop(
     rig = Rig(tmp_path, [])
     for turns in range(4):
         publisher = RoutePublisher(None, KubeDesired(), rig.deps,  # type: ignore[arg-type]
-                                   RealClock(), time.time)
+                                   LoopClock())
         publisher.start()
         await asyncio.sleep(0.01)  # waiting for a mark
         publisher.mark(("default", "gone"))  # nothing to publish: no API call

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Iterable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from reconciler.runtime.clock import FakeClock
 from reconciler.runtime.controller import Controller, Result, TerminalError
 from reconciler.runtime.metrics import ControllerMetrics
 from reconciler.runtime.queue import WorkQueue
 from reconciler.runtime.sources import TimerSource
+from tests.clocks import FakeClock
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.runtime.clock import FakeClock
 from reconciler.runtime.ratelimit import ExponentialBackoff, backoff_delay
+from tests.clocks import FakeClock
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 

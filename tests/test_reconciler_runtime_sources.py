@@ -14,7 +14,6 @@ import pytest
 import yaml
 from aiohttp import web
 
-from reconciler.runtime.clock import FakeClock
 from reconciler.runtime.sources import (
     DirectorySource,
     Event,
@@ -25,6 +24,7 @@ from runtime_agent.api.app import make_app
 from runtime_agent.api.events import EventLog
 from runtime_agent.api.limits import Slots
 from runtime_agent.supervision.views import EngineEvent
+from tests.clocks import FakeClock
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.loop_guard]
 

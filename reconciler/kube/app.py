@@ -29,12 +29,12 @@ import logging
 import os
 import signal
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge
 
+from contract.clock import Clock, LoopClock
 from reconciler.core import Core, CoreSettings
 from reconciler.desired import ClaimKey
 from reconciler.door.settings import DoorSettings
@@ -46,7 +46,6 @@ from reconciler.kube.leader import ElectionSettings, Elector
 from reconciler.kube.routes import RoutePublisher
 from reconciler.kube.status import KubeStatusStore
 from reconciler.model.manifests import POOL_LABEL
-from reconciler.runtime.clock import Clock, RealClock
 from reconciler.runtime.heap import frozen_heap
 from reconciler.runtime.loop import run as run_on_uvloop
 from reconciler.status import ClaimEvent, ClaimStatus
@@ -77,23 +76,23 @@ class KubeSettings:
 class KubeApp(Core):
     """One replica. ``await run()`` until ``stop()``; answers the process's exit code."""
 
-    def __init__(self, settings: KubeSettings, api: KubeApi, *, clock: Clock | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: KubeSettings, api: KubeApi, *,
+                 clock: Clock | None = None) -> None:
         self.settings = settings
         self.api = api
-        clock = clock or RealClock()
+        clock = clock or LoopClock()
         desired = KubeDesired(default_port=settings.runtime_port)
-        self.recorder = EventRecorder(api, clock=clock, wall=wall)
-        store = KubeStatusStore(api, desired, wall, on_event=self._claim_event)
+        self.recorder = EventRecorder(api, clock=clock)
+        store = KubeStatusStore(api, desired, clock.wall, on_event=self._claim_event)
         self._leading = False
         self._serving = False  # leading, synced and not stopping: the door answers
         self._stop = asyncio.Event()
         self._exit = 0
-        super().__init__(settings.core, desired, store, clock=clock, wall=wall,
-                         door=settings.door, standby=self._standby)
+        super().__init__(settings.core, desired, store, clock=clock, door=settings.door,
+                         standby=self._standby)
         self.kube_desired = desired
         self.kube_store = store
-        self.publisher = RoutePublisher(api, desired, self.deps, self.clock, wall)
+        self.publisher = RoutePublisher(api, desired, self.deps, self.clock)
         self.deps.routes_out = self.publisher.sync_model
         store.on_mark = self.publisher.mark
         store.publish_route = self.publisher.publish
@@ -112,7 +111,7 @@ class KubeApp(Core):
             settings.lease_namespace, identity=settings.identity,
             lease_duration=settings.lease_duration, renew_deadline=settings.renew_deadline,
             retry_period=settings.retry_period), on_started=self._lead,
-            on_stopped=self._lost, clock=self.clock, wall=wall)
+            on_stopped=self._lost, clock=self.clock)
 
     # ---- keys -------------------------------------------------------------------------------
 

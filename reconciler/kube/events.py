@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from contract.clock import Clock, LoopClock
 from reconciler.kube.api import EVENTS, MERGE_PATCH, KubeApi, KubeError
-from reconciler.runtime.clock import Clock, RealClock
 
 log = logging.getLogger("reconciler.kube.events")
 
@@ -82,12 +80,10 @@ class _Similar:
 
 
 class EventRecorder:
-    def __init__(self, api: KubeApi, *, clock: Clock | None = None,
-                 wall: Callable[[], float] | None = None, component: str = COMPONENT,
+    def __init__(self, api: KubeApi, *, clock: Clock | None = None, component: str = COMPONENT,
                  burst: int = BURST, refill_s: float = REFILL_S) -> None:
         self.api = api
-        self.clock: Clock = clock or RealClock()
-        self.wall = wall or time.time
+        self.clock: Clock = clock or LoopClock()
         self.component = component
         self.burst = burst
         self.refill_s = refill_s
@@ -115,7 +111,7 @@ class EventRecorder:
 
     def record(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         """Queue an Event (``type_``: Normal or Warning), or drop it by the rules above."""
-        now, wall = self.clock.now(), self.wall()
+        now, wall = self.clock.now(), self.clock.wall()
         if not self._allow(ref, now):
             self.dropped += 1
             return

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from contract.clock import Clock, LoopClock
 from reconciler.kube.api import Gone, KubeApi, Obj, Resource
-from reconciler.runtime.clock import Clock, RealClock
 from reconciler.runtime.ratelimit import backoff_delay
 
 log = logging.getLogger("reconciler.kube.informer")
@@ -51,7 +51,7 @@ class Informer:
         self.namespace = namespace
         self.label_selector = label_selector
         self.watch_timeout = watch_timeout
-        self.clock: Clock = clock or RealClock()
+        self.clock: Clock = clock or LoopClock()
         self.retry = retry
         self.store: dict[ObjKey, Obj] = {}
         self.version = ""

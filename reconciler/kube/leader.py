@@ -16,14 +16,13 @@ Defaults are client-go's: 15 s lease, 10 s renew deadline, 2 s retry period.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from contract.clock import Clock, LoopClock
 from reconciler.kube.api import LEASES, Conflict, KubeApi, KubeError, NotFound
-from reconciler.runtime.clock import Clock, RealClock
 
 log = logging.getLogger("reconciler.kube.leader")
 
@@ -49,14 +48,13 @@ def micro_time(wall: float) -> str:
 class Elector:
     def __init__(self, api: KubeApi, settings: ElectionSettings, *,
                  on_started: Callable[[], Awaitable[None]],
-                 on_stopped: Callable[[], Awaitable[None]], clock: Clock | None = None,
-                 wall: Callable[[], float] | None = None) -> None:
+                 on_stopped: Callable[[], Awaitable[None]],
+                 clock: Clock | None = None) -> None:
         self.api = api
         self.s = settings
         self.on_started = on_started
         self.on_stopped = on_stopped
-        self.clock: Clock = clock or RealClock()
-        self.wall = wall or time.time
+        self.clock: Clock = clock or LoopClock()
         self.leading = False
         self._observed: tuple[Any, float] | None = None  # (record, clock time it changed)
         self._version = ""
@@ -92,7 +90,7 @@ class Elector:
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.s.identity:
                 return
-            now = micro_time(self.wall())
+            now = micro_time(self.clock.wall())
             lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1,
                              "renewTime": now, "acquireTime": now}
             await self.api.replace(LEASES, self.s.namespace, self.s.name, lease)
@@ -102,7 +100,7 @@ class Elector:
 
     async def _try(self) -> bool:
         """One attempt to acquire or renew: True when we hold the Lease now."""
-        now_wall, now = self.wall(), self.clock.now()
+        now_wall, now = self.clock.wall(), self.clock.now()
         duration = int(self.s.lease_duration)
         try:
             lease = await self.api.get(LEASES, self.s.namespace, self.s.name)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
+from contract.clock import Clock
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, key_text
 from reconciler.kube.api import (
@@ -42,7 +42,6 @@ from reconciler.kube.desired import (
     pod_of,
 )
 from reconciler.routes import Route, route_of
-from reconciler.runtime.clock import Clock
 from reconciler.status import ACTIVE
 
 log = logging.getLogger("reconciler.kube.routes")
@@ -65,13 +64,11 @@ def _pointer(key: str) -> str:
 
 
 class RoutePublisher:
-    def __init__(self, api: KubeApi, desired: KubeDesired, deps: Deps, clock: Clock,
-                 wall: Callable[[], float]) -> None:
+    def __init__(self, api: KubeApi, desired: KubeDesired, deps: Deps, clock: Clock) -> None:
         self.api = api
         self.desired = desired
         self.d = deps
         self.clock = clock
-        self.wall = wall
         self._marked: set[ClaimKey] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -108,7 +105,7 @@ class RoutePublisher:
         claim = self.desired.claim(key)
         model = claim.model_name if claim is not None else st.model_name if st else None
         if model is not None and (st is None or st.phase != ACTIVE):
-            _, new = self.d.wakes.request(model, key, self.clock.now(), self.wall())
+            _, new = self.d.wakes.request(model, key, self.clock.now(), self.clock.wall())
             if new:
                 log.info("claim %s: wake requested on %s/%s", key_text(key), *pod)
                 self.d.kick_claim(key)

@@ -3,13 +3,13 @@
 Keys (hashable values naming objects, never events) go from sources into a deduplicating work
 queue; a controller's workers take each key and call ``reconcile(key)``; failures are retried
 per key with exponential backoff, terminal errors are recorded, successes may ask to be looked
-at again later. Time comes from an injectable clock, so tests never sleep.
+at again later. Time comes from the injected ``contract.clock.Clock`` (the agent's too), so
+tests never sleep.
 
     sources.py  --add(key)-->  queue.py  --get()-->  controller.py  --reconcile(key)-->  you
-                                 ^ ratelimit.py, clock.py                  metrics.py
+                                 ^ ratelimit.py, contract.clock             metrics.py
 """
 
-from reconciler.runtime.clock import Clock, FakeClock, RealClock
 from reconciler.runtime.controller import Controller, Reconciler, Result, TerminalError
 from reconciler.runtime.metrics import ControllerMetrics
 from reconciler.runtime.queue import Enqueuer, QueueShutDown, WorkQueue
@@ -22,7 +22,7 @@ from reconciler.runtime.sources import (
 )
 
 __all__ = [
-    "Clock", "Controller", "ControllerMetrics", "DirectorySource", "Enqueuer", "EventFeedSource",
-    "ExponentialBackoff", "FakeClock", "QueueShutDown", "RateLimiter", "RealClock", "Reconciler",
-    "Result", "Source", "TerminalError", "TimerSource", "WorkQueue", "backoff_delay",
+    "Controller", "ControllerMetrics", "DirectorySource", "Enqueuer", "EventFeedSource",
+    "ExponentialBackoff", "QueueShutDown", "RateLimiter", "Reconciler", "Result", "Source",
+    "TerminalError", "TimerSource", "WorkQueue", "backoff_delay",
 ]

@@ -25,7 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from reconciler.runtime.clock import Clock, RealClock
+from contract.clock import Clock, LoopClock
 from reconciler.runtime.metrics import ControllerMetrics, ControllerSeries
 from reconciler.runtime.queue import QueueShutDown, WorkQueue
 from reconciler.runtime.sources import Source
@@ -70,7 +70,7 @@ class Controller(Generic[K]):
         self._reconciler = reconciler
         self._queue = queue
         self._workers = workers
-        self._clock: Clock = clock or RealClock()
+        self._clock: Clock = clock or LoopClock()
         if isinstance(metrics, CollectorRegistry):
             metrics = ControllerMetrics.shared(metrics)
         self.metrics = metrics or ControllerMetrics()

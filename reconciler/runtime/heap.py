@@ -24,6 +24,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
+from contract.clock import LoopClock
+
 log = logging.getLogger("reconciler.heap")
 
 FREEZE_EVERY_S = 10.0
@@ -40,13 +42,14 @@ class GcApi(Protocol):
 class HeapFreezer:
     def __init__(self, gc_api: GcApi = gc, *, every: float = FREEZE_EVERY_S,
                  full_every: float = FULL_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+                 clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], Awaitable[object]] | None = None) -> None:
         if every <= 0 or full_every < every:
             raise ValueError("need 0 < every <= full_every")
-        self._gc, self.every, self.full_every, self._clock = gc_api, every, full_every, clock
-        self._sleep = sleep
-        self._last_full = clock()
+        real = LoopClock()  # the time and the wait, unless a test gives its own
+        self._gc, self.every, self.full_every = gc_api, every, full_every
+        self._clock, self._sleep = clock or real.now, sleep or real.sleep
+        self._last_full = self._clock()
 
     def tick(self) -> str:
         """One step: "freeze", or "full" when a full collection was due. Synchronous."""

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, Protocol, TypeVar
 
-from reconciler.runtime.clock import Clock, RealClock
+from contract.clock import Clock, LoopClock
 from reconciler.runtime.ratelimit import ExponentialBackoff, RateLimiter
 
 K = TypeVar("K", bound=Hashable)
@@ -48,7 +48,7 @@ class QueueShutDown(Exception):
 class WorkQueue(Generic[K]):
     def __init__(self, clock: Clock | None = None,
                  rate_limiter: RateLimiter | None = None) -> None:
-        self._clock: Clock = clock or RealClock()
+        self._clock: Clock = clock or LoopClock()
         self._limiter: RateLimiter = rate_limiter or ExponentialBackoff()
         self._queue: deque[K] = deque()
         self._dirty: set[K] = set()

@@ -27,7 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import aiohttp
 
 from agent_client import AgentUnreachable, EventsPage, FeedError, HttpAgentClient
-from reconciler.runtime.clock import Clock, RealClock
+from contract.clock import Clock, LoopClock
 from reconciler.runtime.queue import Enqueuer, K_contra
 from reconciler.runtime.ratelimit import backoff_delay
 
@@ -197,7 +197,7 @@ class DirectorySource(_TaskSource[K]):
         self._path = Path(path)
         self._to_keys = to_keys
         self._interval = interval
-        self._clock: Clock = clock or RealClock()
+        self._clock: Clock = clock or LoopClock()
         self._suffixes = suffixes
         self._known: dict[Path, tuple[Signature, str]] = {}
         self._sweep_per_file = sweep_per_file
@@ -316,7 +316,7 @@ class EventFeedSource(_TaskSource[K]):
         self._to_keys = to_keys
         self._on_connect = on_connect
         self._wait = wait
-        self._clock: Clock = clock or RealClock()
+        self._clock: Clock = clock or LoopClock()
         self._session = session
         self._retry = (retry_base, retry_cap)
         self.cursor: int | None = None
