@@ -5,7 +5,8 @@ or the reconciler; the reconciler never imports the agent; inside the agent, the
 supervision, which sits above KV and GPU memory; no package's modules import each other in a cycle
 (the engine owner's parts included); no module outside the owner's package reads an owner's private
 attribute; the owner, its watchers, the KV keeper, the pacer and the memory broker read and wait
-for time only on the injected clock (``contract.clock``).
+for time only on the injected clock (``contract.clock``), and so do the reconciler's controller
+runtime, its Kubernetes parts and its core.
 """
 
 from __future__ import annotations
@@ -90,6 +91,22 @@ def own_time(source: str, where: str) -> list[str]:
 def test_the_owners_watchers_keeper_pacer_and_broker_take_time_from_the_injected_clock() -> None:
     sources = sorted(p for t in TIMED for p in ([t] if t.suffix else t.rglob("*.py")))
     assert len(sources) > 25
+    assert [hit for p in sources for hit in own_time(p.read_text(), str(p.relative_to(ROOT)))] == []
+
+
+RECONCILER = ROOT / "reconciler"
+RECONCILER_TIMED = [RECONCILER / "runtime", RECONCILER / "kube", RECONCILER / "core.py",
+                    RECONCILER / "context.py", RECONCILER / "observe.py"]
+# The route publisher waits for a mark under ``asyncio.timeout``: the clock-driven wait
+# (``runtime_agent.loops.wait_event``) is the agent's, which the reconciler may not import.
+RECONCILER_UNTIMED = {RECONCILER / "kube" / "routes.py"}
+
+
+def test_the_reconcilers_runtime_kubernetes_parts_and_core_take_time_from_the_injected_clock(
+        ) -> None:
+    sources = sorted(p for t in RECONCILER_TIMED for p in ([t] if t.suffix else t.rglob("*.py"))
+                     if p not in RECONCILER_UNTIMED)
+    assert len(sources) > 15
     assert [hit for p in sources for hit in own_time(p.read_text(), str(p.relative_to(ROOT)))] == []
 
 
