@@ -18,6 +18,7 @@ import pytest
 
 from runtime_agent.kv.segment import read_segment
 from tests.harness import AgentProcess, complete, http_json
+from tests.waits import until_blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 GiB, MiB = 2**30, 2**20
@@ -116,7 +117,9 @@ def test_a_segment_deleted_under_a_running_engine_holds_no_limit_until_it_is_bac
     info = read_segment("kvc_m1", agent.shm_dir)
     assert info is not None and info.total_size == GiB
     assert back["kv_used_bytes"] == info.mapped  # figures from the new segment
-    assert _sim_limit(started["port"]) == GiB
+    # the engine reads its segment's limit at its own pace: the agent's figures come first
+    until_blocking("the engine holds the restored limit", lambda: _sim_limit(started["port"]) == GiB,
+                   10, explain=lambda: f"the engine holds {_sim_limit(started['port'])}")
     events = [e["reason"] for e in agent.client.events(0)["events"] if e["model"] == "m1"]
     assert events[-1] == "KVLimitRestored"
 

@@ -26,12 +26,19 @@ def serve(tmp_path: Path, *extra: str, state: Path | None = None,
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Start `serve` with a sound base command line plus ``extra`` (later flags win)."""
     (tmp_path / "shm").mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
-            "--port", str(free_port()), "--state-dir", str(state or tmp_path / "state"),
-            "--engines", "sim", "--kv-shm-dir", str(tmp_path / "shm"), "--log-format", "text",
-            *extra]
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=45,
-                          env={**os.environ, **(env or {})})
+    for _ in range(5):
+        port = free_port()
+        argv = [sys.executable, "-m", "runtime_agent.cli", "serve", "--host", "127.0.0.1",
+                "--port", str(port), "--state-dir", str(state or tmp_path / "state"),
+                "--engines", "sim", "--kv-shm-dir", str(tmp_path / "shm"), "--log-format",
+                "text", *extra]
+        out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=45,
+                             env={**os.environ, **(env or {})})
+        if out.returncode != 5 or f"--port {port}:" not in out.stderr:
+            return out
+        # another process took the free port we were given before the agent bound it (the
+        # harness picks again the same way): not what any test here is about
+    return out
 
 
 def one_line(out: subprocess.CompletedProcess[str], code: int, *words: str) -> str:

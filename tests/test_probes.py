@@ -22,7 +22,7 @@ from runtime_agent.api.probe_server import ProbeReport, answer
 from runtime_agent.api.probes import ProbeServer
 from tests.harness import AgentProcess, free_port
 from tests.test_operator_startup import one_line, serve, untouched
-from tests.waits import until
+from tests.waits import until, until_blocking
 
 pytestmark = pytest.mark.timeout(60)
 HEALTH = {"status": "ok", "boot_id": "b"}
@@ -158,12 +158,22 @@ async def test_a_report_that_raises_leaves_the_last_one_to_age() -> None:
 # ---- the agent ---------------------------------------------------------------------------------
 
 
+def healthy(port: int) -> tuple[int, dict[str, Any]]:
+    """The probe port's first 200: until the agent's first report reaches the probe process
+    (at most one interval after its API answers) it says 503 ``starting``, which is no failure."""
+    def answered() -> tuple[int, dict[str, Any]] | None:
+        got = get(port, "/healthz")
+        assert got[1].get("status") in ("ok", "starting"), got
+        return got if got[0] == 200 else None
+    return until_blocking("the probe port says healthy", answered, 10)
+
+
 def test_the_agent_answers_its_probes_on_the_probe_port(tmp_path: Path) -> None:
     port = free_port()
     agent = AgentProcess(tmp_path / "state", extra_args=["--health-probe-port", str(port)])
     try:
         agent.start()
-        status, body = get(port, "/healthz")
+        status, body = healthy(port)
         assert status == 200 and body["status"] == "ok"
         assert body["boot_id"] == agent.client.health()["boot_id"]
         deadline = time.monotonic() + 10  # the report is at most one interval (0.5 s) old
@@ -183,7 +193,7 @@ def test_the_probe_server_ends_with_an_agent_that_is_killed(tmp_path: Path) -> N
     agent = AgentProcess(tmp_path / "state", extra_args=["--health-probe-port", str(port)])
     try:
         agent.start()
-        assert get(port, "/healthz")[0] == 200
+        assert healthy(port)[0] == 200
         agent.kill()  # SIGKILL: no stop path runs; the probe server's pipe closes
         deadline = time.monotonic() + 10
         while True:
@@ -194,7 +204,7 @@ def test_the_probe_server_ends_with_an_agent_that_is_killed(tmp_path: Path) -> N
             assert time.monotonic() < deadline, "the probe server outlived its agent"
             time.sleep(0.05)
         agent.start()  # and a new agent gets the port at once
-        assert get(port, "/healthz")[0] == 200
+        assert healthy(port)[0] == 200
     finally:
         agent.cleanup()
 
