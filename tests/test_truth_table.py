@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 import pytest
 
+from runtime_agent.client import AgentError
 from tests.harness import AgentProcess, complete, wait_until
 from tests.test_readoption import restart_agent
 from tests.truth_table import (COLUMNS, GIB, Moment, Truth, agent_metrics, check, engine_figures,
@@ -83,7 +84,6 @@ class Walk:
         before = client.snapshot()
         metrics = agent_metrics(self.agent.url)
         listed = client.models()["models"]
-        after = client.snapshot()
         entry = next((e for e in before["models"] if e["model_name"] == name), None)
         pid = entry["pid"] if entry else None
         truth = self.truth.rows(pid, self.asked[name]["ipc_name"])
@@ -91,14 +91,26 @@ class Walk:
         truth["alive"] = [live(last_pid)]
         healthy, figures = engine_figures(self.asked[name]["port"]) if pid else (False, {})
         truth.update(figures)
+        truth.update({"fresh " + k: v for k, v in figures.items()})
         truth["ready"] = [healthy]
+        fresh_asked, fresh = time.time(), None
+        if entry is not None:
+            try:
+                fresh = next((e for e in client.get(
+                    f"/v1/runtime/snapshot?fresh=requests&model={name}")["models"]
+                    if e["model_name"] == name), None)
+            except AgentError as exc:  # stopped meanwhile: no such model now
+                if exc.status != 404:
+                    raise
+        after = client.snapshot()
         return Moment(
             name=name, entry=entry,
             listed=next((e for e in listed if e["model_name"] == name), None),
             snaps=(before, after), metrics=metrics,
             events=client.events(cursor)["events"], since=since, now=time.time(),
             asked=self.asked[name], prev=self.prev.get(name),
-            pids_before=set(self.pids[name]), truth=truth, health_ok=healthy)
+            pids_before=set(self.pids[name]), truth=truth, health_ok=healthy,
+            fresh=fresh, fresh_asked=fresh_asked, started=started(pid))
 
     def failures(self, column: str, m: Moment) -> dict[str, str]:
         found = {}
@@ -194,6 +206,14 @@ def recorded(agent: AgentProcess, name: str) -> dict[str, Any]:
         if record.get("spec", {}).get("model_name") == name:
             return dict(record)
     return {}
+
+
+def started(pid: int | None) -> float | None:
+    """When process ``pid`` started (time.time()), None without one."""
+    try:
+        return psutil.Process(pid).create_time() if pid is not None else None
+    except psutil.Error:
+        return None
 
 
 def kill_engine(agent: AgentProcess, name: str) -> int:

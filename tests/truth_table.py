@@ -39,29 +39,31 @@ KV_CAPACITY = 2 * GIB  # the simulator's default --sim-kv-capacity-bytes
 HISTORY_S = 1.5  # a figure may lag the truth by a few samples on a loaded machine, no more
 
 
-def load_table(path: Path) -> dict[str, dict[str, str]]:
-    """Row key -> {column: cell} of the table headed ``field`` under ``## Fields by phase``."""
+def load_table(path: Path, section: str = SECTION, columns: tuple[str, ...] = COLUMNS
+               ) -> dict[str, dict[str, str]]:
+    """Row key -> {column: cell} of the table headed ``field`` under ``## <section>``."""
     tokens = MarkdownIt("commonmark").enable("table").parse(path.read_text())
     start = next(i for i, t in enumerate(tokens) if t.type == "heading_open" and t.tag == "h2"
-                 and tokens[i + 1].content.strip() == SECTION)
+                 and tokens[i + 1].content.strip() == section)
     rows: list[list[str]] = []
     for token in tokens[start:]:
         if token.type == "table_open":
             rows = []
-        elif token.type == "table_close" and rows and rows[0][0] == "field":
+        elif token.type == "table_close" and rows and rows[0][0] == "field" \
+                and rows[0][1:] != ["meaning"]:  # a section's table of meanings comes first
             break
         elif token.type == "tr_open":
             rows.append([])
         elif token.type == "inline" and rows:
             rows[-1].append(token.content.replace("`", "").strip())
     header, *body = rows
-    if tuple(header[1:]) != COLUMNS:
-        raise AssertionError(f"columns {header[1:]} are not {COLUMNS}")
+    if tuple(header[1:]) != columns:
+        raise AssertionError(f"columns {header[1:]} are not {columns}")
     table: dict[str, dict[str, str]] = {}
     for cells in body:
         if cells[0] in table:
             raise AssertionError(f"row {cells[0]!r} appears twice")
-        table[cells[0]] = dict(zip(COLUMNS, cells[1:], strict=True))
+        table[cells[0]] = dict(zip(columns, cells[1:], strict=True))
     return table
 
 
@@ -82,6 +84,9 @@ class Moment:
     pids_before: set[int]  # the pids this engine had before this column
     truth: dict[str, list[Any]] = field(default_factory=dict)  # row -> values true lately
     health_ok: bool = False  # the engine's port answers /health 200 now
+    fresh: dict[str, Any] | None = None  # its entry of ``?fresh=requests&model=``, None: absent
+    fresh_asked: float = 0.0  # when that fresh look was asked for (time.time())
+    started: float | None = None  # when the engine's current process started (time.time())
 
 
 def _entry_value(m: Moment, key: str) -> Any:
@@ -95,10 +100,14 @@ def _is_int(value: Any) -> bool:
 
 
 def _time_ok(value: Any, m: Moment, slack_s: float = 0.5) -> bool:
+    return _time_between(value, m.since, m.now, slack_s)
+
+
+def _time_between(value: Any, start: float, end: float, slack_s: float = 0.05) -> bool:
     if not isinstance(value, str):
         return False
     at = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    return m.since - slack_s <= at <= m.now + slack_s
+    return start - slack_s <= at <= end + slack_s
 
 
 def live(pid: Any) -> bool:
@@ -154,6 +163,12 @@ def check_value(row: str, word: str, value: Any, present: bool, m: Moment) -> st
         floor = max([*(truth or []), 0])
         return (None if _is_int(value) and value >= floor
                 else f"{value!r} is below the {floor} bytes the engine held")
+    if word == "read":  # a read of the engine's current process, never an older one's
+        return (None if m.started is not None and _time_between(value, m.started, m.now)
+                else f"{value!r} is no read of the process started at {m.started}")
+    if word == "now":
+        return (None if _time_between(value, m.fresh_asked, m.now)
+                else f"{value!r} is not within the call asked at {m.fresh_asked}")
     if word == ">0":
         return None if isinstance(value, (int, float)) and value > 0 else f"{value!r}, not > 0"
     try:
@@ -257,6 +272,9 @@ NODE_ROWS: dict[str, Callable[[Moment], Any]] = {
     "accelerators[].hbm_free_bytes": lambda m: m.snaps[0]["accelerators"][0]["hbm_free_bytes"],
     "cached_artifacts": lambda m: m.snaps[0]["cached_artifacts"],
 }
+# fields of another answer than the plain snapshot's: rows that must read `absent` there
+OTHER_ANSWERS = frozenset({"request_figures_fresh"})
+_FRESH = "fresh "  # rows read from ``GET /v1/runtime/snapshot?fresh=requests&model=NAME``
 
 
 def check(row: str, word: str, m: Moment) -> str | None:
@@ -267,6 +285,13 @@ def check(row: str, word: str, m: Moment) -> str | None:
         return _check_events(word, m)
     if row == "present":
         return check_value(row, word, m.entry is not None, True, m)
+    if row.startswith(_FRESH):
+        key = row.removeprefix(_FRESH)
+        present = m.fresh is not None and key in m.fresh
+        return check_value(row, word, (m.fresh or {}).get(key), present, m)
+    if row in OTHER_ANSWERS:
+        present = m.entry is not None and row in m.entry
+        return check_value(row, word, (m.entry or {}).get(row), present, m)
     if (listed := _LISTED.match(row)) is not None:
         key = listed["key"]
         present = m.listed is not None and key in m.listed

@@ -373,8 +373,9 @@ class EngineOwner:
             self._deps.on_view(view)
 
     def _forget_figures(self) -> None:
-        """A new process, or none: its request figures are not known yet."""
-        self._figures = None
+        """A new process, or none: its request figures are not known yet, nor when they were
+        read (``request_figures_at`` is never an older process's reading)."""
+        self._figures, self._figures_at = None, None
 
     def _make_view(self) -> EngineView:
         r, life = self.record, self._life
