@@ -9,11 +9,6 @@ shape, no broken connection is used again, and requests to ``good`` sent meanwhi
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,30 +23,14 @@ from reconciler.door.service import FrontDoor
 from reconciler.door.settings import DoorSettings
 from tests.harness import SimProcess, engine_port
 from tests.malformed_engine import SHAPES
+from tests.malformed_engine import spawn as _spawn
+from tests.malformed_engine import stop as _stop
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 from tests.test_reconciler_claims_lifecycle import active_claim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 2.0  # the door's upstream timeout here (a loaded machine answers within it)
 CHAT = [{"role": "user", "content": "Say hello."}]
-
-
-def _spawn(argv: list[str], log: Path, pipe: bool = False) -> subprocess.Popen[bytes]:
-    """``pipe``: its output read by the test (only a process that writes one line)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_")}
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE if pipe else out, stderr=out,
-                                start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 @pytest.fixture
