@@ -3,7 +3,8 @@
 Each ``POST`` names the answer it wants in its JSON body (``"shape": NAME``, one of ``SHAPES``
 or ``CONTROL_SHAPES``), and gets those bytes exactly as written here, with the connection then
 kept, closed, left silent, or fed without end. A ``GET`` (the agent's ``/health``, ``/metrics``:
-paths it cannot choose) gets the shape last named by ``{"shape": "gets", "as": NAME}``. After a broken answer the connection is marked spent: a request that still comes on it
+paths it cannot choose), or a ``POST`` that names no shape (the door's ``/tokenize``), gets the
+shape last named by ``{"shape": "gets", "as": NAME}``. After a broken answer the connection is marked spent: a request that still comes on it
 (the door pooled a connection it should have dropped) is recorded, and ``"shape": "report"``
 answers what was recorded (``{"reused": [...], "answers": N}``).
 
@@ -132,7 +133,7 @@ class Engine:
     def __init__(self) -> None:
         self.reused: list[str] = []
         self.answers = 0
-        self.gets = "ok"  # the shape a GET gets
+        self.gets = "ok"  # the shape of a request that names none
 
     async def connection(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
@@ -146,7 +147,7 @@ class Engine:
                     if field.strip().lower() == b"content-length":
                         length = int(value)
                 doc = json.loads(await reader.readexactly(length) or b"{}")
-                name = self.gets if head.startswith(b"GET ") else str(doc.get("shape", "ok"))
+                name = self.gets if head.startswith(b"GET ") else str(doc.get("shape", self.gets))
                 if spent is not None:
                     self.reused.append(spent)
                 self.answers += 1

@@ -162,3 +162,31 @@ def test_the_upstream_timeout_is_an_operators_flag_and_must_be_positive() -> Non
     assert default is not None and default.upstream_timeout_s == 600.0
     with pytest.raises(SystemExit, match="--door-upstream-timeout positive"):
         door_settings(parser().parse_args([*argv, "--door-upstream-timeout", "0"]), "h")
+
+
+def test_the_doors_own_asks_cut_a_hostile_engines_endless_answer_at_the_bound(
+        bad_engine: int, tmp_path: Path) -> None:
+    """The door counted a prompt (``/tokenize``) over aiohttp, which read the whole answer: an
+    endless one was held in memory until the ask's timeout (5 s). Over ``engine_http`` (as its
+    other asks: ``/v1/models``, Ollama's lists) it is refused at the bound, at once."""
+    from engine_http.calls import post_json
+    from reconciler.door.door import TOKENIZE_TIMEOUT_S
+    from tests.test_door_admit import door_for
+
+    async def counts() -> list[tuple[str, int | None, float]]:
+        door = door_for(Rig(tmp_path, [FakeAgent("agent-a")], claim_yaml("m")))
+        out = []
+        try:
+            for shape in ("endless_body", "endless_chunks"):
+                reply = await post_json(door.upstream, "127.0.0.1", bad_engine, "/",
+                                        {"shape": "gets", "as": shape}, 5)
+                assert reply.status == 200
+                started = time.monotonic()
+                got = await door._tokenize(("127.0.0.1", bad_engine), {"prompt": "x"})
+                out.append((shape, got, time.monotonic() - started))
+        finally:
+            door.upstream.close()
+        return out
+
+    for shape, got, took in asyncio.run(counts()):
+        assert got is None and took < TOKENIZE_TIMEOUT_S / 2, (shape, took)
