@@ -389,9 +389,10 @@ def authority(host: str, port: int) -> str:
 
 def _request(method: str, host: str, port: int, path: str, headers: Mapping[str, str],
              body: bytes) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {authority(host, port)}"]
-    if body or method != "GET":  # a GET without a body says no length (RFC 9110 8.6)
-        lines.append(f"Content-Length: {len(body)}")
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {authority(host, port)}",
+             f"Content-Length: {len(body)}"]
+    if not body and method == "GET":  # a GET without a body says no length (RFC 9110 8.6)
+        del lines[2]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             continue  # never let a header value split the request
