@@ -266,9 +266,8 @@ class Response:
                    end: Callable[[bytes], None] | None = None) -> None:
         """Hand each body piece to ``sink`` as it arrives, with no task switch between the
         engine's socket and ``sink``, and call ``end(last)`` as the answer completes, with its
-        last bytes, so they and the end are one write (not when it
-        breaks off); returns at the end (``UpstreamError`` if broken off). ``hold`` stops
-        reading meanwhile (backpressure)."""
+        last bytes, so they and the end are one write (not when it breaks off); returns at the
+        end (``UpstreamError`` if broken off). ``hold`` stops reading meanwhile (backpressure)."""
         assert self._conn is not None
         await self._conn.pipe(sink, end)
 
