@@ -1,25 +1,27 @@
 """HTTP calls the agent makes to one engine: health, sleep state, sleep, wake, request figures.
 
 Every call has its own timeout and turns transport failures into plain results or one
-exception type, so an owner never sees aiohttp's exception zoo. A connection refused while the
-process lives means the engine is still booting, not that it failed.
+exception type, so an owner never sees a transport's exception zoo. A connection refused while
+the process lives means the engine is still booting, not that it failed. The calls go over the
+one HTTP path to engines (``engine_http``: pooled connections, llhttp framing, a deadline and a
+size bound on every call), so a hostile engine's answer (a negative length, an endless body, a
+stall) is a plain failure within the call's timeout.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from guard import jsonbody
+from engine_http.calls import MAX_ANSWER, call, get_json, post_json
+from engine_http.framing import UpstreamError, UpstreamTimeout
+from engine_http.upstream import Upstream
 
-# The most an engine's answer to a control call may hold (its /metrics with many adapters is the
-# largest, well under this); a hostile engine's endless body is cut here, not held in memory.
-MAX_ANSWER = 16 << 20
+# MAX_ANSWER: the most an engine's answer to a control call may hold (its /metrics with many
+# adapters is the largest, well under it); a hostile engine's endless body is cut there.
 
 
 class EngineCallError(RuntimeError):
@@ -99,22 +101,18 @@ def parse_sleep_level(text: str) -> int | None:
 
 
 class EngineClient:
-    def __init__(self, session: aiohttp.ClientSession, host: str, port: int) -> None:
-        self._session = session
-        self._base = f"http://{host}:{port}"
+    def __init__(self, http: Upstream, host: str, port: int) -> None:
+        self._http = http
+        self._host = host
+        self._port = port
 
     async def _get(self, path: str, timeout_s: float) -> tuple[int, str] | None:
         """Status and body of a GET; None when refused, failing, too slow or over
         ``MAX_ANSWER`` (an engine is a peer: its answer is read with a bound)."""
         try:
-            async with self._session.get(
-                f"{self._base}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp:
-                raw = await resp.content.read(MAX_ANSWER + 1)
-                if len(raw) > MAX_ANSWER:
-                    return None
-                return resp.status, raw.decode(resp.charset or "utf-8")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+            reply = await call(self._http, "GET", self._host, self._port, path, timeout_s)
+            return reply.status, reply.body.decode()
+        except (UpstreamError, UnicodeDecodeError):
             return None
 
     async def health(self, timeout_s: float, path: str = "/health") -> bool:
@@ -124,43 +122,29 @@ class EngineClient:
 
     async def is_sleeping(self, timeout_s: float) -> bool | None:
         """The engine's own word on sleep; None when it has no sleep endpoint or did not say."""
-        answer = await self._get("/is_sleeping", timeout_s)
-        if answer is None or answer[0] != 200:
-            return None
-        try:
-            body = jsonbody.loads(answer[1])
-        except ValueError:
-            return None
+        body = await get_json(self._http, self._host, self._port, "/is_sleeping", timeout_s)
         value = body.get("is_sleeping") if isinstance(body, dict) else None
         return value if isinstance(value, bool) else None
 
     async def post(self, path: str, timeout_s: float, body: object | None = None) -> str:
-        """POST to the engine and return its answer's text; any answer but 2xx, or none in
-        time, is an EngineCallError."""
+        """POST to the engine (on a new connection: never sent twice) and return its answer's
+        text; any answer but 2xx, or none in time, is an EngineCallError."""
         try:
-            async with self._session.post(
-                f"{self._base}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp:
-                text = await resp.text()
-                if resp.status >= 300:
-                    raise EngineCallError(f"POST {path} answered {resp.status}: {text[:500]}",
-                                          resp.status)
-                return text
-        except asyncio.TimeoutError as exc:
+            reply = await post_json(self._http, self._host, self._port, path, body, timeout_s)
+        except UpstreamTimeout as exc:
             raise EngineCallError(f"POST {path} got no answer within {timeout_s:g} s") from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamError as exc:
             raise EngineCallError(f"POST {path} failed: {exc}") from exc
-
+        text = reply.body.decode(errors="replace")
+        if reply.status >= 300:
+            raise EngineCallError(f"POST {path} answered {reply.status}: {text[:500]}",
+                                  reply.status)
+        return text
 
     async def served_models(self, timeout_s: float) -> list[dict[str, object]] | None:
         """The cards of ``GET /v1/models`` (base model and LoRA adapters); None without one."""
-        answer = await self._get("/v1/models", timeout_s)
-        if answer is None or answer[0] != 200:
-            return None
-        try:
-            data = jsonbody.loads(answer[1]).get("data")
-        except (ValueError, AttributeError):
-            return None
+        doc = await get_json(self._http, self._host, self._port, "/v1/models", timeout_s)
+        data = doc.get("data") if isinstance(doc, dict) else None
         return [card for card in data if isinstance(card, dict)] if isinstance(data, list) else None
 
     async def request_figures(self, timeout_s: float,

@@ -14,12 +14,12 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-import aiohttp
 import httpx
 import ollama
 
 from contract.engines import OLLAMA_ARG_ENV as ARG_ENV
 from contract.engines import ollama_tag as model_tag
+from engine_http.upstream import Upstream
 from engines.driver import LaunchContext, Observation
 from engines.client import EngineCallError, EngineClient
 from registry.record import EngineRecord
@@ -35,9 +35,9 @@ def _loaded(names: list[str], model: str) -> bool:
 class OllamaDriver:
     kind = "ollama"
 
-    def __init__(self, session: aiohttp.ClientSession, host: str, port: int, model: str) -> None:
+    def __init__(self, http: Upstream, host: str, port: int, model: str) -> None:
         self._model = model_tag(model)
-        self._http = EngineClient(session, host, port)
+        self._http = EngineClient(http, host, port)
         self._client = ollama.AsyncClient(host=f"http://{host}:{port}")
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:

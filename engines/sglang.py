@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-import aiohttp
 
 from contract.engines import model_argument
+from engine_http.upstream import Upstream
 from engines.driver import LaunchContext, Observation, adapters_from_cards
 from engines.client import EngineCallError, EngineClient
 from registry.record import EngineRecord
@@ -58,8 +58,8 @@ def build_argv(command: Sequence[str], artifact_url: str, served_name: str, host
 class SglangDriver:
     kind = "sglang"
 
-    def __init__(self, session: aiohttp.ClientSession, host: str, port: int) -> None:
-        self._client = EngineClient(session, host, port)
+    def __init__(self, http: Upstream, host: str, port: int) -> None:
+        self._client = EngineClient(http, host, port)
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:
         spec = record.spec

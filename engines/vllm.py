@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import aiohttp
 
 from contract.engines import lora_enabled, model_argument
+from engine_http.upstream import Upstream
 from engines.driver import LaunchContext, Observation, adapters_from_cards
 from engines.client import EngineClient
 from registry.record import EngineRecord
@@ -66,9 +66,9 @@ SLEEP_UNSUPPORTED = ("vLLM cannot sleep on this platform (vLLM on CPU refuses "
 class VllmDriver:
     kind = "vllm"
 
-    def __init__(self, session: aiohttp.ClientSession, host: str, port: int,
+    def __init__(self, http: Upstream, host: str, port: int,
                  sleep_mode: bool = True) -> None:
-        self._client = EngineClient(session, host, port)
+        self._client = EngineClient(http, host, port)
         self._sleep_mode = sleep_mode
 
     def command(self, record: EngineRecord, ctx: LaunchContext) -> tuple[list[str], dict[str, str]]:

@@ -21,12 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import disable_created_metrics
 
 from contract.clock import LoopClock
 from contract.phases import Phase
+from engine_http.upstream import Upstream
 from engines.cgroups import EngineCgroups
 from engines.process import ProcessLauncher, tail_lines, trim_log
 from guard.conns import API_LIMITS, GuardedSite, quiet_accept_errors
@@ -88,7 +88,7 @@ class Agent:
         self.metrics = AgentMetrics(lambda: self.pool.views(), lambda: itertools.chain(
             memory_families(self), self.artifacts.metric_families() if self.artifacts else ()))
         self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._http: Upstream | None = None  # every HTTP call to an engine (engine_http)
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = StateLock(settings.state_dir)
         self._views_version = 0  # bumps with every changed engine view: what rendered() keys on
@@ -120,12 +120,11 @@ class Agent:
         self.memory = MemoryBroker(backend, self._engine_refs, s.gpu_reserve_bytes,
                                    s.host_reserve_bytes, s.gpu_sample_interval_s,
                                    s.gpu_sample_interval_s * s.steady_backoff, clock)
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=8)
-        self._session = aiohttp.ClientSession(connector=connector)
-        session = self._session
+        # no stall clock of the pool's own: every control call brings its own deadline
+        self._http = http = Upstream(timeout=None)
         cgroups = await asyncio.to_thread(engine_cgroups, s)
         deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(engine_cwd, cgroups),
-                         driver_for=lambda record: make_driver(s, session, record),
+                         driver_for=lambda record: make_driver(s, http, record),
                          on_event=self._on_event, on_view=self._on_view, memory=self.memory,
                          stager=EngineStager(self.artifacts) if self.artifacts else None,
                          storage=self.storage, throttled=Throttled(log), clock=clock)
@@ -186,8 +185,12 @@ class Agent:
         async def nothing() -> None:
             return None
 
-        runner, artifacts, session, probes = self._runner, self.artifacts, self._session, \
-            self.probes
+        runner, artifacts, http, probes = self._runner, self.artifacts, self._http, self.probes
+
+        async def close_http() -> None:
+            if http is not None:
+                http.close()
+
         self.events.close()  # its followers answered now: closing the API waits for no one
         unfinished = await run_stages([
             ("closing the API", STOP_STAGE_S["api"], runner.cleanup if runner else nothing),
@@ -197,7 +200,7 @@ class Agent:
             ("closing the weight cache", STOP_STAGE_S["artifacts"],
              artifacts.close if artifacts else nothing),
             ("closing the GPU backend", STOP_STAGE_S["gpu"], self.memory.close),
-            ("closing HTTP clients", STOP_STAGE_S["clients"], session.close if session else nothing),
+            ("closing HTTP clients", STOP_STAGE_S["clients"], close_http),
         ], log)
         self._lock.release()
         return unfinished

@@ -1,8 +1,10 @@
 """An engine stand-in that breaks HTTP on request: a raw-socket asyncio server, run as a process.
 
-Each ``POST`` names the answer it wants in its JSON body (``"shape": NAME``, one of ``SHAPES``),
-and gets those bytes exactly as written here, with the connection then kept, closed, or left
-silent. After a broken answer the connection is marked spent: a request that still comes on it
+Each ``POST`` names the answer it wants in its JSON body (``"shape": NAME``, one of ``SHAPES``
+or ``CONTROL_SHAPES``), and gets those bytes exactly as written here, with the connection then
+kept, closed, left silent, or fed without end. A ``GET`` (the agent's ``/health``, ``/metrics``:
+paths it cannot choose), or a ``POST`` that names no shape (the door's ``/tokenize``), gets the
+shape last named by ``{"shape": "gets", "as": NAME}``. After a broken answer the connection is marked spent: a request that still comes on it
 (the door pooled a connection it should have dropped) is recorded, and ``"shape": "report"``
 answers what was recorded (``{"reused": [...], "answers": N}``).
 
@@ -13,9 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 JSON = b'{"id":"cmpl-1","object":"chat.completion","choices":[]}'
 EVENT = b'data: {"id":"cmpl-1","choices":[{"delta":{"content":"hi"}}]}\n\n'
@@ -37,7 +46,8 @@ FIRST = b"%x\r\n%b\r\n" % (len(EVENT), EVENT)
 @dataclass(frozen=True)
 class Shape:
     data: bytes
-    then: str = "keep"  # keep (wait for the next request), close, or stall (silent, open)
+    then: str = "keep"  # keep (wait for the next request), close, stall (silent, open),
+    # endless (FILL sent for ever, raw or as chunks), trickle (one byte a TRICKLE_S)
     door: str = "502"  # what the door's client must get: 502, 504, 200, stream-error
 
 
@@ -89,10 +99,41 @@ SHAPES: dict[str, Shape] = {
 }
 
 
+# What the door's test leaves out (its reads are bounded by the upstream timeout, not a deadline):
+# the agent's control calls' own hostile answers.
+CONTROL_SHAPES: dict[str, Shape] = {
+    "endless_body": Shape(_head("HTTP/1.1 200 OK", "Content-Type: text/plain"), "endless"),
+    "endless_chunks": Shape(_head("HTTP/1.1 200 OK", "Content-Type: text/plain",
+                                  "Transfer-Encoding: chunked"), "endless"),
+    "trickle": Shape(_json("Content-Length: 100000000", body=b""), "trickle", "504"),
+    "unknown_charset": Shape(_head("HTTP/1.1 200 OK",
+                                   "Content-Type: application/json; charset=no-such-codec",
+                                   f"Content-Length: {len(JSON)}") + JSON, door="200"),
+}
+ALL_SHAPES = SHAPES | CONTROL_SHAPES
+FILL = b"x" * (1 << 16)
+TRICKLE_S = 0.05
+
+
+async def _endless(writer: asyncio.StreamWriter, chunked: bool) -> None:
+    piece = b"%x\r\n%b\r\n" % (len(FILL), FILL) if chunked else FILL
+    while True:  # until the peer gives up and the write fails
+        writer.write(piece)
+        await writer.drain()
+
+
+async def _trickle(writer: asyncio.StreamWriter) -> None:
+    while True:
+        writer.write(b" ")
+        await writer.drain()
+        await asyncio.sleep(TRICKLE_S)
+
+
 class Engine:
     def __init__(self) -> None:
         self.reused: list[str] = []
         self.answers = 0
+        self.gets = "ok"  # the shape of a request that names none
 
     async def connection(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
@@ -106,7 +147,7 @@ class Engine:
                     if field.strip().lower() == b"content-length":
                         length = int(value)
                 doc = json.loads(await reader.readexactly(length) or b"{}")
-                name = str(doc.get("shape", "ok"))
+                name = self.gets if head.startswith(b"GET ") else str(doc.get("shape", self.gets))
                 if spent is not None:
                     self.reused.append(spent)
                 self.answers += 1
@@ -114,7 +155,10 @@ class Engine:
                     body = json.dumps({"reused": self.reused, "answers": self.answers}).encode()
                     writer.write(_json(f"Content-Length: {len(body)}", body=body))
                     continue
-                shape = SHAPES[name]
+                if name == "gets":
+                    self.gets = str(doc["as"])
+                    name = "ok"
+                shape = ALL_SHAPES[name]
                 writer.write(shape.data)
                 await writer.drain()
                 if shape.door != "200" or name == "bytes_after":
@@ -124,10 +168,33 @@ class Engine:
                 if shape.then == "stall":
                     await reader.read()  # silent until the peer closes
                     break
+                if shape.then == "endless":
+                    await _endless(writer, b"chunked" in shape.data)
+                if shape.then == "trickle":
+                    await _trickle(writer)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError):
             pass
         finally:
             writer.close()
+
+
+def spawn(argv: list[str], log: Path, pipe: bool = False) -> subprocess.Popen[bytes]:
+    """``python argv`` in its own process group, its output in ``log`` (``pipe``: read by the
+    test instead, only for a process that writes one line, as this one's "PORT n")."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_")}
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE if pipe else out, stderr=out,
+                                start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the process group ``spawn`` started, and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 async def main(port: int) -> None:

@@ -12,6 +12,7 @@ import pytest
 import aiohttp
 from prometheus_client import CollectorRegistry
 
+from engine_http.upstream import Upstream
 from reconciler.door.access import AccessLog, AccessRecord
 from reconciler.door.door import Door, Refused
 from reconciler.door.keys import KeyFile
@@ -231,7 +232,7 @@ async def test_a_request_held_for_a_claim_deleted_meanwhile_is_told_the_model_is
 
 async def test_served_names_and_lora_adapters_an_engine_lists_route_to_its_claim(
         tmp_path: Path) -> None:
-    from aiohttp import ClientSession, web
+    from aiohttp import web
 
     async def models(request: web.Request) -> web.Response:  # vLLM's /v1/models, one adapter
         return web.json_response({"object": "list", "data": [
@@ -252,8 +253,8 @@ async def test_served_names_and_lora_adapters_an_engine_lists_route_to_its_claim
     try:
         assert door.catalog.claims_for("sql-lora") == ()
         assert door.catalog.context(M, "m") == 2048  # declared, until the engine says
-        async with ClientSession() as session:
-            door.catalog.learn_soon(session, M, "127.0.0.1", port)
+        async with Upstream(timeout=None) as http:
+            door.catalog.learn_soon(http, M, "127.0.0.1", port)
             for _ in range(100):
                 if door.catalog.claims_for("sql-lora"):
                     break

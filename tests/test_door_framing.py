@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reconciler.door.framing import MAX_HEAD_BYTES, ResponseParser, UpstreamError, UpstreamTimeout
-from reconciler.door.upstream import Upstream
+from engine_http.framing import MAX_HEAD_BYTES, ResponseParser, UpstreamError, UpstreamTimeout
+from engine_http.upstream import Upstream
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,11 +9,6 @@ shape, no broken connection is used again, and requests to ``good`` sent meanwhi
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,30 +23,14 @@ from reconciler.door.service import FrontDoor
 from reconciler.door.settings import DoorSettings
 from tests.harness import SimProcess, engine_port
 from tests.malformed_engine import SHAPES
+from tests.malformed_engine import spawn as _spawn
+from tests.malformed_engine import stop as _stop
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
 from tests.test_reconciler_claims_lifecycle import active_claim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 2.0  # the door's upstream timeout here (a loaded machine answers within it)
 CHAT = [{"role": "user", "content": "Say hello."}]
-
-
-def _spawn(argv: list[str], log: Path, pipe: bool = False) -> subprocess.Popen[bytes]:
-    """``pipe``: its output read by the test (only a process that writes one line)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_")}
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE if pipe else out, stderr=out,
-                                start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 @pytest.fixture
@@ -183,3 +162,31 @@ def test_the_upstream_timeout_is_an_operators_flag_and_must_be_positive() -> Non
     assert default is not None and default.upstream_timeout_s == 600.0
     with pytest.raises(SystemExit, match="--door-upstream-timeout positive"):
         door_settings(parser().parse_args([*argv, "--door-upstream-timeout", "0"]), "h")
+
+
+def test_the_doors_own_asks_cut_a_hostile_engines_endless_answer_at_the_bound(
+        bad_engine: int, tmp_path: Path) -> None:
+    """The door counted a prompt (``/tokenize``) over aiohttp, which read the whole answer: an
+    endless one was held in memory until the ask's timeout (5 s). Over ``engine_http`` (as its
+    other asks: ``/v1/models``, Ollama's lists) it is refused at the bound, at once."""
+    from engine_http.calls import post_json
+    from reconciler.door.door import TOKENIZE_TIMEOUT_S
+    from tests.test_door_admit import door_for
+
+    async def counts() -> list[tuple[str, int | None, float]]:
+        door = door_for(Rig(tmp_path, [FakeAgent("agent-a")], claim_yaml("m")))
+        out = []
+        try:
+            for shape in ("endless_body", "endless_chunks"):
+                reply = await post_json(door.upstream, "127.0.0.1", bad_engine, "/",
+                                        {"shape": "gets", "as": shape}, 5)
+                assert reply.status == 200
+                started = time.monotonic()
+                got = await door._tokenize(("127.0.0.1", bad_engine), {"prompt": "x"})
+                out.append((shape, got, time.monotonic() - started))
+        finally:
+            door.upstream.close()
+        return out
+
+    for shape, got, took in asyncio.run(counts()):
+        assert got is None and took < TOKENIZE_TIMEOUT_S / 2, (shape, took)

@@ -22,7 +22,7 @@ from guard.conns import ConnLimits
 from reconciler.door.http1 import (DOOR_LIMITS, KEEPALIVE_S, SHUTDOWN_S, Answer, Request,
                                      Server, Stream, json_answer)
 from reconciler.door.proxy import Outcome, forward
-from reconciler.door.upstream import Upstream
+from engine_http.upstream import Upstream
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,8 +15,8 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.door.framing import ResponseParser, UpstreamError
-from reconciler.door.upstream import Upstream, authority
+from engine_http.framing import ResponseParser, UpstreamError
+from engine_http.upstream import Upstream, authority
 
 pytestmark = pytest.mark.timeout(30)
 

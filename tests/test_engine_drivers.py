@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 
+from engine_http.upstream import Upstream
 from engines import ollama, vllm
 from engines.driver import LaunchContext
 from engines.client import EngineCallError
@@ -28,8 +28,8 @@ def ctx(command: tuple[str, ...], simulated: bool = False) -> LaunchContext:
 
 
 async def test_vllm_gets_agent_flags_dev_mode_and_inherits_hf_settings() -> None:
-    async with aiohttp.ClientSession() as session:
-        driver = vllm.VllmDriver(session, "127.0.0.1", 20005, sleep_mode=True)
+    async with Upstream(timeout=None) as http:
+        driver = vllm.VllmDriver(http, "127.0.0.1", 20005, sleep_mode=True)
         argv, env = driver.command(record("vllm", "hf://Qwen/Qwen3-0.6B",
                                            {"--max-model-len": "2048"}), ctx(("vllm", "serve")))
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-0.6B"]
@@ -39,8 +39,8 @@ async def test_vllm_gets_agent_flags_dev_mode_and_inherits_hf_settings() -> None
 
 
 async def test_vllm_without_sleep_support_starts_without_the_flag_and_says_why() -> None:
-    async with aiohttp.ClientSession() as session:
-        driver = vllm.VllmDriver(session, "127.0.0.1", 20005, sleep_mode=False)
+    async with Upstream(timeout=None) as http:
+        driver = vllm.VllmDriver(http, "127.0.0.1", 20005, sleep_mode=False)
         argv, _ = driver.command(record("vllm", "hf://a/b"), ctx(("vllm", "serve")))
         assert "--enable-sleep-mode" not in argv
         assert "not supported on current platform" in (driver.sleep_unsupported() or "")
@@ -48,8 +48,8 @@ async def test_vllm_without_sleep_support_starts_without_the_flag_and_says_why()
 
 
 async def test_ollama_runs_one_server_per_model_on_its_port_with_its_settings() -> None:
-    async with aiohttp.ClientSession() as session:
-        driver = ollama.OllamaDriver(session, "127.0.0.1", 20005, "ollama://qwen3:0.6b")
+    async with Upstream(timeout=None) as http:
+        driver = ollama.OllamaDriver(http, "127.0.0.1", 20005, "ollama://qwen3:0.6b")
         argv, env = driver.command(
             record("ollama", "ollama://qwen3:0.6b",
                    {"--context-length": "8192", "--num-parallel": "2", "--models": "/m"}),
@@ -62,8 +62,8 @@ async def test_ollama_runs_one_server_per_model_on_its_port_with_its_settings() 
 
 
 async def test_a_simulated_ollama_gets_the_simulator_in_ollama_mode() -> None:
-    async with aiohttp.ClientSession() as session:
-        driver = ollama.OllamaDriver(session, "127.0.0.1", 20005, "qwen3:0.6b")
+    async with Upstream(timeout=None) as http:
+        driver = ollama.OllamaDriver(http, "127.0.0.1", 20005, "qwen3:0.6b")
         argv, _ = driver.command(record("ollama", "qwen3:0.6b", {"--sim-load-seconds": "0"}),
                                   ctx(("python", "-m", "engines.sim", "serve"), simulated=True))
         await driver.close()
@@ -95,8 +95,8 @@ async def _recording_vllm() -> tuple[TestServer, list[str]]:
 async def test_a_wake_from_level_two_reloads_the_weights_before_the_kv_cache() -> None:
     server, seen = await _recording_vllm()
     try:
-        async with aiohttp.ClientSession() as session:
-            driver = vllm.VllmDriver(session, "127.0.0.1", server.port)
+        async with Upstream(timeout=None) as http:
+            driver = vllm.VllmDriver(http, "127.0.0.1", server.port)
             await driver.sleep(2, 5)
             await driver.wake(2, 5)
             await driver.wake(1, 5)
@@ -136,8 +136,8 @@ async def engine_stuck_on(stuck: str) -> AsyncIterator[int]:
 async def test_every_step_of_a_wake_is_bounded_by_its_timeout(stuck: str) -> None:
     """An engine that never answers one step of a wake: the call fails within its timeout
     instead of waiting for ever (the owner's lifecycle bound depends on it)."""
-    async with engine_stuck_on(stuck) as port, aiohttp.ClientSession() as session:
-        driver = vllm.VllmDriver(session, "127.0.0.1", port)
+    async with engine_stuck_on(stuck) as port, Upstream(timeout=None) as http:
+        driver = vllm.VllmDriver(http, "127.0.0.1", port)
         level = 1 if stuck == "/wake_up" else 2
         with pytest.raises(EngineCallError):
             await asyncio.wait_for(driver.wake(level, 0.2), 10)
@@ -148,8 +148,8 @@ async def test_a_sleep_and_the_sleep_question_are_bounded_by_their_timeout(stuck
     """An engine that never answers a sleep, or whether it sleeps: the sleep fails and the
     question goes unanswered within the timeout (the owner's sleep and health probes rely on
     it), instead of waiting for ever."""
-    async with engine_stuck_on(stuck) as port, aiohttp.ClientSession() as session:
-        driver = vllm.VllmDriver(session, "127.0.0.1", port, sleep_mode=True)
+    async with engine_stuck_on(stuck) as port, Upstream(timeout=None) as http:
+        driver = vllm.VllmDriver(http, "127.0.0.1", port, sleep_mode=True)
         if stuck == "/is_sleeping":
             assert await asyncio.wait_for(driver.is_sleeping(0.2), 10) is None  # unknown
         else:
@@ -161,8 +161,8 @@ async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:
     from contract.flags import known_flags
     from contract.flags import unrecognized
 
-    async with aiohttp.ClientSession() as session:
-        driver = vllm.VllmDriver(session, "127.0.0.1", 20005, sleep_mode=True)
+    async with Upstream(timeout=None) as http:
+        driver = vllm.VllmDriver(http, "127.0.0.1", 20005, sleep_mode=True)
         argv, _ = driver.command(record("vllm", "hf://Qwen/Qwen3-0.6B", {
             "--max-model-len": "2048", "--enable-lora": "", "-tp": "1"}), ctx(("vllm", "serve")))
     assert unrecognized(argv[2:], known_flags("vllm")) == []  # after "vllm serve"; MODEL is the one positional
@@ -172,9 +172,6 @@ async def test_the_vllm_command_line_uses_only_vllms_own_flags() -> None:
 async def test_an_engine_answer_nested_past_the_bound_or_over_the_size_is_no_answer() -> None:
     """A hostile engine's deep JSON was a RecursionError inside the agent, and an endless body
     was held in memory: both are now 'no answer', as a refused connection is."""
-    import aiohttp
-    from aiohttp import web
-
     from engines import client as engine_client
 
     async def deep(request: web.Request) -> web.Response:
@@ -193,8 +190,8 @@ async def test_an_engine_answer_nested_past_the_bound_or_over_the_size_is_no_ans
     await site.start()
     port = runner.addresses[0][1]
     try:
-        async with aiohttp.ClientSession() as session:
-            c = engine_client.EngineClient(session, "127.0.0.1", port)
+        async with Upstream(timeout=None) as http:
+            c = engine_client.EngineClient(http, "127.0.0.1", port)
             assert await c.is_sleeping(5) is None
             assert await c.served_models(5) is None
     finally:

@@ -29,8 +29,8 @@ def test_every_import_contract_is_kept() -> None:
 
 def test_the_contracts_cover_every_package_we_ship() -> None:
     config = (ROOT / ".importlinter").read_text()
-    for package in ("contract", "guard", "agent_client", "engines", "registry", "runtime_agent",
-                    "reconciler"):
+    for package in ("contract", "guard", "agent_client", "engine_http", "engines", "registry",
+                    "runtime_agent", "reconciler"):
         assert f"    {package}\n" in config
 
 

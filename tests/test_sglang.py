@@ -10,9 +10,9 @@ import signal
 import threading
 import urllib.request
 
-import aiohttp
 import pytest
 
+from engine_http.upstream import Upstream
 from engines import sglang
 from engines.driver import LaunchContext
 from contract.flags import known_flags
@@ -36,8 +36,8 @@ async def test_the_command_line_uses_only_sglangs_own_flags() -> None:
     ctx = LaunchContext(command=("python3", "-m", "sglang.launch_server"), simulated=False,
                         bind_host="0.0.0.0", base_env={"HF_TOKEN": "t"},
                         extra_env={"KVCACHED_IPC_NAME": "kvc_qwen3-0-6b"})
-    async with aiohttp.ClientSession() as session:
-        argv, env = sglang.SglangDriver(session, "127.0.0.1", 20007).command(
+    async with Upstream(timeout=None) as http:
+        argv, env = sglang.SglangDriver(http, "127.0.0.1", 20007).command(
             _record({"--context-length": "4096", "--disable-radix-cache": ""}), ctx)
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     _check_against_sglangs_parser(argv[3:])

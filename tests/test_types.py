@@ -15,6 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_packages_pass_a_strict_type_check() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "runtime_agent",
-         "engines", "registry", "reconciler", "guard", "agent_client"],
+         "engines", "registry", "reconciler", "guard", "agent_client", "engine_http"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

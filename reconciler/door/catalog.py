@@ -24,12 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from contract.engines import ollama_tag
-from guard import jsonbody
+from engine_http.calls import get_json
+from engine_http.upstream import Upstream, authority
 from reconciler.desired import ClaimKey, Desired
-from reconciler.door.upstream import authority
 from reconciler.door.window import context_from_args
 from reconciler.model.manifests import ModelClaim
 
@@ -121,18 +119,18 @@ class Catalog:
 
     # ---- learning (background; never on a request's path except for an unknown name) ---------
 
-    def learn_soon(self, session: aiohttp.ClientSession, key: ClaimKey, host: str,
+    def learn_soon(self, http: Upstream, key: ClaimKey, host: str,
                    port: int) -> None:
         """Learn what the engine at ``host:port`` serves, unless that is known already."""
         learned = self._learned.get(key)
         if learned is not None and (learned.host, learned.port) == (host, port):
             return
         self._learned[key] = Learned(host, port)  # asked once per engine address
-        task = asyncio.get_running_loop().create_task(self._learn(session, key, host, port))
+        task = asyncio.get_running_loop().create_task(self._learn(http, key, host, port))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def refresh(self, session: aiohttp.ClientSession, keys: Iterable[ClaimKey],
+    async def refresh(self, http: Upstream, keys: Iterable[ClaimKey],
                       force: bool = False) -> None:
         """Ask every engine of ``keys`` what it serves now (rate limited unless ``force``)."""
         now = time.monotonic()
@@ -143,32 +141,30 @@ class Catalog:
         for key in keys:
             where = self._endpoint(key)
             if where is not None:
-                calls.append(self._learn(session, key, *where))
+                calls.append(self._learn(http, key, *where))
         await asyncio.gather(*calls)
 
-    async def _learn(self, session: aiohttp.ClientSession, key: ClaimKey, host: str,
+    async def _learn(self, http: Upstream, key: ClaimKey, host: str,
                      port: int) -> None:
         claim = self._desired.claim(key)
         if claim is None:
             return
-        base = f"http://{authority(host, port)}"
         try:
             if claim.engine == "ollama":
                 learned = Learned(host, port, contexts=await self._ollama_context(
-                    session, base, ollama_tag(claim.artifact_url)))
+                    http, (host, port), ollama_tag(claim.artifact_url)))
             else:
-                learned = _from_models(host, port, await _get(session, base + "/v1/models"))
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError,
-                KeyError) as err:
+                learned = _from_models(host, port, await _get(http, (host, port), "/v1/models"))
+        except (ValueError, TypeError, KeyError) as err:
             log.debug("door: could not learn what %s serves at %s: %s", claim.model_name,
-                      base, err)
+                      authority(host, port), err)
             return
         self._learned[key] = learned
         self._version += 1
 
-    async def _ollama_context(self, session: aiohttp.ClientSession, base: str,
+    async def _ollama_context(self, http: Upstream, where: tuple[str, int],
                               tag: str) -> dict[str, int]:
-        doc = await _get(session, base + "/api/ps")
+        doc = await _get(http, where, "/api/ps")
         for entry in doc.get("models") or ():
             if entry.get("name") == tag and isinstance(entry.get("context_length"), int):
                 return {tag: int(entry["context_length"])}
@@ -180,13 +176,10 @@ class Catalog:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def _get(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    timeout = aiohttp.ClientTimeout(total=LEARN_TIMEOUT_S)
-    async with session.get(url, timeout=timeout) as resp:
-        resp.raise_for_status()
-        doc = jsonbody.loads(await resp.read())  # an engine's nesting bounded too
+async def _get(http: Upstream, where: tuple[str, int], path: str) -> dict[str, Any]:
+    doc = await get_json(http, *where, path, LEARN_TIMEOUT_S)  # an engine's nesting bounded
     if not isinstance(doc, dict):
-        raise ValueError("not a JSON object")
+        raise ValueError(f"GET {path} answered no JSON object in time")
     return doc
 
 

@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
-from yarl import URL
-
+from engine_http.calls import post_json
+from engine_http.framing import UpstreamError
+from engine_http.upstream import Upstream
 from guard import jsonbody
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, key_text
@@ -44,7 +44,6 @@ from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.routing import Routed, Router
 from reconciler.door.settings import DoorSettings
-from reconciler.door.upstream import Upstream
 from reconciler.routes import Route, route_of
 from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
@@ -76,10 +75,9 @@ class Door:
         self.ledger = ledger
         self.changes = changes
         self.catalog = Catalog(deps.desired, self.endpoint)
-        self.session: aiohttp.ClientSession | None = None  # the engines' other routes
-        self.upstream = Upstream(timeout=settings.upstream_timeout_s)  # requests to engines
+        # every request to engines: the proxied ones and the door's own asks (engine_http)
+        self.upstream = Upstream(timeout=settings.upstream_timeout_s)
         self._urls: tuple[object, dict[str, str]] | None = None
-        self._targets: dict[tuple[str, int, str], URL] = {}
         self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
         self.router = Router(deps.desired, lambda k: self.catalog.context(k, self.model_of(k)),
                              lambda: self.catalog.version,
@@ -233,8 +231,7 @@ class Door:
         assert claim is not None  # admit looked, with no await since
         model = claim.model_name
         rec.upstream = f"{fwd.agent} {fwd.host}:{fwd.port}"
-        assert self.session is not None
-        self.catalog.learn_soon(self.session, fwd.claim, fwd.host, fwd.port)
+        self.catalog.learn_soon(self.upstream, fwd.claim, fwd.host, fwd.port)
         upstream_name = self.catalog.upstream_name(claim, name)
         if not checked:
             await self.check_context(endpoint, doc, body, fwd.claim, name,
@@ -265,16 +262,6 @@ class Door:
         rec.route_choice = got.kind
         self.metrics.route_chose(route.name, got.kind, got.model)
         return await self.serve(request, endpoint, doc, body, key, ticket, rec, outcome, got)
-
-    def _url(self, host: str, port: int, path: str) -> URL:
-        target = (host, port, path)
-        url = self._targets.get(target)
-        if url is None:
-            if len(self._targets) > 4096:
-                self._targets.clear()
-            url = self._targets[target] = URL.build(scheme="http", host=host, port=port,
-                                                    path=path)
-        return url
 
     async def check_context(self, endpoint: str, doc: Mapping[str, Any], body: bytes,
                             key: ClaimKey, name: str,
@@ -315,15 +302,13 @@ class Door:
     async def _tokenize(self, where: tuple[str, int], body: dict[str, Any]) -> int | None:
         """The engine's own count (vLLM's ``/tokenize``, answered asleep too); None when it gave
         none."""
-        assert self.session is not None
-        timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)
-        try:
-            async with self.session.post(self._url(*where, "/tokenize"), json=body,
-                                         timeout=timeout) as resp:
-                if resp.status != 200:
-                    return None
-                doc = jsonbody.loads(await resp.read())  # an engine's nesting bounded too
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        try:  # counting twice is harmless: a pooled connection may be retried
+            reply = await post_json(self.upstream, *where, "/tokenize", body, TOKENIZE_TIMEOUT_S,
+                                    fresh=False)
+            if reply.status != 200:
+                return None
+            doc = jsonbody.loads(reply.body)  # an engine's nesting bounded too
+        except (UpstreamError, ValueError):
             return None
         count = doc.get("count") if isinstance(doc, dict) else None
         return count if isinstance(count, int) else None
@@ -345,8 +330,7 @@ class Door:
 
     async def refresh_names(self) -> None:
         """Ask the engines what they serve now (at most once a second)."""
-        assert self.session is not None
-        await self.catalog.refresh(self.session, list(self.d.desired.claims))
+        await self.catalog.refresh(self.upstream, list(self.d.desired.claims))
 
     def listing(self, key: Key | None) -> list[dict[str, Any]]:
         """``/v1/models``: every claim's model and its adapters, with context length and the

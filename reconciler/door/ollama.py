@@ -24,12 +24,10 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-import aiohttp
-
 from contract.engines import ollama_tag
-from guard import jsonbody
+from engine_http.calls import get_json
+from engine_http.upstream import Upstream
 from reconciler.desired import ClaimKey
-from reconciler.door.upstream import authority
 
 ASK_TIMEOUT_S = 2.0
 
@@ -54,17 +52,10 @@ def claimed_entry(tag: str, created: float) -> dict[str, Any]:
                                       "quantization_level": ""}}
 
 
-async def engine_entry(session: aiohttp.ClientSession, where: tuple[str, int], path: str,
+async def engine_entry(http: Upstream, where: tuple[str, int], path: str,
                        tag: str) -> dict[str, Any] | None:
     """The engine's own entry for ``tag`` in its ``path`` (``/api/tags``, ``/api/ps``)."""
-    url = f"http://{authority(*where)}{path}"
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)) as resp:
-            if resp.status != 200:
-                return None
-            doc = jsonbody.loads(await resp.read())
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
+    doc = await get_json(http, *where, path, ASK_TIMEOUT_S)
     for entry in (doc.get("models") or ()) if isinstance(doc, dict) else ():
         if isinstance(entry, dict) and tag in (entry.get("name"), entry.get("model")):
             return entry
@@ -74,8 +65,8 @@ async def engine_entry(session: aiohttp.ClientSession, where: tuple[str, int], p
 class Listing:
     """One ``/api/tags`` or ``/api/ps`` answer: what each Ollama claim's engine says of it."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+    def __init__(self, http: Upstream) -> None:
+        self.http = http
 
     async def build(self, which: str, claims: list[tuple[ClaimKey, str, float, str,
                                                          tuple[str, int] | None]]
@@ -87,7 +78,7 @@ class Listing:
                   for _, artifact, created, state, where in claims
                   if which == "tags" or state == "active"]
         found = await asyncio.gather(*(
-            engine_entry(self.session, where, path, tag) if where is not None
+            engine_entry(self.http, where, path, tag) if where is not None
             and (which == "tags" or state == "active") else _none()
             for tag, _, state, where in wanted))
         models = []

@@ -37,9 +37,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reconciler.door.errors import stream_error_event, upstream_failed, upstream_timed_out
-from reconciler.door.framing import UpstreamError, UpstreamTimeout
+from engine_http.framing import UpstreamError, UpstreamTimeout
 from reconciler.door.http1 import Answer, Request, Stream
-from reconciler.door.upstream import Response, Upstream
+from engine_http.upstream import Response, Upstream
 from reconciler.door.usage import Hider
 
 TAIL_BYTES = 4096

@@ -209,8 +209,7 @@ class DoorRoutes:
         key, refused = self._caller(request)
         if refused is not None:
             return refused
-        assert door.session is not None
-        return json_answer(await Listing(door.session).build(which, door.ollama_claims(key)))
+        return json_answer(await Listing(door.upstream).build(which, door.ollama_claims(key)))
 
     def healthz(self) -> Answer:
         why = self.door.standby()

@@ -16,7 +16,6 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-import aiohttp
 from prometheus_client import CollectorRegistry
 
 from reconciler.context import Deps
@@ -56,11 +55,6 @@ class FrontDoor:
     async def start(self) -> None:
         s = self.settings
         await asyncio.to_thread(self.keys.load)  # a broken keys file stops the start
-        self.door.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            auto_decompress=False, skip_auto_headers=("User-Agent",),
-            cookie_jar=aiohttp.DummyCookieJar())  # engines set no cookies: skip the jar's work
         await asyncio.to_thread(self.access.open)
         self._server = make_server(self.door, self.keys, self.access, SHUTDOWN_S)
         self.port = await self._server.start(s.host, s.port)
@@ -84,5 +78,3 @@ class FrontDoor:
         self.access.close()
         await self.door.catalog.stop()
         self.door.upstream.close()
-        if self.door.session is not None:
-            await self.door.session.close()

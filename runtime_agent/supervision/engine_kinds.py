@@ -12,8 +12,6 @@ import os
 import shutil
 from collections.abc import Callable
 
-import aiohttp
-
 from contract.engines import (
     artifact_problem,
     device_count_problem,
@@ -22,6 +20,7 @@ from contract.engines import (
     model_argument,
 )
 from contract.engines import gpus_needed as contract_gpus_needed
+from engine_http.upstream import Upstream
 from engines import sglang, vllm
 from engines.driver import EngineDriver, LaunchContext
 from registry.record import (
@@ -101,17 +100,17 @@ def gpus_needed(spec: EngineSpec) -> int:
     return contract_gpus_needed(spec.engine, spec.args)
 
 
-def make_driver(settings: Settings, session: aiohttp.ClientSession,
+def make_driver(settings: Settings, http: Upstream,
                  record: EngineRecord) -> EngineDriver:
     spec = record.spec
     host = settings.engine_probe_host
     if spec.engine == "ollama":
         from engines import ollama
 
-        return ollama.OllamaDriver(session, host, record.port, spec.artifact_url)
+        return ollama.OllamaDriver(http, host, record.port, spec.artifact_url)
     if spec.engine == "sglang":
-        return sglang.SglangDriver(session, host, record.port)
-    return vllm.VllmDriver(session, host, record.port, sleep_mode=settings.vllm_sleep_mode)
+        return sglang.SglangDriver(http, host, record.port)
+    return vllm.VllmDriver(http, host, record.port, sleep_mode=settings.vllm_sleep_mode)
 
 
 def carried_spec(record: EngineRecord) -> str:

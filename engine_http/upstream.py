@@ -1,38 +1,34 @@
-"""A lean HTTP/1.1 client for the door's requests to engines: pooled keep-alive connections,
-one request at a time on each, the answer handed on as it arrives.
+"""The one HTTP/1.1 client to engines (the door's proxy and asks, the agent's control calls via
+``engine_http.calls``): pooled keep-alive connections, the answer handed on as it arrives.
 
-Why not aiohttp's client, which the door uses for everything else (``/tokenize``,
-``/v1/models``): on this path it is most of the door's cost. Measured on the 2-core bench
-machine, a do-nothing aiohttp proxy spent 250-500 us of CPU per request with aiohttp's client
-and 135-155 us with a bare protocol like this one (``bench/RESULTS.md``, figure 9). The door
-needs little of what a general client does: no cookies, redirects, proxies, authentication,
-decompression or URL handling; the engines are on known addresses and speak plain HTTP/1.1.
-Their bytes are framed by llhttp (``reconciler.door.framing``): an answer that breaks HTTP is an
-``UpstreamError`` for its request, and its connection is closed, never pooled.
+Not aiohttp's client: on the door's path it was most of the door's cost (250-500 us of CPU a
+request against 135-155 us with a bare protocol, ``bench/RESULTS.md`` figure 9), and engines
+need no cookies, redirects, proxies or decompression. Their bytes are framed by llhttp
+(``engine_http.framing``): an answer that breaks HTTP is an ``UpstreamError`` for its request,
+and its connection is closed, never pooled.
 
-``Upstream.post`` sends a request on an idle pooled connection (or a new one) and returns once
-the answer's head is in; a pooled connection the engine closed meanwhile (uvicorn closes idle
-ones after 5 s) is retried once on a new connection, which is safe because the engine never saw
-that request. An engine silent for ``timeout`` seconds while it owes an answer (no byte of head
-or body, and the door not holding its reading back) is given up with ``UpstreamTimeout``: one
-timer per connection that looks when it fires, not one made per request or per read. The body
-is read with ``read()`` (at most ``MAX_ANSWER_BYTES``) or ``chunks()``; more than ``limit``
-bytes unread pause reading from the engine, so a slow client slows the engine's stream rather
-than filling the door's memory. A stream is ``pipe()``d instead: each piece goes to a sink in
-the protocol's callback, and ``hold()`` stops reading while the sink's client is full (the
-door's streams). ``release()`` puts a finished connection back in the pool and closes any other
-(unfinished, broken, or spent by bytes after its answer), so the engine sees the disconnect and
-aborts the request.
+``Upstream.request`` sends on an idle pooled connection (or a new one) and returns once the
+answer's head is in; a pooled connection the engine closed meanwhile (uvicorn closes idle ones
+after 5 s; an engine restarted on the same port closed them all) is retried once on a new one,
+safe because the engine never saw that request; ``fresh=True`` takes a new one instead. An engine
+silent for ``timeout`` seconds while it owes an answer (and the door not holding its reading
+back) is given up with ``UpstreamTimeout``: one timer per connection that looks when it fires,
+not one per request or read (``None``: no such clock, each call brings its own deadline). The
+body is ``read()`` (at most ``MAX_ANSWER_BYTES``) or taken in ``chunks()``; more than ``limit``
+bytes unread pause reading, so a slow client slows the engine rather than filling memory. A
+stream is ``pipe()``d: each piece goes to a sink in the protocol's callback, and ``hold()``
+stops reading while the sink's client is full. ``release()`` pools a finished connection and
+closes any other (unfinished, broken, spent): the engine sees the disconnect and aborts.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from typing import cast
 
-from reconciler.door.framing import Head, ResponseParser, UpstreamError, UpstreamTimeout
+from engine_http.framing import Head, ResponseParser, UpstreamError, UpstreamTimeout
 
 MAX_ANSWER_BYTES = 256 << 20  # a whole answer read() (a stream is piped, never held whole)
 READ_LIMIT = 256 << 10
@@ -42,7 +38,8 @@ IDLE_PER_ENGINE = 256
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, timeout: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int,
+                 timeout: float | None) -> None:
         self._loop = loop
         self._limit = limit
         self._timeout = timeout
@@ -139,7 +136,7 @@ class _Connection(asyncio.Protocol):
 
     def _arm(self) -> None:
         self._heard = self._loop.time()
-        if self._stall is None and not self.closed:
+        if self._stall is None and not self.closed and self._timeout is not None:
             self._stall = self._loop.call_later(self._timeout, self._stall_check)
 
     def _stall_check(self) -> None:
@@ -149,9 +146,10 @@ class _Connection(asyncio.Protocol):
         now = self._loop.time()
         if self._held or self._paused:  # the door holds the reading back, not the engine
             self._heard = now
-        left = self._heard + self._timeout - now
+        timeout = cast(float, self._timeout)  # armed only with one
+        left = self._heard + timeout - now
         if left <= 0:
-            self._fail(UpstreamTimeout(f"the engine sent nothing for {self._timeout:g} s"))
+            self._fail(UpstreamTimeout(f"the engine sent nothing for {timeout:g} s"))
         else:
             self._stall = self._loop.call_later(left, self._stall_check)
 
@@ -268,9 +266,8 @@ class Response:
                    end: Callable[[bytes], None] | None = None) -> None:
         """Hand each body piece to ``sink`` as it arrives, with no task switch between the
         engine's socket and ``sink``, and call ``end(last)`` as the answer completes, with its
-        last bytes, so they and the end are one write (not when it
-        breaks off); returns at the end (``UpstreamError`` if broken off). ``hold`` stops
-        reading meanwhile (backpressure)."""
+        last bytes, so they and the end are one write (not when it breaks off); returns at the
+        end (``UpstreamError`` if broken off). ``hold`` stops reading meanwhile (backpressure)."""
         assert self._conn is not None
         await self._conn.pipe(sink, end)
 
@@ -306,19 +303,25 @@ class Upstream:
     """Pooled keep-alive connections to engines, by (host, port)."""
 
     def __init__(self, limit: int = READ_LIMIT, connect_timeout: float = CONNECT_TIMEOUT_S,
-                 timeout: float = TIMEOUT_S) -> None:
+                 timeout: float | None = TIMEOUT_S) -> None:
         self._limit = limit
         self._connect_timeout = connect_timeout
         self._timeout = timeout
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
-    async def post(self, host: str, port: int, path: str, headers: Mapping[str, str],
-                   body: bytes) -> Response:
-        """Send ``body``; the answer once its head is in (``UpstreamError`` if none)."""
+    def post(self, host: str, port: int, path: str, headers: Mapping[str, str],
+             body: bytes) -> Coroutine[None, None, Response]:
+        """``request("POST", ...)``, the door's proxy path (no coroutine frame of its own)."""
+        return self.request("POST", host, port, path, headers, body)
+
+    async def request(self, method: str, host: str, port: int, path: str,
+                      headers: Mapping[str, str], body: bytes, fresh: bool = False) -> Response:
+        """Send ``method path`` with ``body``; the answer once its head is in (``UpstreamError``
+        if none). ``fresh``: on a new connection, never a pooled one (so never retried)."""
         key = (host, port)
-        request = _request(host, port, path, headers, body)
+        request = _request(method, host, port, path, headers, body)
         for attempt in range(2):
-            conn = self._take(key)
+            conn = None if fresh else self._take(key)
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(host, port)
@@ -364,6 +367,12 @@ class Upstream:
                                 f"{err or type(err).__name__}") from err
         return conn
 
+    async def __aenter__(self) -> Upstream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
@@ -377,9 +386,12 @@ def authority(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _request(host: str, port: int, path: str, headers: Mapping[str, str], body: bytes) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"Host: {authority(host, port)}",
+def _request(method: str, host: str, port: int, path: str, headers: Mapping[str, str],
+             body: bytes) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {authority(host, port)}",
              f"Content-Length: {len(body)}"]
+    if not body and method == "GET":  # a GET without a body says no length (RFC 9110 8.6)
+        del lines[2]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             continue  # never let a header value split the request

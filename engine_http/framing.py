@@ -1,7 +1,8 @@
-"""An engine's answer framed by llhttp: the door's parser of the bytes an engine sends.
+"""An engine's answer framed by llhttp: the parser of every byte an engine sends the door or the
+agent.
 
-An engine is a peer the door does not control: a broken or hostile one must cost one request,
-never the process (in the embedded mode the door's event loop is the agent's). So every byte it
+An engine is a peer neither controls: a broken or hostile one must cost one request, never the
+process (in the embedded mode the door's event loop is the agent's). So every byte it
 sends is framed by llhttp (``httptools.HttpResponseParser``, strict, as uvicorn uses it), never
 by hand: the hand-written parser this replaced looped forever on ``Content-Length: -5`` or a
 chunk size of ``-5`` (``int()`` took the sign, and a step that took nothing ran again).
