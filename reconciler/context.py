@@ -1,6 +1,6 @@
 """What the claim and KV reconcilers share: settings, the stores, and how they read the world.
 
-``Deps`` is built once by the app (``reconciler.app``) and by tests with fakes: the clock, the
+``Deps`` is built once by the core (``reconciler.core``) and by tests with fakes: the clock, the
 desired state, the status store, the agent clients, the snapshot cache and the small books
 (idle times, reservations, route holds, wake requests). ``world`` reads every agent's snapshot
 through the cache and turns each into a planning ``Candidate``; ``kick_*`` put keys back on the

@@ -9,8 +9,8 @@
 
 ``Core`` is given a ``Desired`` (what is asked) and a ``StatusStore`` (where statuses go: files,
 or the Kubernetes status subresource) and wires the one implementation of placement, KV
-division, sleep, wake and drain around them. The run modes (``reconciler.app`` for a directory,
-``reconciler.kube.app`` for Kubernetes) add their own sources of keys.
+division, sleep, wake and drain around them. The run modes (``reconciler.local.app`` for a
+directory, ``reconciler.kube.app`` for Kubernetes) add their own sources of keys.
 
 With ``door`` settings the core also builds the front door (``reconciler.door``) on its own
 ``Deps``, and its ``Ledger``'s requests in flight are what the idle check reads before a sleep

@@ -17,7 +17,8 @@ from contract.quantity import GiB, MiB
 from reconciler.claims import ClaimReconciler
 from agent_client import ActivateSpec, AgentUnreachable, Reply
 from reconciler.context import Deps
-from reconciler.desired import ClaimKey, DesiredState
+from reconciler.desired import ClaimKey
+from reconciler.local.desired import DesiredState
 from reconciler.kv import KvReconciler
 from reconciler.observe import IdleTracker, SnapshotCache
 from reconciler.runtime.clock import FakeClock
