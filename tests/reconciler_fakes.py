@@ -238,9 +238,9 @@ class Rig:
         cache = SnapshotCache(self.agents.get, self.clock, on_snapshot=tracker.observe)
         self.kv_kicks: list[str] = []
         self.claim_kicks: list[ClaimKey] = []
-        self.deps = Deps(self.clock, lambda: 1.8e9 + self.clock.now(), self.desired, self.store,
-                         self.agents.get, cache, tracker=tracker, kick_kv=self.kv_kicks.append,
-                         kick_claim=self.claim_kicks.append)
+        self.deps = Deps.build(self.clock, lambda: 1.8e9 + self.clock.now(), self.desired,
+                               self.store, self.agents.get, cache, tracker=tracker,
+                               kick_kv=self.kv_kicks.append, kick_claim=self.claim_kicks.append)
         self.claims = ClaimReconciler(self.deps)
         self.kv = KvReconciler(self.deps)
 

@@ -212,7 +212,7 @@ async def test_the_api_serves_claims_routes_wake_requests_and_metrics(tmp_path: 
     a = FakeAgent("a")
     rig = Rig(tmp_path, [a], claim_yaml("m", "model-m"))
     registry = CollectorRegistry()
-    ClaimMetrics(registry, rig.store, rig.desired, rig.deps.wall)
+    ClaimMetrics(registry, rig.store, rig.desired, rig.deps.reader.wall)
     await rig.reconcile("m")
     await a.sleep("model-m")
     await rig.reconcile("m")
