@@ -2,7 +2,7 @@
 
 Eight real agents (``tests.harness.AgentProcess``, simulated 1x16GiB cards with 1 GiB reserved,
 simulated engines, production scrape interval 2 s) and the reconciler running in this process
-(``reconciler.app.ReconcilerApp``, claims directory polled every ``--interval`` seconds).
+(``reconciler.local.app.ReconcilerApp``, claims directory polled every ``--interval`` seconds).
 
 1. Converge: 96 claim files (maximumFootprint 768Mi + kvFloor 256Mi, 64 MiB simulated weights)
    are written at once; the time until every claim reads Active. The agents start one engine
@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import Result, fmt_summary, log, run_main, session, summary_ms
-from reconciler.app import ReconcilerApp, Settings
+from reconciler.local.app import ReconcilerApp, Settings
 from tests.harness import AgentProcess
 from tests.reconciler_fakes import claim_yaml
 

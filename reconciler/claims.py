@@ -55,24 +55,24 @@ class ClaimReconciler:
     """Reconciles ModelClaims by key; give it to a ``Controller``."""
 
     def __init__(self, deps: Deps) -> None:
-        self.d = deps
+        self.w, self.b = deps.reader, deps.books
         self.life = Lifecycle(deps)
         self.placer = self.life.placer
         self.drain = Drain(deps)
 
     async def reconcile(self, key: ClaimKey) -> Result:
-        claim = self.d.desired.claim(key)
+        claim = self.w.desired.claim(key)
         if claim is None:
             return await self.drain.reconcile(key)
         self.drain.forget(key)  # created again while its engine drained: it takes it over
-        st = self.d.store.ensure(claim)
-        self.d.rooms.claim_changed(key)
-        problem = self.d.desired.spec_problem(key)
-        st.set_spec_problem(self.d.wall(), problem.reason if problem else None,
+        st = self.w.store.ensure(claim)
+        self.w.rooms.claim_changed(key)
+        problem = self.w.desired.spec_problem(key)
+        st.set_spec_problem(self.w.wall(), problem.reason if problem else None,
                             problem.message if problem else "")
-        st.set_lifecycle(self.d.wall(), claim.lifecycle is not None
+        st.set_lifecycle(self.w.wall(), claim.lifecycle is not None
                          or claim.lifecycle_problem is not None, claim.lifecycle_problem)
-        world = await self.d.world(focus=(st.instance.agent,) if st.instance else ())
+        world = await self.w.world(focus=(st.instance.agent,) if st.instance else ())
         home = await self._home(claim, st, world)
         if home is not None and not world.agents[home[0]].ok:
             st.set_instance(home[0], home[1].port, home[1].devices)
@@ -97,9 +97,9 @@ class ClaimReconciler:
                                        len(engine.devices) or claim.gpus_needed)
         if footprint is None:
             return False
-        seen = Measured(footprint, agent, self.d.wall(), engine.hbm_peak or 0,
+        seen = Measured(footprint, agent, self.w.wall(), engine.hbm_peak or 0,
                         engine.kv_used or 0)
-        if not self.d.desired.measured(claim.artifact_url, claim.engine_args, seen):
+        if not self.w.desired.measured(claim.artifact_url, claim.engine_args, seen):
             return False
         log.info("claim %s: measured at %d MiB per GPU on %s (was %s)", claim.key,
                  footprint >> 20, agent, claim.per_gpu.estimated.split(":")[0])
@@ -107,7 +107,7 @@ class ClaimReconciler:
 
     def _held(self, claim: ModelClaim, st: ClaimStatus, hold: str) -> Result:
         message = next((p.message for p in claim.problems if p.reason == hold), hold)
-        now = self.d.wall()
+        now = self.w.wall()
         st.set_instance(None)
         if hold == INVALID_ENGINE_CONFIG:
             st.set(now, FAILED, ready=(False, INVALID_ENGINE_CONFIG, message))
@@ -131,11 +131,11 @@ class ClaimReconciler:
             log.warning("claim %s: stopping a second engine %s on %s", claim.key,
                         engine.model_name, agent)
             try:
-                await self.d.client(agent).deactivate(engine.model_name)
+                await self.w.client(agent).deactivate(engine.model_name)
             except (AgentUnreachable, LookupError) as err:
                 log.warning("claim %s: could not stop it: %s", claim.key, err)
-            self.d.cache.invalidate(agent)
-            self.d.kick_kv(agent)
+            self.w.cache.invalidate(agent)
+            self.b.kick_kv(agent)
         return home
 
     def _lost(self, st: ClaimStatus, world: World) -> Result | None:
@@ -145,17 +145,17 @@ class ClaimReconciler:
         if inst is None:
             return None
         obs = world.agents.get(inst.agent)
-        grace = self.d.timings.unreachable_grace
+        grace = self.w.timings.unreachable_grace
         silent = obs.silent_since if obs is not None else None
         if obs is not None and silent is not None and world.now - silent < grace:
             left = grace - (world.now - silent)
-            st.set(self.d.wall(), st.phase if st.phase != ACTIVE else ACTIVATING,
+            st.set(self.w.wall(), st.phase if st.phase != ACTIVE else ACTIVATING,
                    ready=(False, st.reason("Ready") if st.phase != ACTIVE else ENGINE_STARTING,
                           f"{inst.agent} does not answer ({obs.error}); waiting {left:.0f} s "
                           "before placing the claim again"))
             return Result(requeue_after=min(2.0, max(0.1, left)))
         why = "does not answer" if obs is None or not obs.ok else "no longer runs its engine"
-        now = self.d.wall()
+        now = self.w.wall()
         st.event(now, "Rescheduled", f"{inst.agent} {why}; placing the claim again")
         st.set_instance(None)
         st.set(now, PENDING, ready=(False, NOT_PLACED, f"the engine on {inst.agent} is gone "
@@ -164,7 +164,7 @@ class ClaimReconciler:
 
     async def _follow(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
                       engine: EngineObs) -> Result:
-        now = self.d.wall()
+        now = self.w.wall()
         st.set_instance(agent, engine.port, engine.devices)
         st.set_attempts(0)
         sched = (True, PLACED, f"placed on {agent} ({gpus_text(engine.devices)})")
@@ -172,12 +172,12 @@ class ClaimReconciler:
         if phase in ("activating", "booting", "stopping"):
             st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING,
                                                              f"the engine is {phase} on {agent}"))
-            return Result(requeue_after=self.d.timings.starting_poll)
+            return Result(requeue_after=self.w.timings.starting_poll)
         if phase == "restarting":
             st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING, (
                 f"the engine is restarting on {agent} (restart {engine.restart_count}): "
                 f"{first_line(engine.last_error)}")))
-            return Result(requeue_after=self.d.timings.starting_poll)
+            return Result(requeue_after=self.w.timings.starting_poll)
         if phase == "failed":
             return await self.life.failed(claim, st, world, agent, engine)
         if phase == "sleeping" and engine.operation != "wake":
@@ -186,12 +186,12 @@ class ClaimReconciler:
         if phase != "active" or engine.operation == "wake":
             st.set(now, ACTIVATING, scheduled=sched,
                    ready=(False, ENGINE_STARTING, f"the engine is waking on {agent}"))
-            return Result(requeue_after=self.d.timings.settle_poll)
+            return Result(requeue_after=self.w.timings.settle_poll)
         if engine.kv_present and (engine.kv_applied is None or engine.kv_not_held):
             st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING, (
                 f"the engine is ready on {agent} and waits for its KV limit")))
-            self.d.kick_kv(agent)
-            return Result(requeue_after=self.d.timings.kv_gate_poll)
+            self.b.kick_kv(agent)
+            return Result(requeue_after=self.w.timings.kv_gate_poll)
         key = claim_key(claim)
         if st.phase != ACTIVE and not self.life.woke(key, claim.model_name, st, agent):
             st.event(now, "Activated", f"serves on {agent} port {engine.port}")

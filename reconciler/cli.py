@@ -13,7 +13,7 @@
 * ``claims estimate ARTIFACT [--arg FLAG=VALUE]``: the perGPU figures a model's files give
   (``reconciler.estimating``).
 
-``embedded_reconciler`` is the reconciler the agent's ``serve --claims`` runs beside itself;
+The reconciler the agent's ``serve --claims`` runs beside itself is ``reconciler.local.embedded``;
 the options it reads (``--claims DIR``, ``--claims-port``, the front door's) are added to
 ``serve`` by ``reconciler.options``, which a plain ``serve`` imports without this module.
 """
@@ -41,9 +41,9 @@ from guard.exposure import INSECURE_FLAG, ExposureError, insecure_warning, is_lo
     listen_host
 from guard import listen
 from guard.tokens import TokenError, TokenSource, token_source
-from reconciler.app import DEFAULT_PORT, ReconcilerApp, run_reconciler, start_embedded
+from reconciler.local.app import DEFAULT_PORT, run_reconciler
 from agent_client import AgentUnreachable, JsonApi, Refusal, ok_body
-from reconciler.door.keys import KeysError, check_keys_file
+from reconciler.door.keys import check_keys_file
 from reconciler.door.settings import DoorSettings
 from reconciler.estimating import add_estimate
 from reconciler.options import add_serve_options, door_options, door_settings
@@ -174,50 +174,6 @@ def checked_door_settings(args: argparse.Namespace, host: str) -> DoorSettings |
     return door
 
 
-class EmbeddedReconciler:
-    """The reconciler (and its front door) of ``serve --claims``: the agent's serve starts it
-    once its API listens (so its first look at the agent finds it) and stops it before it
-    closes its API (its long polls of the agent's event feed are gone before the API waits for
-    open connections). Its pool is that one agent; its API asks for the agent's token."""
-
-    def __init__(self, agent_url: str, claims_dir: str, listen_host: str, listen_port: int,
-                 agent_token: TokenSource | None, door: DoorSettings | None,
-                 status_dir: Path | None, auth_reads: bool) -> None:
-        self._args = (agent_url, claims_dir, listen_host, listen_port, agent_token, door,
-                      status_dir, auth_reads)
-        self._listen_port = listen_port
-        self._door = door
-        self._handle: ReconcilerApp | None = None
-
-    async def start(self) -> None:
-        try:
-            self._handle = await start_embedded(*self._args)
-        except KeysError as err:  # broken since the command line read it: one line
-            raise SystemExit(f"runtime-agent: the front door cannot start: {err}") from err
-        except OSError as err:  # taken since start-up checked it: say which, no stack trace
-            door = self._door.port if self._door else "-"
-            raise SystemExit(f"runtime-agent: the embedded reconciler (port "
-                             f"{self._listen_port}) or its front door (port {door}) cannot "
-                             f"listen: {err}; choose other ports with --claims-port / "
-                             "--door-port, or --no-door") from err
-
-    async def stop(self) -> None:
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            await handle.stop()
-
-
-def embedded_reconciler(agent_host: str, agent_port: int, claims_dir: str, listen_host: str,
-                        listen_port: int, agent_token: TokenSource | None = None,
-                        door: DoorSettings | None = None, status_dir: Path | None = None,
-                        auth_reads: bool = False) -> EmbeddedReconciler:
-    """The embedded reconciler of the agent listening on ``agent_host:agent_port``."""
-    host = "127.0.0.1" if agent_host in ("", "0.0.0.0", "::") else agent_host
-    host = f"[{host}]" if ":" in host else host
-    return EmbeddedReconciler(f"http://{host}:{agent_port}", claims_dir, listen_host,
-                              listen_port, agent_token, door, status_dir, auth_reads)
-
-
 def _sources(args: argparse.Namespace) -> tuple[TokenSource | None, TokenSource | None]:
     """(this API's token, the agents' token): each from its file or variable, the other's
     when not given (one Secret for the pool and its controller); a ``TokenError`` for a file
@@ -286,7 +242,7 @@ async def _get(api: JsonApi, path: str) -> dict[str, Any]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from reconciler.check import check
+    from reconciler.local.check import check
 
     lines, code = check(args.paths)
     for line in lines:

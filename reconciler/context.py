@@ -1,17 +1,26 @@
-"""What the claim and KV reconcilers share: settings, the stores, and how they read the world.
+"""What the claim and KV reconcilers share: how they read the world, and the books they keep.
 
-``Deps`` is built once by the app (``reconciler.app``) and by tests with fakes: the clock, the
-desired state, the status store, the agent clients, the snapshot cache and the small books
-(idle times, reservations, route holds, wake requests). ``world`` reads every agent's snapshot
-through the cache and turns each into a planning ``Candidate``; ``kick_*`` put keys back on the
-controllers' queues (room may have appeared, a KV division is due). ``in_flight`` counts the
-requests the front door (``reconciler.door``) holds or forwards per model: such a model is busy.
+``Deps`` is built once by the core (``reconciler.core``) and by tests with fakes, in two halves:
+
+* ``WorldReader`` reads what others own: the clock, the desired state, the agent clients, the
+  snapshot cache and the door's requests in flight (``in_flight``: such a model is busy); and
+  the status store, where the claims' statuses are reported to the world (files, or the
+  Kubernetes status subresource). ``world`` reads every agent's snapshot through the cache
+  and turns each into a planning ``Candidate`` (reading the reservations and idle times of the
+  books); ``rooms`` is the room index over those.
+* ``Books`` holds what the reconciler itself writes down between reconciles: idle times,
+  reservations, route holds, wake and release requests, the claims' metrics, and the ways it
+  asks for another look (``kick_*`` put keys back on the controllers' queues: room may have
+  appeared, a KV division is due) or publishes a route (``routes_out``).
+
+The reconcilers, the door and the Kubernetes route publisher keep them as ``self.w`` (the
+world reader) and ``self.b`` (the books), so each line says which of the two it touches.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -69,33 +78,70 @@ async def _routes_read_live(model: str) -> bool:
 
 
 @dataclass
-class Deps:
-    clock: Clock  # monotonic time for waits and ages, wall time for what statuses carry
-    desired: Desired
-    store: StatusStore
-    clients: Callable[[str], AgentApi | None]
-    cache: SnapshotCache
+class Books:
+    """What the reconciler writes down itself, and how it asks for another look: every field is
+    the reconciler's own (the world's state is read through ``WorldReader``)."""
+
+    clock: Clock  # requests are stamped with it (monotonic, and wall time for statuses)
     tracker: IdleTracker = field(default_factory=IdleTracker)
     reservations: Reservations = field(default_factory=Reservations)
     holds: RouteHolds = field(default_factory=RouteHolds)
     wakes: WakeBook = field(default_factory=WakeBook)
     releases: ReleaseBook = field(default_factory=ReleaseBook)  # the door's release route
     metrics: ClaimMetrics | None = None
-    timings: Timings = field(default_factory=Timings)
     kick_kv: Callable[[str], None] = lambda agent: None
     kick_claim: Callable[[ClaimKey], None] = lambda key: None
-    # requests in flight through the front door, by model: such a model is busy (never slept)
-    in_flight: Callable[[str], int] = lambda model: 0
     # Make a model's route as the books say now, before acting on it (a hold taken before a
     # sleep): True once readers see it. The HTTP route table reads the books on every request;
     # on Kubernetes the Pod's route annotation is patched first.
     routes_out: Callable[[str], Awaitable[bool]] = _routes_read_live
+
+    def wall(self) -> float:
+        """Seconds since the epoch on the clock: what statuses and events carry."""
+        return self.clock.wall()
+
+    def ask_wake(self, model: str, key: ClaimKey) -> tuple[WakeRequest, bool]:
+        """Record a wake request for ``model`` (repeats collapse into the first) and look at its
+        claim now if it is new; (the request, whether it is new)."""
+        req, new = self.wakes.request(model, key, self.clock.now(), self.wall())
+        if new:
+            self.kick_claim(key)
+        return req, new
+
+    def ask_release(self, model: str, key: ClaimKey) -> ReleaseRequest:
+        """Record a request to put ``model`` to sleep now (``reconciler.release_book``) and look
+        at its claim now."""
+        req = self.releases.ask(model, self.clock.now())
+        self.kick_claim(key)
+        return req
+
+    def kick_claims(self, keys: Iterable[ClaimKey]) -> None:
+        for key in keys:
+            self.kick_claim(key)
+
+
+@dataclass
+class WorldReader:
+    """What the reconciler reads and does not own: the clock, the desired state, the agents
+    (through the snapshot cache), the door's requests in flight, and the status store its
+    reports go to; the books are read too (reservations and idle times shape a candidate),
+    never written here."""
+
+    clock: Clock  # monotonic time for waits and ages, wall time for what statuses carry
+    desired: Desired
+    store: StatusStore
+    clients: Callable[[str], AgentApi | None]
+    cache: SnapshotCache
+    books: Books
+    timings: Timings = field(default_factory=Timings)
+    # requests in flight through the front door, by model: such a model is busy (never slept)
+    in_flight: Callable[[str], int] = lambda model: 0
     _candidates: dict[str, tuple[AgentObs, Any, Candidate]] = field(default_factory=dict)
     rooms: RoomBook = field(init=False)
 
     def __post_init__(self) -> None:
-        self.rooms = RoomBook(self.desired.agent, self.reservations.version, self._candidate,
-                              self.per_gpu)
+        self.rooms = RoomBook(self.desired.agent, self.books.reservations.version,
+                              self._candidate, self.per_gpu)
 
     def wall(self) -> float:
         """Seconds since the epoch on the clock: what statuses and events carry."""
@@ -120,13 +166,13 @@ class Deps:
         return claim.lifecycle.make_room_after if claim is not None and claim.lifecycle else None
 
     def _last_busy_on(self, agent: str) -> Callable[[str], float | None]:
-        return lambda model: self.tracker.last_busy(agent, model)
+        return lambda model: self.books.tracker.last_busy(agent, model)
 
     def _candidate(self, obs: AgentObs, agent: AgentRef, pool: WarmPool) -> Candidate:
         """``candidate``, reused while nothing it reads changed (the snapshot, the pool, the
         engines' perGPU and idle times, the reservations): a placement reads every agent's,
         and building a thousand of them per placement was most of a fleet's placement cost."""
-        live = self.reservations.live(obs)
+        live = self.books.reservations.live(obs)
         busy = self._last_busy_on(obs.name)
         key = (agent, pool, tuple(live),
                tuple((self.per_gpu(e.claim_ref), self.make_room_after(e.claim_ref),
@@ -149,8 +195,9 @@ class Deps:
         if found is None:
             return None
         agent, pool = found
-        return candidate(obs, agent, pool, self.per_gpu, self._last_busy_on(obs.name),
-                         self.reservations.live(obs) if reserved else (), self.make_room_after)
+        live = self.books.reservations.live(obs) if reserved else ()
+        return candidate(obs, agent, pool, self.per_gpu, self._last_busy_on(obs.name), live,
+                         self.make_room_after)
 
     async def world(self, max_age: float | None = None, fresh: bool = False,
                     focus: Collection[str] = (), placing: bool = False) -> World:
@@ -204,8 +251,6 @@ class Deps:
             raise LookupError(f"agent {agent} is in no pool")
         return client
 
-    # ---- room may have appeared -------------------------------------------------------------
-
     def waiting_keys(self) -> list[ClaimKey]:
         """Claims that wait for room: Pending (other than for a reason waiting cannot fix),
         making room, waiting to wake, failed and hoping to move, refused by an agent."""
@@ -219,37 +264,40 @@ class Deps:
                 out.append(st.key)
         return sorted(out)
 
-    def ask_wake(self, model: str, key: ClaimKey) -> tuple[WakeRequest, bool]:
-        """Record a wake request for ``model`` (repeats collapse into the first) and look at its
-        claim now if it is new; (the request, whether it is new)."""
-        req, new = self.wakes.request(model, key, self.clock.now(), self.wall())
-        if new:
-            self.kick_claim(key)
-        return req, new
 
-    def ask_release(self, model: str, key: ClaimKey) -> ReleaseRequest:
-        """Record a request to put ``model`` to sleep now (``reconciler.release_book``) and look
-        at its claim now."""
-        req = self.releases.ask(model, self.clock.now())
-        self.kick_claim(key)
-        return req
+@dataclass(frozen=True)
+class Deps:
+    """The two halves the reconcilers are given: ``reader`` (reads) and ``books`` (writes)."""
 
-    def kick_waiting(self) -> None:
-        for key in self.waiting_keys():
-            self.kick_claim(key)
+    reader: WorldReader
+    books: Books
+
+    @classmethod
+    def build(cls, clock: Clock, desired: Desired,
+              store: StatusStore, clients: Callable[[str], AgentApi | None],
+              cache: SnapshotCache, *, tracker: IdleTracker | None = None,
+              metrics: ClaimMetrics | None = None, timings: Timings | None = None,
+              kick_kv: Callable[[str], None] = lambda agent: None,
+              kick_claim: Callable[[ClaimKey], None] = lambda key: None,
+              in_flight: Callable[[str], int] = lambda model: 0) -> Deps:
+        books = Books(clock, tracker=IdleTracker() if tracker is None else tracker,
+                      metrics=metrics, kick_kv=kick_kv, kick_claim=kick_claim)
+        return cls(WorldReader(clock, desired, store, clients, cache, books,
+                               timings=Timings() if timings is None else timings,
+                               in_flight=in_flight), books)
 
     def event_keys(self, agent: str, event: dict[str, object]) -> list[ClaimKey]:
         """An agent's engine event: the claims to look at again (and a KV division)."""
-        self.cache.invalidate(agent)
+        self.reader.cache.invalidate(agent)
         if event.get("kind") == "artifact":
             return []  # a weight-cache entry changed: the next snapshot shows it
         model, src, dst = str(event.get("model", "")), event.get("from"), event.get("to")
         keys: list[ClaimKey] = []
-        key = self.desired.by_model(model) or self.store.by_model(model)
+        key = self.reader.desired.by_model(model) or self.reader.store.by_model(model)
         if key is not None and event.get("reason") != "KVLimitSet":
             keys.append(key)
         if src != dst:
-            self.kick_kv(agent)
+            self.books.kick_kv(agent)
             if dst in ("sleeping", "stopped", "failed"):
-                keys.extend(k for k in self.waiting_keys() if k not in keys)
+                keys.extend(k for k in self.reader.waiting_keys() if k not in keys)
         return keys

@@ -9,12 +9,12 @@
 
 ``Core`` is given a ``Desired`` (what is asked) and a ``StatusStore`` (where statuses go: files,
 or the Kubernetes status subresource) and wires the one implementation of placement, KV
-division, sleep, wake and drain around them. The run modes (``reconciler.app`` for a directory,
-``reconciler.kube.app`` for Kubernetes) add their own sources of keys.
+division, sleep, wake and drain around them. The run modes (``reconciler.local.app`` for a
+directory, ``reconciler.kube.app`` for Kubernetes) add their own sources of keys.
 
 With ``door`` settings the core also builds the front door (``reconciler.door``) on its own
 ``Deps``, and its ``Ledger``'s requests in flight are what the idle check reads before a sleep
-(``Deps.in_flight``), in both modes alike; a mode starts and stops it (``start_door``,
+(``WorldReader.in_flight``), in both modes alike; a mode starts and stops it (``start_door``,
 ``stop_door``) and says, with ``standby``, when the replica cannot serve.
 """
 
@@ -98,10 +98,10 @@ class Core:
         tracker = IdleTracker()
         self.cache = SnapshotCache(self._client, self.clock, ttl=settings.snapshot_ttl,
                                    on_snapshot=tracker.observe)
-        self.deps = Deps(self.clock, self.desired, self.store, self._client, self.cache,
-                         tracker=tracker, metrics=self.metrics, timings=settings.timings,
-                         kick_kv=self.kv_queue.add, kick_claim=self.claim_queue.add,
-                         in_flight=self.ledger.in_flight)
+        self.deps = Deps.build(self.clock, self.desired, self.store, self._client,
+                               self.cache, tracker=tracker, metrics=self.metrics,
+                               timings=settings.timings, kick_kv=self.kv_queue.add,
+                               kick_claim=self.claim_queue.add, in_flight=self.ledger.in_flight)
         shared = ControllerMetrics.shared(self.registry)
         self.claims = ClaimReconciler(self.deps)
         self.claim_controller: Controller[ClaimKey] = Controller(
@@ -165,7 +165,7 @@ class Core:
         self.kv_queue.add(agent)
         if agent not in self._connected:
             self._connected.add(agent)
-            for key in self.deps.waiting_keys():  # an agent that came up: room appeared
+            for key in self.deps.reader.waiting_keys():  # an agent that came up: room appeared
                 self.claim_queue.add(key)
             return
         keys = {st.key for st in self.store.values()
@@ -173,7 +173,7 @@ class Core:
         obs = self.cache.last(agent)
         if obs is not None:
             keys |= set(obs.by_claim)
-        keys |= set(self.deps.waiting_keys())
+        keys |= set(self.deps.reader.waiting_keys())
         for key in sorted(keys):
             self.claim_queue.add(key)
 

@@ -25,34 +25,34 @@ DRAIN_POLL_S = 0.5
 
 class Drain:
     def __init__(self, deps: Deps) -> None:
-        self.d = deps
+        self.w, self.b = deps.reader, deps.books
         self._since: dict[ClaimKey, float] = {}  # clock time the deletion was first seen
 
     def forget(self, key: ClaimKey) -> None:
         self._since.pop(key, None)
 
     async def reconcile(self, key: ClaimKey) -> Result:
-        st = self.d.store.get(key)
+        st = self.w.store.get(key)
         # Fresh snapshots of the agents that may run the claim's engine: where its status
         # places it, and where the (cached) snapshots show one.
-        seen = await self.d.world()
+        seen = await self.w.world()
         where = {a for a, _ in seen.engines_of(key)}
         if st is not None and st.instance is not None:
             where.add(st.instance.agent)
         for agent in where:
-            self.d.cache.invalidate(agent)
-        world = await self.d.world(focus=where)
+            self.w.cache.invalidate(agent)
+        world = await self.w.world(focus=where)
         found = world.engines_of(key)
         if st is None and not found:
             self._since.pop(key, None)
-            self.d.store.drop(key)  # on Kubernetes: the finalizer goes, whatever held it
+            self.w.store.drop(key)  # on Kubernetes: the finalizer goes, whatever held it
             return Result()
         now = world.now
         started = self._since.setdefault(key, now)
         if st is not None:
-            st.mark_deleted(self.d.wall())
-            await self.d.routes_out(st.model_name)  # off the route before the engine goes
-        timeout = self.d.timings.drain_timeout
+            st.mark_deleted(self.w.wall())
+            await self.b.routes_out(st.model_name)  # off the route before the engine goes
+        timeout = self.w.timings.drain_timeout
         waiting: list[str] = []
         for agent, engine in found:
             if not world.agents[agent].ok:
@@ -66,29 +66,29 @@ class Drain:
                 message = (f"{load:g} requests still in progress on {agent} {timeout:.0f} s "
                            "after the deletion; stopping the engine")
                 if st is not None:
-                    st.event(self.d.wall(), "DrainTimedOut", message, warning=True)
+                    st.event(self.w.wall(), "DrainTimedOut", message, warning=True)
                 else:
                     log.warning("claim %s: %s", key_text(key), message)
             await self._stop(key, agent, engine.model_name)
         if waiting:
-            if now - started < timeout + self.d.timings.unreachable_grace:
+            if now - started < timeout + self.w.timings.unreachable_grace:
                 return Result(requeue_after=DRAIN_POLL_S)
             log.warning("claim %s: giving up on stopping its engine on %s", key_text(key),
                         ", ".join(waiting))
-        self.d.store.drop(key)
+        self.w.store.drop(key)
         self._since.pop(key, None)
-        self.d.kick_waiting()
+        self.b.kick_claims(self.w.waiting_keys())
         return Result()
 
     async def _stop(self, key: ClaimKey, agent: str, model: str) -> None:
         try:
-            reply = await self.d.client(agent).deactivate(model)
+            reply = await self.w.client(agent).deactivate(model)
         except (AgentUnreachable, LookupError) as err:
             reply = Reply(503, {"message": str(err)})
-        self.d.cache.invalidate(agent)
+        self.w.cache.invalidate(agent)
         if not reply.ok:
             raise RuntimeError(f"stopping {model} on {agent} failed: {reply.message}")
         log.info("claim %s: stopped %s on %s", key_text(key), model, agent)
-        self.d.wakes.drop(model)
-        self.d.reservations.drop(agent, model)
-        self.d.kick_kv(agent)
+        self.b.wakes.drop(model)
+        self.b.reservations.drop(agent, model)
+        self.b.kick_kv(agent)

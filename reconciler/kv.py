@@ -38,15 +38,15 @@ class KvReconciler:
     """Reconciles one agent's KV limits by agent name; give it to a ``Controller``."""
 
     def __init__(self, deps: Deps) -> None:
-        self.d = deps
+        self.w, self.b = deps.reader, deps.books
 
     async def reconcile(self, agent: str) -> Result:
-        if self.d.pool_of(agent) is None:
+        if self.w.pool_of(agent) is None:
             return Result()
-        obs = await self.d.cache.fresh(agent)
+        obs = await self.w.cache.fresh(agent)
         if not obs.ok:
-            return Result(requeue_after=self.d.timings.kv_resync)
-        cand = self.d.candidate_of(obs)
+            return Result(requeue_after=self.w.timings.kv_resync)
+        cand = self.w.candidate_of(obs)
         if cand is None:
             return Result()
         engines = {e.model_name: e for e in obs.engines
@@ -57,13 +57,13 @@ class KvReconciler:
         changed = False
         for change in shrinks:
             if not await self._apply(agent, engines[change.engine], change):
-                self.d.cache.invalidate(agent)
+                self.w.cache.invalidate(agent)
                 return Result(requeue_after=1.0)  # no grow before every shrink holds
             changed = True
         for change in grows:
             changed |= await self._apply(agent, engines[change.engine], change)
         if changed:
-            self.d.cache.invalidate(agent)
+            self.w.cache.invalidate(agent)
         for model, engine in engines.items():
             st = self._status(engine)
             if st is not None:
@@ -75,18 +75,18 @@ class KvReconciler:
         # an idle one (no request anywhere) rarely: its division would not change, and a
         # thousand idle agents must cost next to nothing.
         busy = any(e.load is None or e.load > 0 for e in awake)
-        return Result(requeue_after=self.d.timings.kv_resync if busy
-                      else self.d.timings.kv_idle_resync)
+        return Result(requeue_after=self.w.timings.kv_resync if busy
+                      else self.w.timings.kv_idle_resync)
 
     def _status(self, engine: EngineObs) -> ClaimStatus | None:
         if engine.claim_ref is None:
             return None
-        st = self.d.store.get(engine.claim_ref)
+        st = self.w.store.get(engine.claim_ref)
         return st if st is not None and st.model_name == engine.model_name else None
 
     async def _apply(self, agent: str, engine: EngineObs, change: LimitChange) -> bool:
         try:
-            reply = await self.d.client(agent).kv_limit(change.engine, change.new)
+            reply = await self.w.client(agent).kv_limit(change.engine, change.new)
         except (AgentUnreachable, LookupError) as err:
             log.warning("kv limit of %s on %s: %s", change.engine, agent, err)
             return False
@@ -106,8 +106,8 @@ class KvReconciler:
             clamped = f", held at {gib(applied)} (its capacity)" \
                 if reply.body.get("clamped") and isinstance(applied, int) else ""
             st.set_kv_limit(agent, change.new)
-            st.event(self.d.wall(), "KVLimitSet", f"KV limit {gib(change.new)} on {agent}"
+            st.event(self.w.wall(), "KVLimitSet", f"KV limit {gib(change.new)} on {agent}"
                      f"{was}{clamped}{held}")
             if engine.phase == "active":
-                self.d.kick_claim(st.key)
+                self.b.kick_claim(st.key)
         return True

@@ -80,7 +80,7 @@ def first_line(text: str | None) -> str:
 
 class Lifecycle:
     def __init__(self, deps: Deps) -> None:
-        self.d = deps
+        self.w, self.b = deps.reader, deps.books
         self.placer = Placer(deps, self)
         self.waking: set[ClaimKey] = set()  # claims whose wake this reconciler asked for
         # (agent, model) being put to sleep for room: (when asked, when the agent answered)
@@ -94,7 +94,7 @@ class Lifecycle:
         self._refused: dict[ClaimKey, tuple[int, int]] = {}
 
     def _pool(self, agent: str) -> tuple[str, PoolPolicy]:
-        pool = self.d.pool_of(agent)
+        pool = self.w.pool_of(agent)
         return (pool.name, pool.policy) if pool else ("", PoolPolicy())
 
     # ---- idle sleep -------------------------------------------------------------------------
@@ -105,12 +105,12 @@ class Lifecycle:
         if claim.lifecycle is not None:
             policy = claim.lifecycle.applied_to(policy)
         model = claim.model_name
-        released = self.d.releases.pending(model, self.d.clock.now())  # asked at the door
+        released = self.b.releases.pending(model, self.w.clock.now())  # asked at the door
         if not (policy.idle_sleep or released) or claim.engine != "vllm" \
-                or self.d.wakes.get(model):
+                or self.b.wakes.get(model):
             return Result()
-        if self.d.metrics:
-            self.d.metrics.evaluated(pool)
+        if self.b.metrics:
+            self.b.metrics.evaluated(pool)
         resident = cand.residents.get(model)
         if resident is None:
             return Result()
@@ -120,35 +120,35 @@ class Lifecycle:
             idle = resident.idle_for(world.now)
             left = policy.sleep_after_seconds - (idle or 0.0)
             return Result(requeue_after=max(0.1, left))
-        self.d.holds.hold(model)  # off the route before the last look
+        self.b.holds.hold(model)  # off the route before the last look
         try:
-            if not await self.d.routes_out(model):
+            if not await self.b.routes_out(model):
                 log.warning("claim %s: could not take %s off the route; not sleeping it",
                             claim.key, model)
                 return Result(requeue_after=retry_delay(0))
             fresh = await self._last_look(agent, model)
             if fresh is None or not self._idle(fresh, model):
-                self.d.tracker.busy(agent, model, self.d.clock.now())
+                self.b.tracker.busy(agent, model, self.w.clock.now())
                 return Result(requeue_after=RELEASE_RECHECK_S if released
                               else policy.sleep_after_seconds)
             reply = await self._call_sleep(agent, model)
-            now = self.d.wall()
+            now = self.w.wall()
             if reply.ok:
                 idle = resident.idle_for(world.now) or 0.0
-                self.d.releases.drop(model)
+                self.b.releases.drop(model)
                 st.event(now, "Sleeping", f"released at the front door; put to sleep on {agent}"
                          if released else f"idle for {idle:.0f} s; put to sleep on {agent}")
                 st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
                                              f"asleep on {agent}; a request wakes it"))
-                if self.d.metrics:
-                    self.d.metrics.acted(pool, "sleep")
-                self.d.kick_waiting()
+                if self.b.metrics:
+                    self.b.metrics.acted(pool, "sleep")
+                self.b.kick_claims(self.w.waiting_keys())
                 return Result()
             log.warning("claim %s: sleep on %s failed: %s", claim.key, agent, reply.message)
-            self.d.releases.failed(model, f"the agent did not put it to sleep: {reply.message}")
+            self.b.releases.failed(model, f"the agent did not put it to sleep: {reply.message}")
             return Result(requeue_after=retry_delay(0))
         finally:
-            self.d.holds.release(model)
+            self.b.holds.release(model)
 
     async def _last_look(self, agent: str, model: str) -> EngineObs | None:
         """The engine as figures read from it now show it (``fresh_snapshot``: a steady
@@ -156,17 +156,17 @@ class Lifecycle:
         it shows only there); None when they could not be read, or when a request came and
         went since the figures its idleness was judged by (its success counter moved)."""
         try:
-            body = await self.d.client(agent).fresh_snapshot([model])
+            body = await self.w.client(agent).fresh_snapshot([model])
         except (AgentUnreachable, LookupError) as err:
             log.info("agent %s: no fresh look at %s (%s); not sleeping it", agent, model, err)
             return None
-        obs = AgentObs.parse(agent, body, self.d.clock.now())
+        obs = AgentObs.parse(agent, body, self.w.clock.now())
         entries: list[dict[str, Any]] = list(body.get("models") or ())
         if not any(m.get("model_name") == model and m.get("request_figures_fresh") is True
                    for m in entries):
             return None  # not read now (no answer, or an agent without the fresh look)
-        self.d.tracker.observe(obs)  # a snapshot like any other: its figures count
-        if self.d.tracker.last_busy(agent, model) == obs.fetched_at:
+        self.b.tracker.observe(obs)  # a snapshot like any other: its figures count
+        if self.b.tracker.last_busy(agent, model) == obs.fetched_at:
             return None  # busy since the last look (its success counter moved)
         return obs.engine(model)
 
@@ -174,15 +174,15 @@ class Lifecycle:
         """The last look before a sleep: active, no request running or waiting in the engine,
         none in flight through the front door. No await may come between it and the sleep."""
         return fresh.phase == "active" and fresh.load is not None and fresh.load == 0 \
-            and self.d.in_flight(model) == 0
+            and self.w.in_flight(model) == 0
 
     async def _call_sleep(self, agent: str, model: str) -> Reply:
         try:
-            reply = await self.d.client(agent).sleep(model, 1)
+            reply = await self.w.client(agent).sleep(model, 1)
         except (AgentUnreachable, LookupError) as err:
             reply = Reply(503, {"message": str(err)})
-        self.d.cache.invalidate(agent)
-        self.d.kick_kv(agent)
+        self.w.cache.invalidate(agent)
+        self.b.kick_kv(agent)
         return reply
 
     async def sleep_for_room(self, agent: str, victim: str, for_model: str) -> bool:
@@ -191,44 +191,44 @@ class Lifecycle:
         The agent counts as settling from the first step: no other pass makes room there
         until a snapshot taken after the agent answered shows what the victim still holds."""
         entry = (agent, victim)
-        asked = self.d.clock.now()
+        asked = self.w.clock.now()
         self._settling[entry] = (asked, None)
-        self.d.holds.hold(victim)
+        self.b.holds.hold(victim)
         try:
             fresh = await self._last_look(agent, victim) \
-                if await self.d.routes_out(victim) else None
+                if await self.b.routes_out(victim) else None
             if fresh is None or not self._idle(fresh, victim):
                 del self._settling[entry]
                 return False
             reply = await self._call_sleep(agent, victim)
             # kept when the call failed too: a timed-out sleep may still have happened
-            self._settling[entry] = (asked, self.d.clock.now())
+            self._settling[entry] = (asked, self.w.clock.now())
             key = fresh.claim_ref
-            vst = self.d.store.get(key) if key is not None else None
+            vst = self.w.store.get(key) if key is not None else None
             if not reply.ok:
                 log.warning("sleeping %s on %s to make room failed: %s", victim, agent,
                             reply.message)
-                self._sleep_failed[entry] = self.d.clock.now()
+                self._sleep_failed[entry] = self.w.clock.now()
                 return False
-            now = self.d.wall()
+            now = self.w.wall()
             if vst is not None:
                 vst.event(now, "SleptToMakeRoom", f"put to sleep on {agent} to make room for "
                           f"{for_model}")
                 vst.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
                                               f"asleep on {agent}; a request wakes it"))
             pool, _ = self._pool(agent)
-            if self.d.metrics:
-                self.d.metrics.acted(pool, "sleep_to_make_room")
+            if self.b.metrics:
+                self.b.metrics.acted(pool, "sleep_to_make_room")
             return True
         finally:
-            self.d.holds.release(victim)
+            self.b.holds.release(victim)
 
     def sleepable(self, world: World, cand: Candidate) -> Candidate:
         """``cand`` with the models that lately refused to sleep for room marked unable to
         (the plan then picks others, or moves the claim, instead of asking them again), and
         all of them on an agent found unable to measure a sleep."""
         self.settling(world, cand.name)  # brings the agent's sleeps for room up to date
-        now = self.d.clock.now()
+        now = self.w.clock.now()
         for key, at in list(self._sleep_failed.items()):
             if now - at >= SLEEP_FAILED_PAUSE_S:
                 del self._sleep_failed[key]
@@ -254,14 +254,14 @@ class Lifecycle:
             where, model = entry
             if where != agent or answered is None:
                 continue  # another agent, or the sleep call is still in flight
-            if world.now - answered > self.d.timings.settle_timeout:
+            if world.now - answered > self.w.timings.settle_timeout:
                 del self._settling[entry]
                 engine = obs.engine(model) if obs is not None and obs.ok else None
                 if engine is not None and engine.phase == "sleeping" \
                         and engine.sleeping_footprint is None:
                     log.warning("%s has not measured what %s holds asleep after %g s; no more "
                                 "models are put to sleep for room there for %g s", agent,
-                                model, self.d.timings.settle_timeout, BLIND_PAUSE_S)
+                                model, self.w.timings.settle_timeout, BLIND_PAUSE_S)
                     self._blind[agent] = world.now
                 continue
             if obs is None or not obs.ok or obs.fetched_at <= answered:
@@ -276,17 +276,17 @@ class Lifecycle:
 
     async def sleeping(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
                        engine: EngineObs) -> Result:
-        req = self.d.wakes.get(claim.model_name)
-        now = self.d.wall()
-        if req is None or self.d.wakes.expired(req, world.now):
+        req = self.b.wakes.get(claim.model_name)
+        now = self.w.wall()
+        if req is None or self.b.wakes.expired(req, world.now):
             self._refused.pop(claim_key(claim), None)
         if req is None:
             st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
                                          f"asleep on {agent}; a request wakes it"))
             return Result(requeue_after=self._footprint_check(st, world, agent, engine))
-        if self.d.wakes.expired(req, world.now):
-            self.d.wakes.drop(claim.model_name)
-            self.d.reservations.drop(agent, claim.model_name)
+        if self.b.wakes.expired(req, world.now):
+            self.b.wakes.drop(claim.model_name)
+            self.b.reservations.drop(agent, claim.model_name)
             st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING, "the wake request expired "
                                          "without room to wake; the next request asks again"))
             return Result()
@@ -303,12 +303,12 @@ class Lifecycle:
             self._unmeasured.pop(key, None)
             return None
         since = self._unmeasured.setdefault(key, world.now)
-        left = self.d.timings.settle_timeout - (world.now - since)
+        left = self.w.timings.settle_timeout - (world.now - since)
         if left > 0:
             return left
         if key not in self._warned:
             self._warned.add(key)
-            st.event(self.d.wall(), "SleepingFootprintUnknown", f"{agent} has not measured what "
+            st.event(self.w.wall(), "SleepingFootprintUnknown", f"{agent} has not measured what "
                      "the sleeping engine holds; it keeps its whole room", warning=True)
         return None
 
@@ -328,7 +328,7 @@ class Lifecycle:
     async def _wake(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
                     engine: EngineObs, req: WakeRequest) -> Result:
         model, cand = claim.model_name, world.candidates.get(agent)
-        per_gpu = self.d.per_gpu(claim_key(claim))
+        per_gpu = self.w.per_gpu(claim_key(claim))
         if cand is None or per_gpu is None or not cand.healthy:
             return Result(requeue_after=1.0)
         key = claim_key(claim)
@@ -339,15 +339,15 @@ class Lifecycle:
             reply = await self._call_wake(claim, st, agent, engine, per_gpu.room, world.now)
             if reply.ok:
                 self._refused.pop(key, None)
-                return Result(requeue_after=self.d.timings.settle_poll)
+                return Result(requeue_after=self.w.timings.settle_poll)
             if reply.status == 503 and reply.reason is None:
                 # No answer (a timeout, a reset): the agent may be waking it all the same. The
                 # request stays; the next look sees the engine as it is.
                 return Result(requeue_after=1.0)
             if reply.reason != INSUFFICIENT_GPU:
                 self._refused.pop(key, None)
-                self.d.wakes.drop(model)
-                now = self.d.wall()
+                self.b.wakes.drop(model)
+                now = self.w.wall()
                 st.event(now, "WakeFailed", f"on {agent}: {reply.message}", warning=True)
                 st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
                                              f"the wake failed on {agent}: {reply.message}"))
@@ -363,24 +363,24 @@ class Lifecycle:
             if refusals < WAKE_REFUSALS_BEFORE_REPLAN or (
                     short > 0 and cand.policy.no_wake_reserve_while_asleep
                     and refusals < 3 * WAKE_REFUSALS_BEFORE_REPLAN):
-                st.set(self.d.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
+                st.set(self.w.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
                     f"{why}; asking again")))
-                return Result(requeue_after=self.d.timings.settle_poll)
+                return Result(requeue_after=self.w.timings.settle_poll)
             plan = None
         if plan and cand.policy.no_wake_reserve_while_asleep:
             if not self.settling(world, agent):
                 # The room being made is the waking model's: nothing placed or grown takes it.
                 self._hold_room(claim, agent, engine, world.now)
                 await self.sleep_for_room(agent, plan[0], model)
-            st.set(self.d.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
+            st.set(self.w.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
                 f"putting {', '.join(plan)} to sleep on {agent} to make room")))
-            return Result(requeue_after=self.d.timings.settle_poll)
+            return Result(requeue_after=self.w.timings.settle_poll)
         moved = await self.placer.move(claim, st, world, agent, f"could not wake on {agent}: "
                                        f"{why}")
         if isinstance(moved, Result):
             return moved
-        left = self.d.wakes.ttl - (world.now - req.at)
-        st.set(self.d.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
+        left = self.b.wakes.ttl - (world.now - req.at)
+        st.set(self.w.wall(), SLEEPING, ready=(False, WAITING_FOR_ROOM, (
             f"{why}, no idle model to put to sleep, and no other agent has room "
             f"({moved.message}); waiting {left:.0f} s more")))
         return Result(requeue_after=max(0.1, min(5.0, left)))
@@ -388,11 +388,11 @@ class Lifecycle:
     def _hold_room(self, claim: ModelClaim, agent: str, engine: EngineObs, now: float) -> None:
         """Reserve the claim's whole room where it wakes: placement and the KV division count
         it from now on (while others sleep to make it, and while it wakes)."""
-        per_gpu = self.d.per_gpu(claim_key(claim))
+        per_gpu = self.w.per_gpu(claim_key(claim))
         assert per_gpu is not None
         resident = Resident(claim.model_name, per_gpu.maximum_footprint, per_gpu.kv_floor,
                             EngineState.STARTING, last_busy=now)
-        self.d.reservations.add(Reservation(agent, claim.model_name, resident, engine.devices,
+        self.b.reservations.add(Reservation(agent, claim.model_name, resident, engine.devices,
                                             "wake", now))
 
     async def _call_wake(self, claim: ModelClaim, st: ClaimStatus, agent: str,
@@ -400,37 +400,37 @@ class Lifecycle:
         model = claim.model_name
         self._hold_room(claim, agent, engine, now)
         self.waking.add(claim_key(claim))
-        wall = self.d.wall()
+        wall = self.w.wall()
         st.event(wall, "Waking", f"waking on {agent}")
         st.set(wall, ACTIVATING, ready=(False, ENGINE_STARTING, f"waking on {agent}"))
         try:
-            reply = await self.d.client(agent).wake(model)
+            reply = await self.w.client(agent).wake(model)
         except (AgentUnreachable, LookupError) as err:
             reply = Reply(503, {"message": str(err)})
-        self.d.cache.invalidate(agent)
-        self.d.kick_kv(agent)
+        self.w.cache.invalidate(agent)
+        self.b.kick_kv(agent)
         if reply.ok:
-            self.d.tracker.busy(agent, model, self.d.clock.now())
+            self.b.tracker.busy(agent, model, self.w.clock.now())
             pool, _ = self._pool(agent)
-            if self.d.metrics:
-                self.d.metrics.acted(pool, "wake")
+            if self.b.metrics:
+                self.b.metrics.acted(pool, "wake")
         else:
-            self.d.reservations.drop(agent, model)
+            self.b.reservations.drop(agent, model)
             self.waking.discard(claim_key(claim))
-            st.set(self.d.wall(), SLEEPING, ready=(False, ENGINE_SLEEPING, reply.message))
+            st.set(self.w.wall(), SLEEPING, ready=(False, ENGINE_SLEEPING, reply.message))
         return reply
 
     def woke(self, key: ClaimKey, model: str, st: ClaimStatus, agent: str) -> bool:
         """The claim serves (again): a ``Woken`` event if it was asleep or woken, and its wake
         request removed. True when it was a wake."""
-        req = self.d.wakes.get(model)
+        req = self.b.wakes.get(model)
         woken = key in self.waking or st.phase == SLEEPING
         if woken:
-            waited = f" {self.d.clock.now() - req.at:.1f} s after the request" if req else ""
-            st.event(self.d.wall(), "Woken", f"serves on {agent} again{waited}")
+            waited = f" {self.w.clock.now() - req.at:.1f} s after the request" if req else ""
+            st.event(self.w.wall(), "Woken", f"serves on {agent} again{waited}")
         self.waking.discard(key)
         self._refused.pop(key, None)
-        self.d.wakes.drop(model)
+        self.b.wakes.drop(model)
         return woken
 
     # ---- failure ----------------------------------------------------------------------------
@@ -438,7 +438,7 @@ class Lifecycle:
     async def failed(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
                      engine: EngineObs) -> Result:
         error = first_line(engine.last_error)
-        now = self.d.wall()
+        now = self.w.wall()
         if self._failed_seen.get(claim_key(claim)) != engine.engine_id:
             self._failed_seen[claim_key(claim)] = engine.engine_id
             st.event(now, ENGINE_FAILED, f"the engine failed permanently on {agent} after "

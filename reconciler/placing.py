@@ -11,7 +11,7 @@ until a snapshot shows the engine (or the activation fails).
   an error, no answer) -> Failed ``ActivateFailed``, tried again after 10, 20, 40, then 60 s;
   ``InvalidEngineConfig`` -> Failed, not retried (the claim must be recreated).
 * Unplaced -> Pending with the reason, and the closest candidate in the message; tried again
-  after ``retry_delay`` (and at once when room may have appeared: ``Deps.kick_waiting``).
+  after ``retry_delay`` (and at once when room may have appeared: ``Books.kick_claims``).
 * ``move``: the same, away from an agent (a failed engine, a wake with no room): the engine
   there is stopped first, and the claim reads Failed ``Moving`` until the new one starts.
 """
@@ -70,7 +70,7 @@ def gpus_text(devices: tuple[int, ...]) -> str:
 
 class Placer:
     def __init__(self, deps: Deps, sleep_for_room: SleepForRoom) -> None:
-        self.d = deps
+        self.w, self.b = deps.reader, deps.books
         self._sleep_for_room = sleep_for_room
 
     async def place(self, claim: ModelClaim, st: ClaimStatus, world: World) -> Result:
@@ -80,20 +80,20 @@ class Placer:
         need = ClaimNeed.from_claim(claim)
         quick = await self._indexed(need, world)
         if quick is not None:
-            self._reserve(claim, quick, self.d.clock.now())
+            self._reserve(claim, quick, self.w.clock.now())
             return await self.activate(claim, st, quick)
-        if self.d.timings.others_max_age is not None:
-            world = await self.d.world(placing=True)
+        if self.w.timings.others_max_age is not None:
+            world = await self.w.world(placing=True)
         candidates = world.candidate_list()
         got = place(need, candidates, world.now,
-                    max_snapshot_age=self.d.timings.max_snapshot_age)
+                    max_snapshot_age=self.w.timings.max_snapshot_age)
         if isinstance(got, Placed):
             self._reserve(claim, got, world.now)
             return await self.activate(claim, st, got)
         if got.reason == NO_MATCHING_PODS:
             room = make_room(need, [self._sleep_for_room.sleepable(world, c)
                                     for c in candidates],
-                             world.now, max_snapshot_age=self.d.timings.max_snapshot_age)
+                             world.now, max_snapshot_age=self.w.timings.max_snapshot_age)
             if room is not None:
                 return await self._make_room(claim, st, room, world)
         await self._pre_stage(claim, st, need, candidates, world)
@@ -106,19 +106,19 @@ class Placer:
         again when older, and the choice made again on it, so no more than a few agents are
         read, not the fleet. Nothing is awaited between the last choice and the return."""
         observed = dict(world.agents)
-        limit = self.d.timings.others_max_age
-        max_age = self.d.timings.max_snapshot_age
+        limit = self.w.timings.others_max_age
+        max_age = self.w.timings.max_snapshot_age
         judged_at = max_age if limit is None else INF  # the index's own age check
         age = INF if limit is None else min(limit, max_age)  # the chosen agent's, here
         for _ in range(REFRESH_TRIES):
-            index = self.d.rooms.sync(observed)
-            now = self.d.clock.now()
+            index = self.w.rooms.sync(observed)
+            now = self.w.clock.now()
             got = index.best(need, now, max_snapshot_age=judged_at)
             if got is None:
                 return None
             if now - observed[got.agent].fetched_at <= age:
                 return got
-            observed[got.agent] = await self.d.cache.get(got.agent, age)
+            observed[got.agent] = await self.w.cache.get(got.agent, age)
         return None
 
     async def _pre_stage(self, claim: ModelClaim, st: ClaimStatus, need: ClaimNeed,
@@ -128,22 +128,22 @@ class Placer:
         if claim.engine == "ollama":
             return  # Ollama pulls its own models
         for agent in prestage_targets(need, candidates, world.now,
-                                      self.d.timings.max_snapshot_age):
+                                      self.w.timings.max_snapshot_age):
             try:
-                reply = await self.d.client(agent).download(claim.artifact_url)
+                reply = await self.w.client(agent).download(claim.artifact_url)
             except (AgentUnreachable, LookupError) as err:
                 log.info("pre-staging %s on %s: %s", claim.artifact_url, agent, err)
                 continue
-            self.d.cache.invalidate(agent)
+            self.w.cache.invalidate(agent)
             if reply.ok:
-                st.event(self.d.wall(), PRE_STAGING, f"{agent} stages {claim.artifact_url} "
+                st.event(self.w.wall(), PRE_STAGING, f"{agent} stages {claim.artifact_url} "
                          "while the claim waits to be placed")
             else:
                 log.info("pre-staging %s on %s refused: %s", claim.artifact_url, agent,
                          reply.message)
 
     def pending(self, st: ClaimStatus, got: Unplaced) -> Result:
-        now = self.d.wall()
+        now = self.w.wall()
         st.set_instance(None)
         st.set(now, PENDING, scheduled=(False, got.reason, got.message),
                ready=(False, NOT_PLACED, "the claim waits to be placed"))
@@ -161,24 +161,24 @@ class Placer:
         measured (until then a sleeping engine counts with its whole room)."""
         message = (f"putting {', '.join(room.victims)} to sleep on {room.agent} "
                    f"({gpus_text(room.devices)}) to make room")
-        st.set(self.d.wall(), PENDING, scheduled=(False, MAKING_ROOM, message),
+        st.set(self.w.wall(), PENDING, scheduled=(False, MAKING_ROOM, message),
                ready=(False, NOT_PLACED, "the claim waits to be placed"))
         if not self._sleep_for_room.settling(world, room.agent):
             await self._sleep_for_room.sleep_for_room(room.agent, room.victims[0],
                                                       claim.model_name)
-        return Result(requeue_after=self.d.timings.settle_poll)
+        return Result(requeue_after=self.w.timings.settle_poll)
 
     def _reserve(self, claim: ModelClaim, got: Placed, now: float) -> None:
         assert claim.per_gpu is not None
         resident = Resident(claim.model_name, claim.per_gpu.maximum_footprint,
                             claim.per_gpu.kv_floor, EngineState.STARTING, last_busy=now)
-        self.d.reservations.add(Reservation(got.agent, claim.model_name, resident, got.devices,
+        self.b.reservations.add(Reservation(got.agent, claim.model_name, resident, got.devices,
                                             "activate", now))
 
     async def activate(self, claim: ModelClaim, st: ClaimStatus, got: Placed) -> Result:
         """Start the claim's engine on the chosen (and reserved) agent."""
         assert claim.per_gpu is not None
-        agent, metrics = got.agent, self.d.metrics
+        agent, metrics = got.agent, self.b.metrics
         spec = ActivateSpec(claim.model_name, claim.artifact_url, claim.engine,
                             dict(claim.engine_args), claim.namespace, claim.name, st.uid,
                             claim.per_gpu.maximum_footprint, claim.per_gpu.kv_floor,
@@ -186,12 +186,12 @@ class Placer:
         st.set_instance(agent, 0, got.devices)
         reply: Reply | None = None
         try:
-            reply = await self.d.client(agent).activate(spec)
+            reply = await self.w.client(agent).activate(spec)
             error = reply.message
         except (AgentUnreachable, LookupError) as err:
             error = str(err)
-        self.d.cache.invalidate(agent)
-        now = self.d.wall()
+        self.w.cache.invalidate(agent)
+        now = self.w.wall()
         if reply is not None and reply.ok:
             port = reply.body.get("port")
             st.set_instance(agent, port if isinstance(port, int) else 0, got.devices)
@@ -201,9 +201,9 @@ class Placer:
                    ready=(False, ENGINE_STARTING, f"the engine is starting on {agent}"))
             if metrics:
                 metrics.activation("success")
-            self.d.kick_kv(agent)
-            return Result(requeue_after=self.d.timings.starting_poll)
-        self.d.reservations.drop(agent, claim.model_name)
+            self.b.kick_kv(agent)
+            return Result(requeue_after=self.w.timings.starting_poll)
+        self.b.reservations.drop(agent, claim.model_name)
         st.set_instance(None)
         if reply is not None and reply.reason == AGENT_INVALID_CONFIG:
             if metrics:
@@ -233,29 +233,29 @@ class Placer:
         """Stop the engine on ``away_from`` and start the claim elsewhere, if another agent has
         room; otherwise the ``Unplaced`` that says why it cannot move."""
         need = ClaimNeed.from_claim(claim, frozenset({away_from}))
-        world = await self.d.world(placing=True, focus=(away_from,))
+        world = await self.w.world(placing=True, focus=(away_from,))
         got = place(need, world.candidate_list(), world.now,
-                    max_snapshot_age=self.d.timings.max_snapshot_age)
+                    max_snapshot_age=self.w.timings.max_snapshot_age)
         if not isinstance(got, Placed):
             return got
         self._reserve(claim, got, world.now)
-        now = self.d.wall()
+        now = self.w.wall()
         message = f"moving from {away_from} to {got.agent}: {why}"
         st.event(now, "Rescheduled", message)
         st.set(now, FAILED, ready=(False, MOVING, message))
-        pool = self.d.pool_of(away_from)
-        if self.d.metrics and pool is not None:
-            self.d.metrics.acted(pool.name, "move")
+        pool = self.w.pool_of(away_from)
+        if self.b.metrics and pool is not None:
+            self.b.metrics.acted(pool.name, "move")
         try:
-            reply = await self.d.client(away_from).deactivate(claim.model_name)
+            reply = await self.w.client(away_from).deactivate(claim.model_name)
         except (AgentUnreachable, LookupError) as err:
             reply = Reply(503, {"message": str(err)})
-        self.d.cache.invalidate(away_from)
+        self.w.cache.invalidate(away_from)
         if not reply.ok:
-            self.d.reservations.drop(got.agent, claim.model_name)
+            self.b.reservations.drop(got.agent, claim.model_name)
             raise RuntimeError(f"stopping {claim.model_name} on {away_from} failed: "
                                f"{reply.message}")
-        self.d.kick_kv(away_from)
+        self.b.kick_kv(away_from)
         return await self.activate(claim, st, got)
 
 

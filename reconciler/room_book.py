@@ -7,7 +7,7 @@ or the perGPU of a claim one of its engines answers to (``claim_changed``: every
 claim reports its figures). ``sync`` costs one identity check per agent, and a rebuild per
 agent that changed, instead of a candidate per agent per placement.
 
-The entries are the candidates ``Deps.world`` would build from the same snapshots, so the
+The entries are the candidates ``WorldReader.world`` would build from the same snapshots, so the
 index's choice is the exhaustive scan's over those snapshots (the property test in
 ``tests/test_room_index.py`` checks the pure part; ``tests/test_room_book.py`` the upkeep).
 """

@@ -87,18 +87,18 @@ def _render(request: web.Request, status: int, message: str) -> web.Response:
 
 def _healthy(deps: Deps) -> Callable[[str], bool]:
     def healthy(agent: str) -> bool:
-        obs = deps.cache.last(agent)
+        obs = deps.reader.cache.last(agent)
         return obs is not None and obs.ok
     return healthy
 
 
 def _urls(deps: Deps) -> dict[str, str]:
-    return {a.name: a.url for a, _ in deps.desired.agents()}
+    return {a.name: a.url for a, _ in deps.reader.desired.agents()}
 
 
 def claim_json(deps: Deps, st: ClaimStatus) -> dict[str, Any]:
     doc = st.as_json()
-    route = route_of(st, _urls(deps), _healthy(deps), deps.holds, deps.wakes)
+    route = route_of(st, _urls(deps), _healthy(deps), deps.books.holds, deps.books.wakes)
     doc["route"] = route.as_json() if route is not None else None
     return doc
 
@@ -109,16 +109,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def claims(request: web.Request) -> web.Response:
     deps = request.app[DEPS_KEY]
+    seen = deps.reader
     problems = [{"kind": p.kind, "namespace": p.namespace, "name": p.name, "reason": p.reason,
-                 "message": p.message, "source": p.source} for p in deps.desired.problems]
-    return web.json_response({"items": [claim_json(deps, st) for st in deps.store.all()],
+                 "message": p.message, "source": p.source} for p in seen.desired.problems]
+    return web.json_response({"items": [claim_json(deps, st) for st in seen.store.all()],
                               "problems": problems})
 
 
 async def claim(request: web.Request) -> web.Response:
     deps = request.app[DEPS_KEY]
     key = (request.match_info["namespace"], request.match_info["name"])
-    st = deps.store.get(key)
+    st = deps.reader.store.get(key)
     if st is None:
         return _error(404, f"no claim {key[0]}/{key[1]}")
     return web.json_response(claim_json(deps, st))
@@ -126,13 +127,14 @@ async def claim(request: web.Request) -> web.Response:
 
 async def routes(request: web.Request) -> web.Response:
     deps = request.app[DEPS_KEY]
-    table = route_table(deps.store.all(), _urls(deps), _healthy(deps), deps.holds, deps.wakes)
+    table = route_table(deps.reader.store.all(), _urls(deps), _healthy(deps), deps.books.holds,
+                        deps.books.wakes)
     return web.json_response({"routes": [r.as_json() for r in table]})
 
 
 async def modelroutes(request: web.Request) -> web.Response:
     deps = request.app[DEPS_KEY]
-    desired = deps.desired
+    desired = deps.reader.desired
     infos = claim_infos(desired, lambda k: (c := desired.claim(k)) is not None
                         and context_from_args(c.engine, c.engine_args) or None)
     items = [describe(desired, route, rank(route, (i for _, i in infos.values())))
@@ -143,15 +145,15 @@ async def modelroutes(request: web.Request) -> web.Response:
 async def wake(request: web.Request) -> web.Response:
     deps = request.app[DEPS_KEY]
     model = request.match_info["model"]
-    key = deps.desired.by_model(model)
-    st = deps.store.get(key) if key is not None else None
+    key = deps.reader.desired.by_model(model)
+    st = deps.reader.store.get(key) if key is not None else None
     if key is None or st is None or st.deleted is not None:
         return _error(404, f"no claim serves model {model!r}")
     if st.phase == ACTIVE:
         return web.json_response({"status": "success", "model": model,
                                   "claim": f"{key[0]}/{key[1]}", "new": False,
                                   "message": "the model serves; nothing to wake"})
-    req, new = deps.ask_wake(model, key)
+    req, new = deps.books.ask_wake(model, key)
     return web.json_response({"status": "accepted", "model": model,
                               "claim": f"{key[0]}/{key[1]}", "new": new,
                               "requests": req.repeats + 1}, status=202)

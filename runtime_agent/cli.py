@@ -270,7 +270,7 @@ def _serve(args: argparse.Namespace) -> int:
         from runtime_agent.statelock import StateDirBusy
 
         if args.claims:
-            from reconciler.cli import embedded_reconciler
+            from reconciler.local.embedded import embedded_reconciler
 
     setup_logging(args.log_format, args.log_level)
     try:

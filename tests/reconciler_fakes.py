@@ -17,7 +17,8 @@ from contract.quantity import GiB, MiB
 from reconciler.claims import ClaimReconciler
 from agent_client import ActivateSpec, AgentUnreachable, Reply
 from reconciler.context import Deps
-from reconciler.desired import ClaimKey, DesiredState
+from reconciler.desired import ClaimKey
+from reconciler.local.desired import DesiredState
 from reconciler.kv import KvReconciler
 from reconciler.observe import IdleTracker, SnapshotCache
 from reconciler.runtime.controller import Result
@@ -237,9 +238,9 @@ class Rig:
         cache = SnapshotCache(self.agents.get, self.clock, on_snapshot=tracker.observe)
         self.kv_kicks: list[str] = []
         self.claim_kicks: list[ClaimKey] = []
-        self.deps = Deps(self.clock, self.desired, self.store, self.agents.get, cache,
-                         tracker=tracker, kick_kv=self.kv_kicks.append,
-                         kick_claim=self.claim_kicks.append)
+        self.deps = Deps.build(self.clock, self.desired,
+                               self.store, self.agents.get, cache, tracker=tracker,
+                               kick_kv=self.kv_kicks.append, kick_claim=self.claim_kicks.append)
         self.claims = ClaimReconciler(self.deps)
         self.kv = KvReconciler(self.deps)
 

@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from contract.footprint.reading import estimate_directory
-from reconciler.app import ReconcilerApp, Settings
+from reconciler.local.app import ReconcilerApp, Settings
 from reconciler.door.settings import DoorSettings
 from reconciler.footprints import FILE_NAME
 from tests.claim_truth_table import (

@@ -36,9 +36,9 @@ M = ("default", "m")
 
 def door_for(rig: Rig, **settings: float) -> Door:
     ledger, changes = Ledger(), Changes()
-    rig.deps.in_flight = ledger.in_flight
+    rig.deps.reader.in_flight = ledger.in_flight
     rig.store.listen(changes.bump)
-    rig.deps.holds.listen(changes.bump)
+    rig.deps.books.holds.listen(changes.bump)
     s = DoorSettings(port=0, **settings)  # type: ignore[arg-type]
     return Door(s, rig.deps, DoorMetrics(CollectorRegistry(), ledger), ledger, changes)
 
@@ -68,7 +68,7 @@ async def test_requests_for_a_sleeping_model_ask_one_wake_and_go_once_it_serves(
     tickets = [Ticket(door.ledger) for _ in range(3)]
     waiting = [asyncio.ensure_future(door.admit("m", (M,), t, record())) for t in tickets]
     await settle()
-    req = rig.deps.wakes.get("m")
+    req = rig.deps.books.wakes.get("m")
     assert req is not None and req.repeats == 2 and rig.claim_kicks == [M]
     assert door.ledger.held("m") == 3 and door.ledger.in_flight("m") == 3
     assert not any(w.done() for w in waiting)
@@ -187,7 +187,7 @@ async def test_a_model_with_a_request_in_flight_through_the_door_is_not_put_to_s
         M, "agent-a.pool", a.models["m"]["port"], "agent-a")
     await rig.reconcile("m", advance=61)  # the engine itself shows no request yet
     assert a.calls_of("sleep") == [] and rig.status("m").phase == "Active"
-    assert "m" not in rig.deps.holds
+    assert "m" not in rig.deps.books.holds
     ticket.leave()
     result = await rig.reconcile("m", advance=61)
     while not a.calls_of("sleep"):
@@ -206,7 +206,7 @@ async def test_a_model_with_a_request_in_flight_is_not_slept_to_make_room(
     rig.clock.advance(60)
     door = door_for(rig)
     door.ledger.enter("old")
-    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
     assert ("sleep", "old", 1) not in a.calls
     door.ledger.leave("old")
@@ -290,7 +290,7 @@ async def test_a_replica_that_cannot_serve_answers_every_route_503_and_asks_noth
                     "param": None, "code": "not_leading"}}
             resp = await client.get("/healthz")
             assert resp.status == 503 and (await resp.json())["status"] == "standby"
-            assert rig.deps.wakes.get("m") is None and rig.claim_kicks == []
+            assert rig.deps.books.wakes.get("m") is None and rig.claim_kicks == []
             assert door.ledger.in_flight("m") == 0 and a.calls_of("wake") == []
             why[0] = None  # it leads now
             resp = await client.get("/healthz")

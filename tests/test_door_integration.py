@@ -17,7 +17,7 @@ import aiohttp
 import psutil
 import pytest
 
-from reconciler.app import ReconcilerApp, Settings
+from reconciler.local.app import ReconcilerApp, Settings
 from reconciler.door.settings import DoorSettings
 from reconciler.status import ClaimStatus
 from tests.harness import AgentProcess, free_port
@@ -471,7 +471,7 @@ async def test_a_reconciler_whose_door_cannot_listen_leaves_nothing_running(
     import gc
     import socket
 
-    from reconciler.app import start_embedded
+    from reconciler.local.embedded import start_embedded
 
     def open_sessions() -> set[int]:  # the sync client's shared one is open before and after
         gc.collect()

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.desired import ClaimKey, DesiredState
+from reconciler.desired import ClaimKey
+from reconciler.local.desired import DesiredState
 from reconciler.door import plan
 from reconciler.door.routing import Routed, Router
 from reconciler.selection.refusals import ZeroMatch

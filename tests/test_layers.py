@@ -96,7 +96,7 @@ def test_the_owners_watchers_keeper_pacer_and_broker_take_time_from_the_injected
 
 RECONCILER = ROOT / "reconciler"
 RECONCILER_TIMED = [RECONCILER / "runtime", RECONCILER / "kube", RECONCILER / "core.py",
-                    RECONCILER / "context.py", RECONCILER / "observe.py"]
+                    RECONCILER / "context.py", RECONCILER / "observe.py", RECONCILER / "local"]
 # The route publisher waits for a mark under ``asyncio.timeout``: the clock-driven wait
 # (``runtime_agent.loops.wait_event``) is the agent's, which the reconciler may not import.
 RECONCILER_UNTIMED = {RECONCILER / "kube" / "routes.py"}

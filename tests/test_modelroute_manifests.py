@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.desired import DesiredState
+from reconciler.local.desired import DesiredState
 from tests.reconciler_fakes import claim_yaml
 
 pytestmark = pytest.mark.timeout(30)

@@ -267,7 +267,7 @@ def test_the_reconciler_speaks_of_invalid_manifests_and_leaves_the_directory_cle
 
 
 def test_statuses_kept_in_the_manifests_by_an_older_reconciler_move_once(tmp_path: Path) -> None:
-    from reconciler.app import move_legacy_statuses
+    from reconciler.local.app import move_legacy_statuses
 
     claims, state = tmp_path / "claims", tmp_path / "state"
     (claims / ".status").mkdir(parents=True)

@@ -62,7 +62,7 @@ async def test_an_idle_model_sleeps_after_the_policy_time_and_not_before(tmp_pat
     st = rig.status("m")
     assert (st.phase, st.reason("Ready")) == ("Sleeping", "EngineSleeping")
     assert rig.events("m")[-1] == "Sleeping"
-    assert "m" not in rig.deps.holds
+    assert "m" not in rig.deps.books.holds
 
 
 async def test_a_model_that_takes_requests_stays_awake(tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ async def test_a_model_busy_at_the_last_look_stays_on_the_route_and_awake(tmp_pa
     a.on_snapshot = lambda n: a.set("m", requests_running=1.0) if n > first else None
     await rig.reconcile("m", advance=61)
     assert a.snapshots == first + 1 and a.calls_of("sleep") == []
-    assert rig.status("m").phase == "Active" and "m" not in rig.deps.holds
+    assert rig.status("m").phase == "Active" and "m" not in rig.deps.books.holds
 
 
 async def test_a_request_sent_straight_to_the_engine_before_the_idle_sleep_keeps_it_awake(
@@ -97,7 +97,7 @@ async def test_a_request_sent_straight_to_the_engine_before_the_idle_sleep_keeps
     result = await rig.reconcile("m", advance=61)
     assert a.calls_of("fresh_snapshot") == [("fresh_snapshot", ("m",))]
     assert a.calls_of("sleep") == [] and rig.status("m").phase == "Active"
-    assert "m" not in rig.deps.holds and result.requeue_after == 60
+    assert "m" not in rig.deps.books.holds and result.requeue_after == 60
 
 
 async def test_an_engine_that_does_not_answer_the_last_look_is_not_put_to_sleep(
@@ -122,20 +122,20 @@ async def test_a_wake_request_wakes_a_sleeping_model_where_it_is(tmp_path: Path)
     await active_claim(rig, a, "m")
     await rig.reconcile("m", advance=61)
     assert rig.status("m").phase == "Sleeping"
-    req, new = rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
-    again, repeated = rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
+    req, new = rig.deps.books.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
+    again, repeated = rig.deps.books.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
     assert new and not repeated and again is req
     await rig.reconcile("m")
     assert a.calls_of("wake") == [("wake", "m")]
     await rig.reconcile("m")
     st = rig.status("m")
     assert st.phase == "Active" and rig.events("m")[-2:] == ["Waking", "Woken"]
-    assert rig.deps.wakes.get("m") is None
+    assert rig.deps.books.wakes.get("m") is None
 
 
 async def test_waking_makes_room_by_sleeping_the_longest_idle_model_first(tmp_path: Path) -> None:
     rig, a = await sleeper_old_and_new(tmp_path)
-    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
     assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
     assert rig.status("sleeper").reason("Ready") == "WaitingForRoom"
@@ -150,7 +150,7 @@ async def test_a_model_that_served_a_request_sent_straight_to_it_is_not_slept_fo
         tmp_path: Path) -> None:
     rig, a = await sleeper_old_and_new(tmp_path)
     a.live["old"] = {"request_success_total": 1.0}  # only its engine knows: scrapes backed off
-    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
     assert ("fresh_snapshot", ("old",)) in a.calls
     assert ("sleep", "old", 1) not in a.calls and rig.status("old").phase == "Active"
@@ -163,7 +163,7 @@ async def test_a_model_that_cannot_wake_where_it_is_moves_to_an_agent_with_room(
     a.add("m", "sleeping", claim=("default", "m"), sleeping_footprint_bytes=GiB)
     a.wake_reply = Reply(409, {"status": "error", "reason": "InsufficientGPUMemory",
                                "message": "needs 7.0 GiB, 1.0 GiB free"})
-    rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
     for _ in range(2):  # the agent's measurements may be catching up: it is asked again first
         await rig.reconcile("m", advance=0.25)
         assert rig.status("m").reason("Ready") == "WaitingForRoom"
@@ -182,20 +182,20 @@ async def test_a_view_from_before_a_sleep_for_room_does_not_end_its_settling(
     rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
     await asleep_beside(rig, a, "old", "new")
     rig.clock.advance(60)
-    before = await rig.deps.world()  # another pass's view, taken before the sleep below
-    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    before = await rig.deps.reader.world()  # another pass's view, taken before the sleep below
+    rig.deps.books.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
     assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
     life = rig.claims.life
     assert life.settling(before, "agent-a"), "a view that shows 'old' awake predates its sleep"
     rig.clock.advance(0.2)
-    assert not life.settling(await rig.deps.world(), "agent-a")  # asleep and measured
+    assert not life.settling(await rig.deps.reader.world(), "agent-a")  # asleep and measured
 
 
 async def test_a_model_that_refuses_to_sleep_for_room_is_passed_over(tmp_path: Path) -> None:
     rig, a = await sleeper_old_and_new(tmp_path)
     a.sleep_refused.add("old")  # the longest idle, but its host memory is short
-    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
     assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
     await rig.reconcile("sleeper")
@@ -209,7 +209,7 @@ async def test_an_agent_that_cannot_measure_a_sleep_stops_sleeping_models_for_ro
         tmp_path: Path) -> None:
     rig, a = await sleeper_old_and_new(tmp_path)
     a.measures_sleep = False
-    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
     assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)
     await rig.reconcile("sleeper", advance=11)  # settle_timeout passes: 'old' still unmeasured
@@ -224,7 +224,7 @@ async def test_room_made_for_a_waking_model_is_not_given_to_a_new_claim(tmp_path
     rig = Rig(tmp_path, [a], claims, policy=ROOM_POLICY)
     await asleep_beside(rig, a, "old", "new")
     rig.clock.advance(60)
-    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     await rig.reconcile("sleeper")
     assert a.calls_of("sleep")[-1] == ("sleep", "old", 1)  # 3 GiB free now: sleeper's room
     await rig.reconcile("late")
@@ -244,7 +244,7 @@ async def test_a_wake_the_agent_keeps_refusing_plans_for_its_shortfall(tmp_path:
     a.wake_reply = Reply(409, {"status": "error", "reason": "InsufficientGPUMemory",
                                "message": "needs 3.0 GiB, 1.0 GiB free",
                                "needed_bytes": 3 * GiB, "free_bytes": 1 * GiB})
-    rig.deps.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("sleeper", ("default", "sleeper"), rig.clock.now(), 0.0)
     for _ in range(3):
         await rig.reconcile("sleeper")
     assert len(a.calls_of("wake")) == 3 and a.calls_of("sleep")[-1][1] == "sleeper"
@@ -261,9 +261,9 @@ async def test_a_wake_call_without_an_answer_keeps_the_request(tmp_path: Path) -
     rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
     a.add("m", "sleeping", claim=("default", "m"))
     a.wake_reply = Reply(503, {"message": "agent-a: connection reset"})
-    rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
     result = await rig.reconcile("m")
-    assert rig.deps.wakes.get("m") is not None and "WakeFailed" not in rig.events("m")
+    assert rig.deps.books.wakes.get("m") is not None and "WakeFailed" not in rig.events("m")
     assert result.requeue_after == 1.0
     a.wake_reply = None
     await rig.reconcile("m", advance=1.0)
@@ -277,12 +277,12 @@ async def test_a_wake_with_no_room_anywhere_waits_then_expires(tmp_path: Path) -
     a.add("m", "sleeping", claim=("default", "m"))
     a.wake_reply = Reply(409, {"status": "error", "reason": "InsufficientGPUMemory",
                                "message": "no room"})
-    rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
     for _ in range(3):
         result = await rig.reconcile("m", advance=0.25)
     assert rig.status("m").reason("Ready") == "WaitingForRoom" and result.requeue_after == 5.0
     await rig.reconcile("m", advance=301)
-    assert rig.deps.wakes.get("m") is None
+    assert rig.deps.books.wakes.get("m") is None
     assert rig.status("m").reason("Ready") == "EngineSleeping"
 
 
@@ -291,9 +291,9 @@ async def test_a_failed_wake_removes_the_request(tmp_path: Path) -> None:
     rig = Rig(tmp_path, [a], claim_yaml("m"), policy=IDLE_POLICY)
     a.add("m", "sleeping", claim=("default", "m"))
     a.wake_reply = Reply(502, {"status": "error", "message": "wake of 'm' failed"})
-    rig.deps.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
+    rig.deps.books.wakes.request("m", ("default", "m"), rig.clock.now(), 0.0)
     await rig.reconcile("m")
-    assert rig.deps.wakes.get("m") is None and rig.events("m")[-1] == "WakeFailed"
+    assert rig.deps.books.wakes.get("m") is None and rig.events("m")[-1] == "WakeFailed"
 
 
 async def test_a_new_claim_gets_room_by_sleeping_an_idle_model(tmp_path: Path) -> None:

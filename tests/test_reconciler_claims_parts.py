@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from contract.quantity import GiB
 from reconciler.cli import describe, table
-from reconciler.desired import DesiredState
+from reconciler.local.desired import DesiredState
 from reconciler.metrics import ClaimMetrics
 from reconciler.model.manifests import AgentRef
 from reconciler.observe import SnapshotCache
@@ -212,7 +212,7 @@ async def test_the_api_serves_claims_routes_wake_requests_and_metrics(tmp_path: 
     a = FakeAgent("a")
     rig = Rig(tmp_path, [a], claim_yaml("m", "model-m"))
     registry = CollectorRegistry()
-    ClaimMetrics(registry, rig.store, rig.desired, rig.deps.wall)
+    ClaimMetrics(registry, rig.store, rig.desired, rig.deps.reader.wall)
     await rig.reconcile("m")
     await a.sleep("model-m")
     await rig.reconcile("m")
@@ -296,7 +296,7 @@ def test_the_reconciler_talks_to_agents_only_through_its_client() -> None:
 
 async def test_the_embedded_reconciler_reconciles_its_agents_claims_until_stopped(
         tmp_path: Path) -> None:
-    from reconciler.cli import embedded_reconciler
+    from reconciler.local.embedded import embedded_reconciler
 
     status = tmp_path / ".status" / "default_c.json"
     (tmp_path / "c.yaml").write_text(claim_yaml("c"))

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.app import ReconcilerApp, Settings
+from reconciler.local.app import ReconcilerApp, Settings
 from reconciler.cli import table
 from reconciler.context import Timings
 from reconciler.status import ClaimStatus
@@ -440,7 +440,7 @@ async def test_the_embedded_reconciler_makes_its_agent_the_pool_and_the_cli_read
         capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from reconciler.app import start_embedded
+    from reconciler.local.embedded import start_embedded
     from reconciler.cli import add_commands
 
     agent = agent_factory(extra_args=CARD)

@@ -111,11 +111,11 @@ async def test_a_request_for_a_sleeping_model_on_kubernetes_wakes_it_through_the
     request = asyncio.ensure_future(chat(app.door.port, "sleepy-model"))
     # held for the wake, it counts in flight for the idle check the core runs before a sleep
     await cluster.until("the request held in flight",
-                        lambda: app.deps.in_flight("sleepy-model") == 1, 10)
+                        lambda: app.deps.reader.in_flight("sleepy-model") == 1, 10)
     status, body, _ = await request
     assert status == 200, body
     assert body["model"] == "sleepy-model"
-    assert app.deps.in_flight("sleepy-model") == 0
+    assert app.deps.reader.in_flight("sleepy-model") == 0
     line = await cluster.until("the access line", lambda: access(log) and access(log)[-1], 5)
     assert (line["status"], line["held_for"]) == (200, "wake")
     assert line["upstream"].startswith(f"default/pool-0 {POD_IP}:")

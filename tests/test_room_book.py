@@ -181,7 +181,7 @@ def test_after_any_changes_the_index_chooses_what_a_scan_of_fresh_candidates_cho
 async def test_a_placement_reads_again_only_the_agent_it_chooses(tmp_path: Path) -> None:
     agents = [FakeAgent(f"agent-{c}") for c in "abcd"]
     rig = Rig(tmp_path, agents, "".join(claim_yaml(f"c{i}") for i in range(3)))
-    rig.deps.timings = scaled_timings()  # others serve at any age unless made stale
+    rig.deps.reader.timings = scaled_timings()  # others serve at any age unless made stale
     await rig.reconcile("c0")
     assert [a.snapshots for a in agents] == [1, 1, 1, 1]
     rig.clock.advance(60)  # every snapshot older than others_max_age
@@ -194,8 +194,8 @@ async def test_a_chosen_agent_whose_new_snapshot_is_full_gives_way_to_the_next(
         tmp_path: Path) -> None:
     agents = [FakeAgent(f"agent-{c}") for c in "ab"]
     rig = Rig(tmp_path, agents, claim_yaml("c0"))
-    rig.deps.timings = scaled_timings()
-    await rig.deps.world()  # every agent seen, empty
+    rig.deps.reader.timings = scaled_timings()
+    await rig.deps.reader.world()  # every agent seen, empty
     rig.clock.advance(60)
     agents[0].add("stray", "active", claim=("default", "gone"), port=1)  # seen by no event
     await rig.claims.reconcile(("default", "c0"))

@@ -70,38 +70,39 @@ class Door:
         # why this replica cannot serve now (a Kubernetes standby has no claims, statuses or
         # routes: it must not answer from them); None while it can
         self.standby = standby
-        self.d = deps
+        self.w, self.b = deps.reader, deps.books
         self.metrics = metrics
         self.ledger = ledger
         self.changes = changes
-        self.catalog = Catalog(deps.desired, self.endpoint)
+        self.catalog = Catalog(self.w.desired, self.endpoint)
         # every request to engines: the proxied ones and the door's own asks (engine_http)
         self.upstream = Upstream(timeout=settings.upstream_timeout_s)
         self._urls: tuple[object, dict[str, str]] | None = None
         self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
-        self.router = Router(deps.desired, lambda k: self.catalog.context(k, self.model_of(k)),
+        wakes, clock = self.b.wakes, self.w.clock
+        self.router = Router(self.w.desired, lambda k: self.catalog.context(k, self.model_of(k)),
                              lambda: self.catalog.version,
                              lambda k: plan.decide(k, *self.status_and_route(k)),
-                             lambda m: (w := deps.wakes.get(m)) is not None
-                             and not deps.wakes.expired(w, deps.clock.now()), deps.clock.now)
+                             lambda m: (w := wakes.get(m)) is not None
+                             and not wakes.expired(w, clock.now()), clock.now)
 
     # ---- the reconciler's view ------------------------------------------------------------
 
     def urls(self) -> dict[str, str]:
-        pools = self.d.desired.pools
+        pools = self.w.desired.pools
         if self._urls is None or self._urls[0] is not pools:
-            self._urls = (pools, {a.name: a.url for a, _ in self.d.desired.agents()})
+            self._urls = (pools, {a.name: a.url for a, _ in self.w.desired.agents()})
         return self._urls[1]
 
     def _healthy(self, agent: str) -> bool:
-        obs = self.d.cache.last(agent)
+        obs = self.w.cache.last(agent)
         return obs is not None and obs.ok
 
     def status_and_route(self, key: ClaimKey) -> tuple[ClaimStatus | None, Route | None]:
-        st = self.d.store.get(key)
+        st = self.w.store.get(key)
         if st is None:
             return None, None
-        return st, route_of(st, self.urls(), self._healthy, self.d.holds, self.d.wakes)
+        return st, route_of(st, self.urls(), self._healthy, self.b.holds, self.b.wakes)
 
     def endpoint(self, key: ClaimKey) -> tuple[str, int] | None:
         """Where the claim's engine process listens, while it has one (awake or asleep)."""
@@ -113,7 +114,7 @@ class Door:
         return route.host, inst.port
 
     def model_of(self, key: ClaimKey) -> str:
-        claim = self.d.desired.claim(key)
+        claim = self.w.desired.claim(key)
         return claim.model_name if claim is not None else key[1]
 
     def decide(self, keys: tuple[ClaimKey, ...]) -> plan.Decision:
@@ -147,7 +148,7 @@ class Door:
                 why = self.standby()
                 if why is not None:  # the replica stopped serving (it no longer leads)
                     raise Refused(errors.not_serving(why), "not_leading")
-                keys = tuple(k for k in keys if self.d.desired.claim(k) is not None)
+                keys = tuple(k for k in keys if self.w.desired.claim(k) is not None)
                 if not keys:
                     raise Refused(errors.unknown_model(name, self.visible_names(key)),
                                   "unknown_model")
@@ -173,12 +174,12 @@ class Door:
                 if rec.held_for in (None, plan.SETTLE):
                     rec.held_for = d.cause
                 if d.wake:
-                    _, new = self.d.ask_wake(model, d.claim)
+                    _, new = self.b.ask_wake(model, d.claim)
                     if new:
                         self.metrics.wake_requested(model)
                 if d.kick and d.claim not in kicked:
                     kicked.add(d.claim)
-                    self.d.kick_claim(d.claim)
+                    self.b.kick_claim(d.claim)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Refused(errors.unavailable(
@@ -204,7 +205,7 @@ class Door:
             name = doc["model"]
             keys = self.catalog.claims_for(name)
             if not keys:  # a route's name, or perhaps an adapter loaded since we last asked
-                route = self.d.desired.routes.get(name)
+                route = self.w.desired.routes.get(name)
                 if route is not None:
                     return await self.serve_route(route, request, endpoint, doc, body, key,
                                                   ticket, rec, outcome)
@@ -240,13 +241,13 @@ class Door:
             body, hide_usage = ollama.native_body(doc, body, upstream_name), False
         else:  # the engine's own token counts for every stream, asked for the client if need be
             body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
-        self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
+        self.b.tracker.busy(fwd.agent, model, self.w.clock.now())
         extra = routed.headers(fwd.agent) if routed is not None else None
         try:
             return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
                                        body, outcome, hide_usage, extra)
         finally:
-            self.d.tracker.busy(fwd.agent, model, self.d.clock.now())
+            self.b.tracker.busy(fwd.agent, model, self.w.clock.now())
 
     async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
                           doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,
@@ -320,7 +321,7 @@ class Door:
 
     def visible_names(self, key: Key | None) -> list[str]:
         names = self.catalog.names()
-        routes = sorted(self.d.desired.routes)
+        routes = sorted(self.w.desired.routes)
         if key is None:
             return names + routes
         return [n for n in names if self.allowed(key, n, self.catalog.claims_for(n))] \
@@ -330,14 +331,14 @@ class Door:
 
     async def refresh_names(self) -> None:
         """Ask the engines what they serve now (at most once a second)."""
-        await self.catalog.refresh(self.upstream, list(self.d.desired.claims))
+        await self.catalog.refresh(self.upstream, list(self.w.desired.claims))
 
     def listing(self, key: Key | None) -> list[dict[str, Any]]:
         """``/v1/models``: every claim's model and its adapters, with context length and the
         route's state, then every ModelRoute with its candidates, as far as ``key`` may use
         them."""
         out: list[dict[str, Any]] = []
-        for ckey, claim in sorted(self.d.desired.claims.items()):
+        for ckey, claim in sorted(self.w.desired.claims.items()):
             st, route = self.status_and_route(ckey)
             common = {"object": "model", "created": int(st.created if st else time.time()),
                       "owned_by": "warm-pool", "state": route.state if route else "activating"}
@@ -356,7 +357,7 @@ class Door:
         """Each Ollama claim ``key`` may use: (claim, artifact, created, route state, where its
         engine listens), for ``/api/tags`` and ``/api/ps`` (``reconciler.door.ollama``)."""
         out = []
-        for ckey, claim in sorted(self.d.desired.claims.items()):
+        for ckey, claim in sorted(self.w.desired.claims.items()):
             if claim.engine != "ollama" or key is not None and not self.allowed(
                     key, claim.model_name, (ckey,)):
                 continue

@@ -3,7 +3,7 @@
 ``Ledger`` counts, per claim model: requests in flight (every request from the moment the door
 picks the model's claim until it has answered, held ones included) and requests held (waiting
 for a wake, for room, for a start). The reconciler reads the first count before it puts a model
-to sleep (``Deps.in_flight``): a model with a request in flight through the door is busy,
+to sleep (``WorldReader.in_flight``): a model with a request in flight through the door is busy,
 whatever its engine's own figures say yet. The second is bounded per model: past the bound a
 new request is answered 503 at once instead of joining the wait.
 

@@ -3,7 +3,7 @@
 llama-swap's ``/unload`` for this pool: off unless the door runs with ``--door-allow-release``
 (then 404, as for any route the door does not serve), and, with API keys, only for a key that
 may use the model. The door never calls an agent's lifecycle API: it records a release in the
-reconciler's ``ReleaseBook`` (``Deps.ask_release``, as a request for a sleeping model records a
+reconciler's ``ReleaseBook`` (``Books.ask_release``, as a request for a sleeping model records a
 wake) and waits for the claim to be Sleeping; the claim reconciler puts it to sleep by the idle
 path (off the route, the last look for requests in the engine and in flight here, the sleep).
 The pool's rules hold, each refusal a 409 that says why:
@@ -53,7 +53,7 @@ async def release(door: Door, name: str, key: Key | None) -> Answer:
                         "name.")
     ckey = keys[0]
     claim = door.catalog.claim(ckey)
-    st = door.d.store.get(ckey)
+    st = door.w.store.get(ckey)
     if claim is None or st is None:
         return errors.unknown_model(name, door.visible_names(key))
     model = claim.model_name
@@ -66,15 +66,15 @@ async def release(door: Door, name: str, key: Key | None) -> Answer:
     if st.phase != ACTIVE:
         return conflict(f"`{model}` is {st.phase}; only an Active model can be released.")
     waiting = door.ledger.held(model)
-    if waiting or door.d.wakes.get(model) is not None:
+    if waiting or door.b.wakes.get(model) is not None:
         return conflict(f"{waiting} requests wait for `{model}` (a wake is asked); it is not "
                         "released under them.")
     started = time.monotonic()
-    req = door.d.ask_release(model, ckey)
-    deadline = started + door.d.releases.ttl
+    req = door.b.ask_release(model, ckey)
+    deadline = started + door.b.releases.ttl
     while True:
         changed = door.changes.next()
-        st = door.d.store.get(ckey)
+        st = door.w.store.get(ckey)
         if st is None:
             return errors.unknown_model(name, door.visible_names(key))
         if st.phase == SLEEPING:
@@ -83,10 +83,10 @@ async def release(door: Door, name: str, key: Key | None) -> Answer:
         if req.error is not None:
             return conflict(f"`{model}` was not released: {req.error}.")
         left = deadline - time.monotonic()
-        if left <= 0 or door.d.releases.get(model) is not req:
-            door.d.releases.drop(model)
+        if left <= 0 or door.b.releases.get(model) is not req:
+            door.b.releases.drop(model)
             busy = door.ledger.in_flight(model)
-            return conflict(f"`{model}` stayed busy for {door.d.releases.ttl:g} s ({busy} "
+            return conflict(f"`{model}` stayed busy for {door.b.releases.ttl:g} s ({busy} "
                             "requests in flight here) and was left awake; try again.")
         try:
             async with asyncio.timeout(min(left, door.settings.recheck_s)):

@@ -46,8 +46,8 @@ class FrontDoor:
         self.door = Door(settings, deps, self.metrics, ledger, self.changes, standby)
         self.keys = KeyFile(settings.api_keys)
         self.access = AccessLog(settings.access_log)
-        deps.store.listen(self.changes.bump)
-        deps.holds.listen(self.changes.bump)
+        deps.reader.store.listen(self.changes.bump)
+        deps.books.holds.listen(self.changes.bump)
         self.port = settings.port
         self._server: Server | None = None
         self._keys_task: asyncio.Task[None] | None = None

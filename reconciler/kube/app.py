@@ -93,7 +93,7 @@ class KubeApp(Core):
         self.kube_desired = desired
         self.kube_store = store
         self.publisher = RoutePublisher(api, desired, self.deps, self.clock)
-        self.deps.routes_out = self.publisher.sync_model
+        self.deps.books.routes_out = self.publisher.sync_model
         store.on_mark = self.publisher.mark
         store.publish_route = self.publisher.publish
         ns, w = settings.namespace, settings.watch_timeout
@@ -126,7 +126,7 @@ class KubeApp(Core):
         """Pods came, went or changed: the claims placed on them, and those waiting for room."""
         keys = {st.key for st in self.kube_store.values()
                 if st.instance is not None and st.instance.agent in agents}
-        keys |= set(self.deps.waiting_keys())
+        keys |= set(self.deps.reader.waiting_keys())
         for agent in agents:
             obs = self.cache.last(agent)
             if obs is not None:

@@ -67,7 +67,7 @@ class RoutePublisher:
     def __init__(self, api: KubeApi, desired: KubeDesired, deps: Deps, clock: Clock) -> None:
         self.api = api
         self.desired = desired
-        self.d = deps
+        self.w, self.b = deps.reader, deps.books
         self.clock = clock
         self._marked: set[ClaimKey] = set()
         self._wake = asyncio.Event()
@@ -101,14 +101,14 @@ class RoutePublisher:
 
     def _wake_requested(self, key: ClaimKey, pod: PodKey, value: str) -> None:
         self._wakes[key] = (pod, value)
-        st = self.d.store.get(key)
+        st = self.w.store.get(key)
         claim = self.desired.claim(key)
         model = claim.model_name if claim is not None else st.model_name if st else None
         if model is not None and (st is None or st.phase != ACTIVE):
-            _, new = self.d.wakes.request(model, key, self.clock.now(), self.clock.wall())
+            _, new = self.b.wakes.request(model, key, self.clock.now(), self.clock.wall())
             if new:
                 log.info("claim %s: wake requested on %s/%s", key_text(key), *pod)
-                self.d.kick_claim(key)
+                self.b.kick_claim(key)
         self.mark(key)
 
     # ---- marking and publishing -------------------------------------------------------------
@@ -118,11 +118,11 @@ class RoutePublisher:
         self._wake.set()
 
     def mark_all(self) -> None:
-        self._marked |= set(self._routes) | self.d.store.keys() | set(self._wakes)
+        self._marked |= set(self._routes) | self.w.store.keys() | set(self._wakes)
         self._wake.set()
 
     async def sync_model(self, model: str) -> bool:
-        key = self.d.desired.by_model(model) or self.d.store.by_model(model)
+        key = self.w.desired.by_model(model) or self.w.store.by_model(model)
         if key is None:
             return True
         try:
@@ -167,14 +167,14 @@ class RoutePublisher:
             await self.clock.sleep(1.0 if failed else 0.02)  # coalesce a burst of changes
 
     async def _publish(self, key: ClaimKey) -> None:
-        st = self.d.store.get(key)
+        st = self.w.store.get(key)
         urls = {a.name: a.url for a, _ in self.desired.agents()}
 
         def healthy(agent: str) -> bool:
-            obs = self.d.cache.last(agent)
+            obs = self.w.cache.last(agent)
             return obs is not None and obs.ok
 
-        route = route_of(st, urls, healthy, self.d.holds, self.d.wakes) if st else None
+        route = route_of(st, urls, healthy, self.b.holds, self.b.wakes) if st else None
         target: PodKey | None = None
         value: str | None = None
         if route is not None and st is not None and st.instance is not None:
@@ -194,8 +194,8 @@ class RoutePublisher:
         taken = self._wakes.get(key)
         if taken is None:
             return
-        st = self.d.store.get(key)
-        if model is not None and self.d.wakes.get(model) is not None and (
+        st = self.w.store.get(key)
+        if model is not None and self.b.wakes.get(model) is not None and (
                 st is None or st.phase != ACTIVE):
             return
         pod, value = taken

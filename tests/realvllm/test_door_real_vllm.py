@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from reconciler.app import ReconcilerApp, Settings
+from reconciler.local.app import ReconcilerApp, Settings
 from reconciler.door.settings import DoorSettings
 from tests.harness import AgentProcess
 from tests.reconciler_fakes import claim_yaml

@@ -7,9 +7,9 @@ Run modes:
 
 * ``run_reconciler(claims_dir, pool_file, host, port)``: standalone, against the agents the
   pool file names (``runtime-agent reconcile --claims DIR --pool FILE``).
-* ``start_embedded(agent_url, claims_dir, listen_host, listen_port, door)``: next to one agent
-  in the same process; the local agent is the pool (``runtime-agent serve --claims DIR``), and
-  the front door (``reconciler.door``) is on by default there.
+* ``reconciler.local.embedded``: next to one agent in the same process; the local agent is the
+  pool (``runtime-agent serve --claims DIR``), and the front door (``reconciler.door``) is on
+  by default there.
 * ``runtime-agent reconcile --kubernetes``: ``reconciler.kube.app``, the same core against the
   Kubernetes API.
 
@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,18 +34,18 @@ from contract.clock import Clock, LoopClock
 from guard.tokens import TokenSource
 from reconciler.context import Timings
 from reconciler.core import DEFAULT_PORT, Core, CoreSettings, scaled_timings
-from reconciler.desired import DesiredState
 from reconciler.door.settings import DoorSettings
 from reconciler.footprints import FILE_NAME as FOOTPRINTS_FILE
+from reconciler.local.desired import DesiredState
 from reconciler.model.manifests import AgentRef
 from reconciler.runtime.heap import frozen_heap
 from reconciler.runtime.loop import run as run_on_uvloop
 from reconciler.runtime.sources import DirectorySource
 from reconciler.store import StatusStore
 
-log = logging.getLogger("reconciler.app")
+log = logging.getLogger("reconciler.local.app")
 
-__all__ = ["DEFAULT_PORT", "ReconcilerApp", "Settings", "run_reconciler", "start_embedded"]
+__all__ = ["DEFAULT_PORT", "ReconcilerApp", "Settings", "run_reconciler"]
 
 
 @dataclass(frozen=True)
@@ -152,28 +151,7 @@ def move_legacy_statuses(claims_dir: Path, status_dir: Path) -> list[str]:
     return moved
 
 
-# ---- run modes ----------------------------------------------------------------------------
-
-
-def local_agent(agent_url: str, name: str | None = None) -> AgentRef:
-    return AgentRef(name or socket.gethostname(), agent_url.rstrip("/"))
-
-
-async def start_embedded(agent_url: str, claims_dir: Path | str, listen_host: str = "127.0.0.1",
-                         listen_port: int = DEFAULT_PORT,
-                         agent_token: TokenSource | None = None,
-                         door: DoorSettings | None = None,
-                         status_dir: Path | None = None,
-                         auth_reads: bool = False) -> ReconcilerApp:
-    """Start a reconciler whose pool is the one agent at ``agent_url`` (and its front door,
-    with ``door``); ``await handle.stop()`` stops it. The agent may still be starting: the
-    reconciler waits for it. Its API asks for the agent's token (``agent_token``)."""
-    app = ReconcilerApp(Settings(Path(claims_dir), host=listen_host, port=listen_port,
-                                 local_agent=local_agent(agent_url), agent_token=agent_token,
-                                 door=door, status_dir=status_dir, api_token=agent_token,
-                                 auth_reads=auth_reads))
-    await app.start()
-    return app
+# ---- standalone ---------------------------------------------------------------------------
 
 
 async def serve_until_signalled(settings: Settings) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from reconciler.desired import SUFFIXES
+from reconciler.local.desired import SUFFIXES
 from reconciler.model.manifests import NO_AGENTS, parse_sources
 
 EXIT_INVALID = 1
