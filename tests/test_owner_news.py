@@ -15,7 +15,17 @@ from contract.phases import Phase
 from engines.driver import Observation
 from registry.record import EngineRecord, EngineSpec, LoraAdapter
 from runtime_agent.kv.segment import create_segment, read_segment
-from runtime_agent.supervision.messages import KvReading, LoadAdapter, Revive, SetKvLimit
+from runtime_agent.cadence import Pacer
+from runtime_agent.supervision.messages import (
+    Figures,
+    KvReading,
+    LoadAdapter,
+    Revive,
+    SetKvLimit,
+    Sleep,
+    Wake,
+)
+from runtime_agent.supervision.owner import loop as owner_loop
 from runtime_agent.supervision.outcomes import Done
 from tests.owner_fakes import OwnerRig, fast_settings
 
@@ -78,3 +88,78 @@ async def test_a_started_engine_gets_its_recorded_adapters_and_loads_new_ones(
         "lora_name": "chat", "loaded": True, "adapters": ["chat", "sql"]}
     assert owner.view.adapters == (("sql", "/a/sql", True), ("chat", "/a/chat", True))
     assert [e.message for e in rig.events if e.reason == "AdapterLoaded"] == ["chat"]
+
+
+# ---- what counts as a change: the watchers' pace ---------------------------------------------
+
+
+class CountingPacer(Pacer):
+    """A watcher's pace that counts the owner's nudges (each change nudges all three)."""
+
+    nudges: list[None] = []
+
+    def nudge(self) -> None:
+        CountingPacer.nudges.append(None)
+        super().nudge()
+
+
+@pytest.fixture
+def nudges(monkeypatch: pytest.MonkeyPatch) -> list[None]:
+    monkeypatch.setattr(owner_loop, "Pacer", CountingPacer)
+    CountingPacer.nudges = []
+    return CountingPacer.nudges
+
+
+PACES = 3  # the health probe's, the scrape's and the KV check's
+
+
+async def nudged_by(rig: OwnerRig, nudges: list[None], message: object) -> int:
+    """How many nudges the owner gives its paces for ``message``. An intent asked after it
+    is answered once the message was handled (the inbox is served in order); the intent
+    nudges every pace itself (an API call brings the watchers back), which is subtracted."""
+    assert rig.owner is not None
+    before = len(nudges)
+    rig.owner.post(message)  # type: ignore[arg-type]
+    assert isinstance(await rig.ask(Wake()), Done)
+    return len(nudges) - before - PACES
+
+
+async def test_new_request_figures_bring_the_watchers_back_to_their_fast_pace_and_the_same_do_not(
+        rig: OwnerRig, nudges: list[None]) -> None:
+    owner = rig.start()
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
+    busy = Observation(running=2, waiting=1, success_total=5)
+    rig.driver.figures = busy  # the scrape's own reading, if one comes, says the same
+    assert await nudged_by(rig, nudges, Figures(owner.generation, busy)) >= PACES
+    assert owner.view.requests_running == 2
+    assert await nudged_by(rig, nudges, Figures(owner.generation, busy)) == 0  # said again
+    done = Observation(running=0, waiting=0, success_total=7)
+    rig.driver.figures = done
+    assert await nudged_by(rig, nudges, Figures(owner.generation, done)) >= PACES
+    assert owner.view.requests_running == 0
+
+
+async def test_a_kv_reading_that_moved_brings_the_watchers_back_and_one_that_did_not_does_not(
+        rig: OwnerRig, nudges: list[None]) -> None:
+    owner = rig.start()
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
+    create_segment("kvc_m1", 4 * GIB, rig.settings.kv_shm_dir)
+    await rig.until(lambda: owner.view.kv.capacity == 4 * GIB, "the segment read")
+    seen = read_segment("kvc_m1", rig.settings.kv_shm_dir)
+    same = KvReading(owner.generation, seen, owner.kv.writes)
+    assert await nudged_by(rig, nudges, same) == 0  # nothing moved
+    gone = KvReading(owner.generation, None, owner.kv.writes)
+    assert await nudged_by(rig, nudges, gone) >= PACES  # the segment is gone (and told)
+    assert "KVSegmentMissing" in owner.view.conditions
+
+
+async def test_the_engines_own_word_on_its_sleep_level_is_recorded(rig: OwnerRig) -> None:
+    owner = rig.start()
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
+    assert isinstance(await rig.ask(Sleep(2)), Done)
+    assert owner.view.sleep_level == 2
+    owner.post(Figures(owner.generation, Observation(running=0, waiting=0, success_total=0,
+                                                     sleep_level=1)))
+    assert isinstance(await rig.ask(Sleep(1)), Done)  # answered after the figures were handled
+    assert owner.view.sleep_level == 1  # vLLM's engine_sleep_state beats the record's guess
+    assert next(iter(rig.store.records.values())).sleep_level == 1  # and it is durable

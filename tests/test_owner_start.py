@@ -22,6 +22,7 @@ from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR, EngineRecord, EngineSp
 from runtime_agent.logs import JsonFormatter
 from runtime_agent.supervision.messages import SpawnRetry
 from runtime_agent.supervision.owner import EngineOwner
+from runtime_agent.supervision.owner import life
 from tests.owner_fakes import FakeStager, OwnerRig, fast_settings, make_record
 
 pytestmark = pytest.mark.loop_guard  # the in-process core must not block its loop
@@ -282,3 +283,24 @@ async def test_an_engine_whose_staging_fails_fails_and_says_why(rig: OwnerRig) -
     assert owner.view.phase is Phase.FAILED and owner.view.last_error == said
     assert transitions(rig, "failed") == [("activating", "StagingFailed", said)]
     assert rig.launcher.spawned == []
+
+
+async def test_an_activation_whose_weights_are_still_staging_is_answered_while_it_waits(
+        rig: OwnerRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(life, "STAGING_ANSWER_S", 0.05)  # 2 s in the product
+    stager = FakeStager()  # its staging does not end in this test
+    rig.deps = dataclasses.replace(rig.deps, stager=stager)  # type: ignore[arg-type]
+    owner = rig.start()
+    assert await asyncio.wait_for(owner.answered, 5) is None  # `activating`, with Staging
+    assert not owner.spawned.done() and rig.launcher.spawned == []
+    assert owner.view.phase is Phase.ACTIVATING and "Staging" in owner.view.conditions
+
+
+async def test_a_start_holds_its_cards_turn_under_its_own_name(rig: OwnerRig) -> None:
+    rig.driver.healthy_answer = False  # booting: the turn is held until it answers
+    owner = rig.start(make_record(devices=[0]))
+    await rig.until(lambda: owner.view.phase is Phase.BOOTING, "booting")
+    assert rig.memory.gate.holders([0]) == [("m1", True)]  # what a queued start names
+    rig.driver.healthy_answer = True
+    await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
+    assert rig.memory.gate.holders([0]) == []
