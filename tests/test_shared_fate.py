@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from runtime_agent.kv.segment import read_segment, write_limit
-from tests.harness import ROOT, AgentProcess, free_port, http_json, wait_until
+from tests.harness import ROOT, AgentProcess, http_json, wait_until
 from tests.test_door_integration import CARD, CHAT, claim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -131,11 +131,11 @@ def test_a_slowloris_does_not_starve_the_agent_of_the_descriptors_it_holds_kv_li
     claims = tmp_path / "claims"
     claims.mkdir()
     (claims / "m.yaml").write_text(claim("m"))
-    door = free_port()
-    with soft_nofile(SOFT_NOFILE):
-        agent = agent_factory(extra_args=[*CARD, "--claims", str(claims), "--claims-port",
-                                          str(free_port()), "--door-port", str(door)])
+    with soft_nofile(SOFT_NOFILE):  # ports the harness picks again if another process takes one
+        agent = agent_factory(free_ports=["--claims-port", "--door-port"],
+                              extra_args=[*CARD, "--claims", str(claims)])
     assert agent.proc is not None
+    door = agent.ports["--door-port"]
     port = door if target == "door" else agent.port
     snap = agent.wait_for(serving(agent, "m"), 60, "m active with its KV limit", poll_s=0.2)
     model = agent.model(snap, "m")
