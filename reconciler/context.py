@@ -96,14 +96,10 @@ class Books:
     # on Kubernetes the Pod's route annotation is patched first.
     routes_out: Callable[[str], Awaitable[bool]] = _routes_read_live
 
-    def wall(self) -> float:
-        """Seconds since the epoch on the clock: what statuses and events carry."""
-        return self.clock.wall()
-
     def ask_wake(self, model: str, key: ClaimKey) -> tuple[WakeRequest, bool]:
         """Record a wake request for ``model`` (repeats collapse into the first) and look at its
         claim now if it is new; (the request, whether it is new)."""
-        req, new = self.wakes.request(model, key, self.clock.now(), self.wall())
+        req, new = self.wakes.request(model, key, self.clock.now(), self.clock.wall())
         if new:
             self.kick_claim(key)
         return req, new
