@@ -62,6 +62,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+PORT_FLAGS = ("--port", "--claims-port", "--door-port", "--health-probe-port")  # the agent's
 PORT_ATTEMPTS = 8  # starts of one daemon that may each lose a port before a test gives up
 _TAKEN = re.compile(r"(--[a-z-]+) (\d+): \S+ is already in use")
 
@@ -172,8 +173,16 @@ class AgentProcess:
         self.restart_delays = restart_delays
         self.extra_args = list(extra_args)
         self.env = dict(env or {})  # over the test's own environment
-        # Port flags the harness picks (``--claims-port``...), read back after start.
-        self.ports = {flag: free_port() for flag in free_ports}
+        # Every port the agent listens on is the harness's to pick, and to pick again when
+        # another process takes it before the agent binds (``start``); read them back from
+        # ``ports``. A port written into ``extra_args`` could not be picked again.
+        named = [flag for flag in PORT_FLAGS if flag in self.extra_args]
+        if named:
+            raise ValueError(f"{', '.join(named)} in extra_args: name the flag in free_ports "
+                             "instead (the harness picks the port, and picks again if taken)")
+        embedded = ["--claims-port"] + ([] if "--no-door" in self.extra_args else ["--door-port"])
+        wanted = [*free_ports, *(embedded if "--claims" in self.extra_args else [])]
+        self.ports = {flag: free_port() for flag in dict.fromkeys(wanted)}
         self.engine_host = engine_host  # None: the agent's own default
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = AgentClient(self.url, timeout_s=60)

@@ -176,8 +176,9 @@ def test_claims_get_watch_prints_a_row_when_a_claim_changes_and_ends_quietly_on_
 
     claims = tmp_path / "claims"
     claims.mkdir()
-    port = free_port()
-    agent_factory(extra_args=("--claims", str(claims), "--claims-port", str(port), "--no-door"))
+    agent = agent_factory(extra_args=("--claims", str(claims), "--no-door"),
+                          free_ports=["--claims-port"])
+    port = agent.ports["--claims-port"]
     watch = subprocess.Popen(
         [sys.executable, "-m", "runtime_agent.cli", "claims", "get", "-w", "--url",
          f"127.0.0.1:{port}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -222,9 +223,9 @@ def test_a_new_claims_first_kv_limit_says_no_was(agent_factory, tmp_path: Path) 
 
     claims = tmp_path / "claims"
     claims.mkdir()
-    port = free_port()
-    agent = agent_factory(extra_args=("--claims", str(claims), "--claims-port", str(port),
-                                      "--no-door"))
+    agent = agent_factory(extra_args=("--claims", str(claims), "--no-door"),
+                          free_ports=["--claims-port"])
+    port = agent.ports["--claims-port"]
     (claims / "c.yaml").write_text(claim_yaml("c", args={"--sim-startup-seconds": "0.1"}))
     agent.wait_phase("c", "active", timeout_s=30)
 

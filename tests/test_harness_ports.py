@@ -74,6 +74,29 @@ def test_a_taken_claims_port_is_picked_again_and_read_back(
     assert status == 200
 
 
+@pytest.mark.parametrize("flag", ["--port", "--claims-port", "--door-port",
+                                  "--health-probe-port"])
+def test_a_port_written_into_the_arguments_is_refused_before_anything_starts(
+        tmp_path: Path, flag: str) -> None:
+    """Run 25 under port noise: a test wrote its door and claims ports into extra_args, the
+    noise took one first, and the harness could not pick it again."""
+    with pytest.raises(ValueError, match=f"{flag} in extra_args: name the flag in free_ports"):
+        AgentProcess(tmp_path / "state", extra_args=[flag, "4100"])
+
+
+def test_the_embedded_reconcilers_and_doors_ports_are_the_harnesss_to_pick(
+        tmp_path: Path) -> None:
+    claims = ["--claims", str(tmp_path / "claims")]
+    both = AgentProcess(tmp_path / "a", extra_args=claims)
+    assert set(both.ports) == {"--claims-port", "--door-port"}
+    assert both._argv()[-4:] == ["--claims-port", str(both.ports["--claims-port"]),
+                                 "--door-port", str(both.ports["--door-port"])]
+    no_door = AgentProcess(tmp_path / "b", extra_args=[*claims, "--no-door"],
+                           free_ports=["--claims-port"])
+    assert set(no_door.ports) == {"--claims-port"}
+    assert set(AgentProcess(tmp_path / "c").ports) == set()
+
+
 OURS = {"--port": 4100, "--claims-port": 4101, "--door-port": 4103}
 DOOR_LINE = ("runtime-agent: the embedded reconciler (port 4101) or its front door (port 4103) "
              "cannot listen: [Errno 98] address already in use; choose other ports")

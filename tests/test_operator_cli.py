@@ -185,10 +185,9 @@ async def test_events_say_when_the_agent_restarted_and_go_on(
 def with_claims(agent_factory, tmp_path: Path) -> tuple[AgentProcess, str]:
     claims = tmp_path / "claims"
     claims.mkdir()
-    port = free_port()
-    agent: AgentProcess = agent_factory(extra_args=("--claims", str(claims), "--claims-port",
-                                                    str(port)))
-    return agent, f"http://127.0.0.1:{port}"
+    agent: AgentProcess = agent_factory(extra_args=("--claims", str(claims)),
+                                        free_ports=["--claims-port", "--door-port"])
+    return agent, f"http://127.0.0.1:{agent.ports['--claims-port']}"
 
 
 def test_each_side_points_to_the_other(with_claims: tuple[AgentProcess, str]) -> None:
@@ -245,11 +244,10 @@ def test_the_reconciler_speaks_of_invalid_manifests_and_leaves_the_directory_cle
     sim = {"--sim-startup-seconds": "0.1", "--sim-memory-bytes": str(2**30)}
     (claims / "good.yaml").write_text(claim_yaml("good", footprint="3Gi", args=sim))
     (claims / "bad.yaml").write_text(claim_yaml("bad", footprint="lots", args=sim))
-    port = free_port()
     agent: AgentProcess = agent_factory(extra_args=(
-        "--claims", str(claims), "--claims-port", str(port), "--no-door",
-        "--simulate-gpus", "1x16GiB"))
-    url = f"http://127.0.0.1:{port}"
+        "--claims", str(claims), "--no-door", "--simulate-gpus", "1x16GiB"),
+        free_ports=["--claims-port"])
+    url = f"http://127.0.0.1:{agent.ports['--claims-port']}"
     agent.wait_phase("good", "active", timeout_s=30)
     out = cli("claims", "get", "--url", url)
     assert out.returncode == 0 and "good" in out.stdout
@@ -327,9 +325,9 @@ def test_mutating_commands_say_in_one_line_what_happened(agent: AgentProcess) ->
 def test_an_agent_command_pointed_at_the_door_says_so(agent_factory, tmp_path: Path) -> None:
     claims = tmp_path / "claims"
     claims.mkdir()
-    door = free_port()
-    agent_factory(extra_args=("--claims", str(claims), "--claims-port", str(free_port()),
-                              "--door-port", str(door)))
+    agent = agent_factory(extra_args=("--claims", str(claims)),
+                          free_ports=["--claims-port", "--door-port"])
+    door = agent.ports["--door-port"]
     out = cli("snapshot", "--url", f"127.0.0.1:{door}")
     assert out.returncode == 1 and "is the front door (OpenAI-compatible)" in out.stderr
     assert "not a runtime agent" in out.stderr

@@ -169,10 +169,10 @@ def healthy(port: int) -> tuple[int, dict[str, Any]]:
 
 
 def test_the_agent_answers_its_probes_on_the_probe_port(tmp_path: Path) -> None:
-    port = free_port()
-    agent = AgentProcess(tmp_path / "state", extra_args=["--health-probe-port", str(port)])
+    agent = AgentProcess(tmp_path / "state", free_ports=["--health-probe-port"])
     try:
         agent.start()
+        port = agent.ports["--health-probe-port"]
         status, body = healthy(port)
         assert status == 200 and body["status"] == "ok"
         assert body["boot_id"] == agent.client.health()["boot_id"]
@@ -189,10 +189,10 @@ def test_the_agent_answers_its_probes_on_the_probe_port(tmp_path: Path) -> None:
 
 
 def test_the_probe_server_ends_with_an_agent_that_is_killed(tmp_path: Path) -> None:
-    port = free_port()
-    agent = AgentProcess(tmp_path / "state", extra_args=["--health-probe-port", str(port)])
+    agent = AgentProcess(tmp_path / "state", free_ports=["--health-probe-port"])
     try:
         agent.start()
+        port = agent.ports["--health-probe-port"]
         assert healthy(port)[0] == 200
         agent.kill()  # SIGKILL: no stop path runs; the probe server's pipe closes
         deadline = time.monotonic() + 10
