@@ -107,6 +107,9 @@ async def _serve(options: SimOptions, stop: asyncio.Event) -> int:
     try:
         if kv is not None:  # like kvcached: the segment exists, at full capacity, before the port opens
             kv.create()
+        # uvicorn's order: the lifespan's startup is complete (and said) before the sockets are
+        # bound, so a client that can connect always finds this line in the log already
+        logs.server_log("INFO", "Application startup complete.")
         try:
             await site.start()
         except OSError as exc:
@@ -119,7 +122,6 @@ async def _serve(options: SimOptions, stop: asyncio.Event) -> int:
         memory = MemoryFeed(state.memory)
         state.memory_changed = memory.flush
         reporting = asyncio.create_task(memory.run(stop))
-        logs.server_log("INFO", "Application startup complete.")
         logs.server_log("INFO", f"Uvicorn running on http://{options.host}:{options.port} (Press CTRL+C to quit)")
         await stop.wait()
         logs.server_log("INFO", "Shutting down")
