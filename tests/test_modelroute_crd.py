@@ -185,7 +185,7 @@ SPEC_FIELDS: dict[str, st.SearchStrategy[Any]] = {
 
 @st.composite
 def routes(draw: st.DrawFn) -> dict[str, Any]:
-    obj = copy.deepcopy(draw(st.sampled_from(EXAMPLES)))
+    obj: dict[str, Any] = copy.deepcopy(draw(st.sampled_from(EXAMPLES)))
     obj["metadata"]["name"] = draw(st.sampled_from(
         [obj["metadata"]["name"], "a" * 128, "b" * 129, "x", "chat.v2", "a..b"]))
     spec = obj["spec"]

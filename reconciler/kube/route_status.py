@@ -100,6 +100,7 @@ class RouteStatusWriter:
         self.on_warning = on_warning
         self.interval = interval
         self.writes = 0
+        self.passes = 0
         self._due = asyncio.Event()
         self._sent: dict[ObjKey, tuple[str, Status]] = {}  # key: (version written on, status)
         self._task: asyncio.Task[None] | None = None
@@ -131,11 +132,14 @@ class RouteStatusWriter:
             await self.clock.sleep(self.interval)
 
     async def write_all(self) -> None:
-        described = describe_routes(self.desired)
-        problems = {(p.namespace or "default", p.name): p for p in self.desired.route_problems}
+        self.passes += 1
         objects = self.desired.route_objects.objects
         for gone in self._sent.keys() - objects.keys():
             del self._sent[gone]
+        if not objects:
+            return  # no routes: no claim is read (a fleet's claim changes cost nothing here)
+        described = describe_routes(self.desired)
+        problems = {(p.namespace or "default", p.name): p for p in self.desired.route_problems}
         for key, obj in sorted(objects.items()):
             route = self.desired.routes.get(key[1])
             taken = described.get(key[1]) if route is not None and route.namespace == key[0] \
