@@ -36,7 +36,15 @@ class Desired(Protocol):
 
     @property
     def routes(self) -> Mapping[str, Route]:
-        """The ModelRoutes by name (what clients send as ``model``); empty on Kubernetes."""
+        """The ModelRoutes by name (what clients send as ``model``), as
+        ``reconciler.selection.route_manifests.routes_from`` took them, in either mode."""
+        ...
+
+    @property
+    def claims_version(self) -> int:
+        """A number that changes whenever a claim is added, changed or removed (the door's route
+        candidates are ranked once per version: the Kubernetes mode changes ``claims`` in
+        place, so the mapping's identity says nothing)."""
         ...
 
     def claim(self, key: ClaimKey) -> ModelClaim | None: ...
@@ -76,6 +84,7 @@ class Lookups:
         self.claims: dict[ClaimKey, ModelClaim] = {}
         self.pools: tuple[WarmPool, ...] = ()
         self.routes: dict[str, Route] = {}
+        self.claims_version = 0
         self._by_model: dict[str, ClaimKey] = {}
         self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
         self._spec_problems: dict[ClaimKey, Problem] = {}

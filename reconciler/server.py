@@ -36,11 +36,9 @@ from guard import access
 from guard.conns import API_LIMITS, GuardedSite, quiet_accept_errors
 from guard.tokens import TokenSource
 from reconciler.context import Deps
-from reconciler.door.routing import claim_infos, describe
-from reconciler.door.window import context_from_args
+from reconciler.door.routing import describe_routes
 from reconciler.openapi import openapi_document
 from reconciler.routes import route_of, route_table
-from reconciler.selection.candidates import rank
 from reconciler.status import ACTIVE, ClaimStatus
 
 log = logging.getLogger("reconciler.server")
@@ -134,12 +132,7 @@ async def routes(request: web.Request) -> web.Response:
 
 async def modelroutes(request: web.Request) -> web.Response:
     deps = request.app[DEPS_KEY]
-    desired = deps.reader.desired
-    infos = claim_infos(desired, lambda k: (c := desired.claim(k)) is not None
-                        and context_from_args(c.engine, c.engine_args) or None)
-    items = [describe(desired, route, rank(route, (i for _, i in infos.values())))
-             for _, route in sorted(desired.routes.items())]
-    return web.json_response({"items": items})
+    return web.json_response({"items": list(describe_routes(deps.reader.desired).values())})
 
 
 async def wake(request: web.Request) -> web.Response:

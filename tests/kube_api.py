@@ -96,7 +96,7 @@ def selector_matches(selector: str, labels: dict[str, str]) -> bool:
 
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
-    status_subresource: set[str] = attrs.field(factory=lambda: {"modelclaims"})
+    status_subresource: set[str] = attrs.field(factory=lambda: {"modelclaims", "modelroutes"})
     bookmark_interval: float = 1.0
     history: int = 100_000
     validate: Validator | None = None

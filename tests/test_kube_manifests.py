@@ -34,13 +34,14 @@ def docs() -> list[tuple[str, dict[str, Any]]]:
             for d in yaml.safe_load_all(p.read_text()) if d]
 
 
-def crd() -> dict[str, Any]:
-    (doc,) = [d for _, d in docs() if d["kind"] == "CustomResourceDefinition"]
+def crd(name: str = "modelclaims.model.aibrix.ai") -> dict[str, Any]:
+    (doc,) = [d for _, d in docs() if d["kind"] == "CustomResourceDefinition"
+              and d["metadata"]["name"] == name]
     return doc
 
 
-def version() -> dict[str, Any]:
-    (v,) = crd()["spec"]["versions"]
+def version(name: str = "modelclaims.model.aibrix.ai") -> dict[str, Any]:
+    (v,) = crd(name)["spec"]["versions"]
     return v
 
 
@@ -87,6 +88,8 @@ def test_the_rbac_grants_only_what_the_reconciler_uses() -> None:
     assert rules == {
         ("model.aibrix.ai", "modelclaims"): {"get", "list", "watch", "patch"},
         ("model.aibrix.ai", "modelclaims/status"): {"patch"},
+        ("model.aibrix.ai", "modelroutes"): {"list", "watch"},
+        ("model.aibrix.ai", "modelroutes/status"): {"patch"},
         ("", "pods"): {"list", "watch", "patch"},
         ("apps", "deployments"): {"list", "watch"},
         ("", "events"): {"create", "patch"},

@@ -87,7 +87,9 @@ def test_explicit_prefer_weights_always_win_over_the_quality_bias() -> None:
     assert scorer.score({"latencyClass": "high"}) == 0.0
 
 
-@pytest.mark.parametrize(("spec", "says"), [
+# Malformed specs and what the refusal says (tests/test_kube_manifests.py: the ModelRoute CRD
+# refuses each of them too).
+MALFORMED: list[tuple[dict[str, Any], str]] = [
     ({"qualityBias": {"reasoning": "1.5"}},
      'spec.qualityBias: reasoning must be a number from 0 to 1 written as a string, such as "0.7"'),
     ({"qualityBias": {"reasoning": "fast"}}, "got 'fast'"),
@@ -100,7 +102,11 @@ def test_explicit_prefer_weights_always_win_over_the_quality_bias() -> None:
     ({"require": {"matchExpressions": [{"key": "p", "operator": "Gt", "values": ["1"]}]}},
      "spec.require.matchExpressions[0].operator must be 'In', 'NotIn', 'Exists' or"),
     ({"requires": {}}, "unknown field spec.requires"),
-])
+    ({"qualityBias": {"reasoning": "5e-1"}}, "got '5e-1'"),  # decimals only, as the CRD
+]
+
+
+@pytest.mark.parametrize(("spec", "says"), MALFORMED)
 def test_a_malformed_route_is_refused_saying_what_to_fix(spec: dict[str, Any], says: str
                                                          ) -> None:
     with pytest.raises(RouteError) as err:

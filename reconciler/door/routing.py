@@ -80,6 +80,16 @@ def describe(desired: Desired, route: Route, cands: Candidates) -> dict[str, Any
                             f"{len(listed)} candidate(s) match {{{selector}}}"}]}
 
 
+def describe_routes(desired: Desired) -> dict[str, dict[str, Any]]:
+    """Every route described, by name, its candidates ranked over every claim with the context
+    its engine arguments declare: what ``GET /v1/modelroutes`` answers, and what the Kubernetes
+    mode writes in each ModelRoute's status."""
+    infos = claim_infos(desired, lambda k: (c := desired.claim(k)) is not None
+                        and window.context_from_args(c.engine, c.engine_args) or None)
+    return {name: describe(desired, route, rank(route, (i for _, i in infos.values())))
+            for name, route in sorted(desired.routes.items())}
+
+
 def _key(text: str) -> ClaimKey:
     namespace, _, name = text.partition("/")
     return namespace, name
@@ -112,13 +122,13 @@ class Router:
         self._decide = decide
         self._wake_pending = wake_pending
         self._now = now
-        self._ranked: dict[str, tuple[object, int, Route, Candidates, int | None]] = {}
+        self._ranked: dict[str, tuple[int, int, Route, Candidates, int | None]] = {}
 
     def candidates(self, route: Route) -> tuple[Candidates, int | None]:
         """The route's ranked candidates and their narrowest known context (cached)."""
-        claims, version = self._desired.claims, self._version()
+        claims, version = self._desired.claims_version, self._version()
         known = self._ranked.get(route.name)
-        if known is not None and known[0] is claims and known[1] == version \
+        if known is not None and known[0] == claims and known[1] == version \
                 and known[2] is route:
             return known[3], known[4]
         infos = claim_infos(self._desired, self._context)

@@ -94,6 +94,7 @@ class Resource:
 
 
 CLAIMS = Resource("model.aibrix.ai", "v1alpha1", "modelclaims", "ModelClaim")
+ROUTES = Resource("model.aibrix.ai", "v1alpha1", "modelroutes", "ModelRoute")
 PODS = Resource("", "v1", "pods", "Pod")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")

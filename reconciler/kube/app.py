@@ -2,10 +2,12 @@
 
     ModelClaims --Informer--> KubeDesired --keys--> the core (``reconciler.core``): placement,
     Pods -------Informer--/       |                  KV division, sleep, wake and drain, the
-    Deployments -Informer-/       |                  same code as the directory mode
+    Deployments -Informer-/       |                  same code as the directory mode; the door
+    ModelRoutes -Informer-/       |                  serves the routes taken as from a directory
                                   v
     KubeStatusStore --status subresource, finalizers--> API server
     RoutePublisher --route and wake annotations on Pods--> API server
+    RouteStatusWriter --ModelRoute candidates and conditions (status subresource)--> API server
     EventRecorder --Events--> API server
 
 Every replica serves ``/healthz`` and ``/metrics`` at once and campaigns for the Lease; only the
@@ -38,11 +40,12 @@ from contract.clock import Clock, LoopClock
 from reconciler.core import Core, CoreSettings
 from reconciler.desired import ClaimKey
 from reconciler.door.settings import DoorSettings
-from reconciler.kube.api import CLAIMS, DEPLOYMENTS, PODS, KubeApi, connect
+from reconciler.kube.api import CLAIMS, DEPLOYMENTS, PODS, ROUTES, KubeApi, Obj, connect
 from reconciler.kube.desired import DEFAULT_RUNTIME_PORT, KubeDesired
 from reconciler.kube.events import EventRecorder, ObjectRef
 from reconciler.kube.informer import Informer, meta
 from reconciler.kube.leader import ElectionSettings, Elector
+from reconciler.kube.route_status import RouteStatusWriter
 from reconciler.kube.routes import RoutePublisher
 from reconciler.kube.status import KubeStatusStore
 from reconciler.model.manifests import POOL_LABEL
@@ -71,6 +74,7 @@ class KubeSettings:
     watch_timeout: int = 300
     runtime_port: int = DEFAULT_RUNTIME_PORT
     door: DoorSettings | None = None  # the front door (None: off); it answers on the leader
+    route_status_interval: float = 0.5  # at most one pass of ModelRoute status writes per this
 
 
 class KubeApp(Core):
@@ -101,7 +105,12 @@ class KubeApp(Core):
             Informer(api, CLAIMS, desired.on_claim, namespace=ns, watch_timeout=w, clock=clock),
             Informer(api, PODS, desired.on_pod, namespace=ns, watch_timeout=w, clock=clock),
             Informer(api, DEPLOYMENTS, desired.on_deployment, namespace=ns,
-                     label_selector=POOL_LABEL, watch_timeout=w, clock=clock)]
+                     label_selector=POOL_LABEL, watch_timeout=w, clock=clock),
+            Informer(api, ROUTES, desired.on_route, namespace=ns, watch_timeout=w,
+                     clock=clock, optional=True)]
+        self.route_status = RouteStatusWriter(api, desired, self.clock, self._route_warning,
+                                              settings.route_status_interval)
+        desired.on_routes_changed(self.route_status.mark)
         desired.on_claim_changed(self._claim_changed)
         desired.on_agents_changed(self._agents_changed)
         desired.on_invalid_policy(self._invalid_policy)
@@ -121,6 +130,7 @@ class KubeApp(Core):
             self.kube_store.note_version(key, str(meta(obj).get("resourceVersion") or ""))
         self.claim_queue.add(key)
         self.publisher.mark(key)
+        self.route_status.mark()  # a claim's labels or figures may change a route's candidates
 
     def _agents_changed(self, agents: set[str]) -> None:
         """Pods came, went or changed: the claims placed on them, and those waiting for room."""
@@ -143,6 +153,14 @@ class KubeApp(Core):
                                            st.name, st.uid), event.type, event.reason,
                                  event.message)
 
+    def _route_warning(self, obj: Obj, reason: str, message: str) -> None:
+        if self._leading:
+            m = meta(obj)
+            self.recorder.record(ObjectRef(ROUTES.api_version, ROUTES.kind,
+                                           str(m.get("namespace") or "default"),
+                                           str(m.get("name") or ""), str(m.get("uid") or "")),
+                                 "Warning", reason, message)
+
     def _invalid_policy(self, namespace: str, name: str, why: str) -> None:
         if self._leading:
             self.recorder.record(ObjectRef(DEPLOYMENTS.api_version, DEPLOYMENTS.kind,
@@ -163,6 +181,7 @@ class KubeApp(Core):
         self.kube_store.start()
         self.publisher.start()
         await self.start_core()
+        self.route_status.start()
         self.publisher.mark_all()
         self._serve(not self._stop.is_set())
         log.info("leading: %d claims, %d agents", len(self.desired.claims),
@@ -239,6 +258,7 @@ class KubeApp(Core):
         if self._leading:
             await self.stop_core()
             await self.publisher.stop()
+            await self.route_status.stop()
             await self.kube_store.stop()
             await self.recorder.stop()
             for informer in self.informers:

@@ -1,8 +1,9 @@
 """The desired state on Kubernetes: ModelClaims, and pool Pods and Deployments as pools.
 
-Fed by three informers (``on_claim``, ``on_pod``, ``on_deployment``), it answers the reconcilers
-exactly as the manifest directory does (``reconciler.desired.Desired``), with the same
-``ModelClaim`` and ``WarmPool`` values, so placement and policy are one implementation:
+Fed by four informers (``on_claim``, ``on_pod``, ``on_deployment``, ``on_route``), it answers the
+reconcilers exactly as the manifest directory does (``reconciler.desired.Desired``), with the
+same ``ModelClaim``, ``WarmPool`` and ``Route`` values, so placement, policy and the door's
+routes are one implementation:
 
 * A claim is parsed by the same code as a manifest (``claim_from_object``) and every new version
   goes through ``take_change`` (only perGPU may change; anything else keeps the running spec and
@@ -15,6 +16,8 @@ exactly as the manifest directory does (``reconciler.desired.Desired``), with th
   stops running, is being deleted or is gone is no agent: its claims are placed elsewhere.
 * A pool is ``(namespace, pool label)``; its policy is the JSON annotation on the Deployment
   that carries the pool label (an invalid one is off, with an ``InvalidPoolPolicy`` problem).
+* A ModelRoute is taken by the directory mode's rule (``reconciler.kube.route_objects``): an
+  invalid one, or one named like a claim's modelName, is a problem and is not served.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 
 from reconciler.desired import ClaimKey, Lookups
 from reconciler.kube.api import Obj
-from reconciler.kube.informer import ObjKey, meta, obj_key
+from reconciler.kube.informer import ObjKey, meta, obj_key, only_status
+from reconciler.kube.route_objects import RouteObjects
 from reconciler.model.changes import Taken, take_change, unreadable
 from reconciler.model.manifests import (
     CLAIM_KIND,
@@ -70,14 +74,6 @@ class PodAgent:
     annotations: Mapping[str, str]
 
 
-def _only_status(old: Obj, new: Obj) -> bool:
-    """The change touched nothing but the status and the resourceVersion."""
-    def rest(obj: Obj) -> Obj:
-        m = {k: v for k, v in meta(obj).items() if k not in ("resourceVersion", "managedFields")}
-        return {**{k: v for k, v in obj.items() if k not in ("status", "metadata")}, "m": m}
-    return rest(old) == rest(new)
-
-
 def runtime_port(pod: Obj, default: int = DEFAULT_RUNTIME_PORT) -> int:
     for container in (pod.get("spec") or {}).get("containers") or ():
         for port in container.get("ports") or ():
@@ -112,6 +108,10 @@ class KubeDesired(Lookups):
         self._pod_listeners: list[Callable[[PodAgent | None, PodAgent | None], None]] = []
         self._pending: set[str] | None = None  # agents changed since the rebuild was asked
         self._policy_listeners: list[Callable[[str, str, str], None]] = []
+        self.route_objects = RouteObjects()
+        self._route_problems: tuple[Problem, ...] = ()
+        self._routes_due = False  # the routes are to be taken again at the loop's next turn
+        self._route_listeners: list[Callable[[], None]] = []
 
     # ---- more listeners ---------------------------------------------------------------------
 
@@ -124,6 +124,10 @@ class KubeDesired(Lookups):
     def on_invalid_policy(self, listener: Callable[[str, str, str], None]) -> None:
         """``listener(namespace, deployment, why)`` when a pool's policy becomes invalid."""
         self._policy_listeners.append(listener)
+
+    def on_routes_changed(self, listener: Callable[[], None]) -> None:
+        """``listener()`` after the routes were taken again (``routes`` and the problems)."""
+        self._route_listeners.append(listener)
 
     def on_pod_changed(self, listener: Callable[[PodAgent | None, PodAgent | None],
                                                 None]) -> None:
@@ -141,7 +145,7 @@ class KubeDesired(Lookups):
     def on_claim(self, old: Obj | None, new: Obj | None) -> None:
         key = obj_key(new or old or {})
         key = (key[0] or "default", key[1])
-        if old is not None and new is not None and _only_status(old, new):
+        if old is not None and new is not None and only_status(old, new):
             self._objects[key] = new  # our own status write: nothing to reconcile
             return
         if new is None:
@@ -178,11 +182,46 @@ class KubeDesired(Lookups):
 
     def _set_claim(self, key: ClaimKey, claim: ModelClaim | None) -> None:
         old = self.claims.pop(key, None)
+        if old != claim:
+            self.claims_version += 1
         if old is not None and self._by_model.get(old.model_name) == key:
             del self._by_model[old.model_name]
         if claim is not None:
             self.claims[key] = claim
             self._by_model.setdefault(claim.model_name, key)
+        names = self.route_objects.names
+        if names and ((old is not None and old.model_name in names)
+                      or (claim is not None and claim.model_name in names)):
+            self._take_routes_soon()  # a route named like this claim's model may clash now
+
+    # ---- routes -----------------------------------------------------------------------------
+
+    def on_route(self, old: Obj | None, new: Obj | None) -> None:
+        if self.route_objects.change(old, new):
+            self._take_routes_soon()
+
+    def _take_routes_soon(self) -> None:
+        """Take the routes once at the loop's next turn, however many changes came before it
+        (a relist of a hundred routes parses each once, not a hundred times)."""
+        if not self._routes_due:
+            self._routes_due = True
+            asyncio.get_running_loop().call_soon(self._take_routes)
+
+    def _take_routes(self) -> None:
+        if not self._routes_due:
+            return
+        self._routes_due = False
+        before = set(self._route_problems)
+        self.routes, self._route_problems = self.route_objects.take(self._by_model)
+        for problem in sorted(set(self._route_problems) - before, key=str):
+            log.warning("route not taken: %s", problem)
+        for listener in self._route_listeners:
+            listener()
+
+    @property
+    def route_problems(self) -> tuple[Problem, ...]:
+        """Why each route object not served is not (``InvalidRoute``, ``Duplicate``)."""
+        return self._route_problems
 
     @property
     def problems(self) -> tuple[Problem, ...]:
@@ -191,7 +230,8 @@ class KubeDesired(Lookups):
         pools = [Problem(p.source_kind, p.name, INVALID_POOL_POLICY,
                          f"policy turned off: {p.policy_problem}", p.namespace)
                  for p in self._deployments.values() if p.policy_problem is not None]
-        return tuple(held) + tuple(self._spec_problems.values()) + tuple(pools)
+        return tuple(held) + tuple(self._spec_problems.values()) + tuple(pools) \
+            + self._route_problems
 
     # ---- pods and deployments ---------------------------------------------------------------
 
@@ -231,9 +271,11 @@ class KubeDesired(Lookups):
             self._pending |= changed
 
     def flush(self) -> None:
-        """Rebuild now if a rebuild is pending (tests, and before the controllers start)."""
+        """Rebuild (and take the routes) now if pending (tests, and before the controllers
+        start)."""
         if self._pending is not None:
             self._rebuild_now()
+        self._take_routes()
 
     def on_deployment(self, old: Obj | None, new: Obj | None) -> None:
         key = obj_key(new or old or {})

@@ -10,6 +10,11 @@ it lists again and reports the differences against its copy as changes.
 A failed list or watch never deletes anything: the copy keeps its last good content until a
 successful list says an object is gone (the claims of a silent API server keep running).
 
+An ``optional`` resource (a custom resource added after the reconciler's first release, such as
+ModelRoute) may not be installed: a list answered ``404`` counts as synced with nothing in it
+(the reconciler does not wait forever for a CRD an older installation never applied), and the
+informer lists again with its backoff until the resource appears.
+
 Every change calls ``on_change(old, new)`` (``new`` None: deleted), on the event loop, after the
 copy was updated. ``synced`` is set after the first successful list.
 """
@@ -22,8 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 from contract.clock import Clock, LoopClock
-from reconciler.kube.api import Gone, KubeApi, Obj, Resource
+from reconciler.kube.api import Gone, KubeApi, NotFound, Obj, Resource
 from reconciler.runtime.ratelimit import backoff_delay
+from reconciler.runtime.tasks import cancelled
 
 log = logging.getLogger("reconciler.kube.informer")
 
@@ -44,8 +50,9 @@ class Informer:
     def __init__(self, api: KubeApi, res: Resource, on_change: OnChange, *,
                  namespace: str | None = None, label_selector: str | None = None,
                  watch_timeout: int = 300, clock: Clock | None = None,
-                 retry: tuple[float, float] = (0.5, 30.0)) -> None:
+                 retry: tuple[float, float] = (0.5, 30.0), optional: bool = False) -> None:
         self.api = api
+        self.optional = optional
         self.res = res
         self.on_change = on_change
         self.namespace = namespace
@@ -69,9 +76,7 @@ class Informer:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task])
+        await cancelled(task)
 
     async def _run(self) -> None:
         failures = 0
@@ -90,6 +95,8 @@ class Informer:
             except Exception as err:  # network, 5xx, a bad line: keep the copy, try again
                 delay = backoff_delay(failures, *self.retry)
                 failures += 1
+                if isinstance(err, NotFound) and self.optional:
+                    self.synced.set()  # not installed (its CRD not applied): none, for now
                 log.warning("%s: %s; keeping what is known and trying again in %.1f s",
                             self.res.plural, str(err) or type(err).__name__, delay)
                 await self.clock.sleep(delay)
@@ -141,3 +148,12 @@ class Informer:
 
 def meta(obj: Obj | None) -> dict[str, Any]:
     return dict((obj or {}).get("metadata") or {})
+
+
+def only_status(old: Obj, new: Obj) -> bool:
+    """The change touched nothing but the status and the resourceVersion (our own status
+    write, coming back through the watch)."""
+    def rest(obj: Obj) -> Obj:
+        m = {k: v for k, v in meta(obj).items() if k not in ("resourceVersion", "managedFields")}
+        return {**{k: v for k, v in obj.items() if k not in ("status", "metadata")}, "m": m}
+    return rest(old) == rest(new)

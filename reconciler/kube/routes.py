@@ -42,6 +42,7 @@ from reconciler.kube.desired import (
     pod_of,
 )
 from reconciler.routes import Route, route_of
+from reconciler.runtime.tasks import cancelled
 from reconciler.status import ACTIVE
 
 log = logging.getLogger("reconciler.kube.routes")
@@ -142,10 +143,8 @@ class RoutePublisher:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="routes")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task])
-            self._task = None
+        task, self._task = self._task, None
+        await cancelled(task)
 
     async def _run(self) -> None:
         while True:

@@ -7,7 +7,6 @@ other (``.importlinter``).
 | module | what |
 |---|---|
 | ``desired.py`` | the manifest directory as the reconcilers' ``Desired`` (last valid kept) |
-| ``route_manifests.py`` | ``ModelRoute`` manifests of the directory, taken or refused |
 | ``check.py`` | ``claims check FILE|DIR``: manifests checked by the same parser, no effect |
 | ``app.py`` | wiring: directory sources, statuses in files (``runtime-agent reconcile --claims``) |
 | ``embedded.py`` | the reconciler beside one agent, that agent its pool (``serve --claims``) |

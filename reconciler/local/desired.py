@@ -27,7 +27,6 @@ from pathlib import Path
 from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
 from reconciler.desired import ClaimKey, Lookups, claim_key, key_text
 from reconciler.footprints import FootprintBook, Measured
-from reconciler.local.route_manifests import routes_from
 from reconciler.model.changes import take_change
 from reconciler.model.estimated import with_estimates
 from reconciler.model.manifests import (
@@ -44,6 +43,7 @@ from reconciler.model.manifests import (
     WarmPool,
     parse_manifests,
 )
+from reconciler.selection.route_manifests import routes_from
 
 log = logging.getLogger("reconciler.local.desired")
 
@@ -191,6 +191,8 @@ class DesiredState(Lookups):
             if self._spec_problems.get(key) != problem:
                 log.warning("claim %s: %s: %s", key_text(key), problem.reason, problem.message)
         self._spec_problems = problems
+        if claims != self.claims:
+            self.claims_version += 1
         self.claims = claims
         self._by_model = {c.model_name: k for k, c in claims.items()}
         self.routes, route_problems = routes_from(result.routes, self._by_model)

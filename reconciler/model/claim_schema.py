@@ -89,6 +89,9 @@ class _Shape(BaseModel):
         return data
 
 
+ApiShape = _Shape  # the API server's reading, for the shapes of our other CRDs (ModelRoute)
+
+
 class SelectorRequirement(_Shape):
     key: Str = Field(min_length=1)
     operator: Operator

@@ -75,7 +75,7 @@ from reconciler.model.selector import LabelSelector, selector_from
 API_VERSION = "model.aibrix.ai/v1alpha1"
 CLAIM_KIND = "ModelClaim"
 POOL_KIND = "WarmPool"
-ROUTE_KIND = "ModelRoute"  # parsed by ``reconciler.selection.route_spec`` (``reconciler.local``)
+ROUTE_KIND = "ModelRoute"  # parsed by ``reconciler.selection.route_spec`` (both modes)
 POOL_LABEL = "claim.model.aibrix.ai/pool"
 ENABLED_LABEL = "claim.model.aibrix.ai/enabled"
 GPU_RESOURCE = "nvidia.com/gpu"

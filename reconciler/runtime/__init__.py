@@ -8,6 +8,8 @@ tests never sleep.
 
     sources.py  --add(key)-->  queue.py  --get()-->  controller.py  --reconcile(key)-->  you
                                  ^ ratelimit.py, contract.clock             metrics.py
+
+``tasks.py`` stops a part's background task (cancel, then wait until it has finished).
 """
 
 from reconciler.runtime.controller import Controller, Reconciler, Result, TerminalError

@@ -14,27 +14,33 @@ which model (the Kubemoot seed's scheduling rule, issue 24).
   still be used instead of waking the preferred one (default 10, the seed's).
 
 The seed ignores a bias value that does not parse; we refuse the manifest instead, saying which
-value to fix, because an ignored value silently changes which model serves.
+value to fix, because an ignored value silently changes which model serves. A bias is written as
+a decimal (``BIAS_PATTERN``: "0.7", ".5", "1"; not "5e-1" or " 0.7"), the spelling the CRD's
+pattern takes (``deploy/reconciler/crd-modelroutes.yaml``), so a route the API server stores is
+one the reconciler takes, in either run mode. The API server's readings apply in both modes too:
+a null is the field left out, and a whole float (``60.0``) is an integer.
 """
 
 from __future__ import annotations
 
-import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import Field, Strict, ValidationError, field_validator
 
 from contract.names import MAX_MODEL_NAME, MODEL_NAME_PATTERN
-from reconciler.model.claim_schema import PodSelector, describe
+from reconciler.model.claim_schema import ApiShape, PodSelector, WholeInt, describe
 from reconciler.model.selector import LabelSelector, selector_from
 
 API_VERSION = "model.aibrix.ai/v1alpha1"
 KIND = "ModelRoute"
 DEFAULT_TOLERANCE = 10.0
 DEFAULT_BIAS_KEY = "default"
+BIAS_PATTERN = r"^(0*\.[0-9]+|0+(\.[0-9]*)?|0*1(\.0*)?)$"  # a decimal from 0 to 1, as the CRD's
+_BIAS = re.compile(BIAS_PATTERN)
 Str = Annotated[str, Strict()]
 
 
@@ -42,16 +48,12 @@ class RouteError(ValueError):
     """The manifest is malformed; the message says what to fix."""
 
 
-class _Shape(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class PreferTerm(_Shape):
-    weight: int = Field(ge=1, le=100)
+class PreferTerm(ApiShape):
+    weight: WholeInt = Field(ge=1, le=100)
     selector: PodSelector
 
 
-class RouteSpecShape(_Shape):
+class RouteSpecShape(ApiShape):
     require: PodSelector | None = None
     prefer: list[PreferTerm] | None = None
     qualityBias: dict[Str, Str] | None = None
@@ -75,14 +77,14 @@ class RouteSpecShape(_Shape):
         return value
 
 
-class RouteMeta(_Shape):
-    model_config = ConfigDict(extra="allow")
+class RouteMeta(ApiShape):
+    model_config = ApiShape.model_config | {"extra": "allow"}
 
     name: Str = Field(min_length=1, max_length=MAX_MODEL_NAME, pattern=MODEL_NAME_PATTERN)
     namespace: Str = "default"
 
 
-class RouteShape(_Shape):
+class RouteShape(ApiShape):
     apiVersion: Literal["model.aibrix.ai/v1alpha1"]
     kind: Literal["ModelRoute"]
     metadata: RouteMeta
@@ -91,12 +93,8 @@ class RouteShape(_Shape):
 
 
 def parse_bias(text: str) -> float | None:
-    """A bias written as a string, or None when it is not a number in [0, 1]."""
-    try:
-        value = float(text.strip())
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
+    """A bias written as a string, or None when it is not a decimal from 0 to 1."""
+    return float(text) if _BIAS.fullmatch(text) else None
 
 
 @dataclass(frozen=True)

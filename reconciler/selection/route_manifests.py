@@ -1,7 +1,8 @@
-"""``ModelRoute`` manifests of the claims directory, taken or refused (issue 24).
+"""``ModelRoute`` manifests, taken or refused (issue 24): one rule for both run modes.
 
-The manifests module hands over each route as written (``RouteDocument``: it sits below the
-selection package and must not import it); here each is parsed by
+Each route arrives as written (``RouteDocument``): from a file of the claims directory (the
+manifests module sits below the selection package and must not import it) or, on Kubernetes,
+as the object the ModelRoute informer holds. Here each is parsed by
 ``reconciler.selection.route_spec.parse_route`` and becomes a route the door can serve, or a
 ``Problem`` saying what to fix, as an invalid claim does. A route may not take a name a claim's
 modelName already serves: the door looks exact names up first, so such a route could never be
