@@ -166,3 +166,39 @@ async def test_an_over_long_prompt_to_a_route_whose_candidates_sleep_wakes_none(
     assert door.wakes("big") == 0 and door.wakes("small") == 0
     for name in ("big", "small"):
         assert door.status(name).phase == "Sleeping"  # type: ignore[union-attr]
+
+
+async def test_a_held_route_call_is_served_by_a_candidate_woken_meanwhile_before_the_preferred(
+        door: Door) -> None:
+    door.pool(SLEEPY)
+    await door.start()
+    door.write("chat", route("chat", tolerance=10))
+    door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
+                               args={"--sim-wake-seconds": "8"}))
+    door.write("small", labelled("small", {"family": "qwen", "tier": "small"},
+                                 args={"--sim-wake-seconds": "0.3"}))
+    await door.phase("big", "Sleeping", 60)
+    await door.phase("small", "Sleeping", 60)
+    started = time.monotonic()
+    held = asyncio.ensure_future(door.chat("chat"))  # chooses to wake big, and waits for it
+    await door.until("big waking", lambda: getattr(door.status("big"), "phase", None)
+                     == "Activating", 10)
+    assert not held.done()
+    status, body, _ = await door.chat("small")  # small woken by a direct call meanwhile
+    assert status == 200, body
+    status, body, headers = await held
+    assert time.monotonic() - started < 8.0  # before big finished waking
+    assert status == 200, body
+    assert (headers["x-route-model"], headers["x-route-choice"],
+            headers["x-route-rechosen-from"]) == ("small", "warm", "default/big")
+    assert getattr(door.status("big"), "phase", None) == "Activating"  # wake not cancelled
+    await door.logged(2)
+    lines = [line for line in door.access() if line.get("route") == "chat"]
+    assert [(line["route_choice"], line["route_rechosen_from"], line["model"])
+            for line in lines] == [("warm", "default/big", "small")]
+    text = await door.metrics()
+    assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="warm",
+                  model="small") == 1.0
+    assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="woken",
+                  model="big") in (None, 0.0)
+    await door.until("big woke", lambda: door.wakes("big") == 1, 20)

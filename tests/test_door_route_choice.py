@@ -12,7 +12,7 @@ import pytest
 from reconciler.desired import ClaimKey
 from reconciler.local.desired import DesiredState
 from reconciler.door import plan
-from reconciler.door.routing import Routed, Router
+from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.selection.refusals import ZeroMatch
 from tests.reconciler_fakes import claim_yaml
 from tests.test_door_modelroute import route
@@ -100,3 +100,55 @@ def test_a_long_prompt_passes_over_a_candidate_whose_context_cannot_hold_it(
     assert pick(r, d, doc) == Routed("chat", "woken", SMALL, "small")
     short = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
     assert pick(r, d, short) == Routed("chat", "woken", BIG, "big")
+
+
+def waking_big(tmp_path: Path
+               ) -> tuple[dict[ClaimKey, plan.Decision], Router, DesiredState, Routed]:
+    """Both candidates asleep: the first choice wakes big (the decisions may be changed)."""
+    decisions: dict[ClaimKey, plan.Decision] = {BIG: ASLEEP_BIG, SMALL: ASLEEP_SMALL}
+    r, d = router(tmp_path, decisions)
+    first = pick(r, d)
+    assert first == Routed("chat", "woken", BIG, "big") and isinstance(first, Routed)
+    return decisions, r, d, first
+
+
+def rechoice(r: Router, d: DesiredState, first: Routed,
+             usable: frozenset[ClaimKey] = frozenset({BIG, SMALL})) -> Rechoice:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    return Rechoice(r, d.routes["chat"], "chat", body, str(body).encode(), first,
+                    usable.__contains__)
+
+
+def test_a_held_call_goes_to_a_candidate_that_became_warm_and_names_its_first_choice(
+        tmp_path: Path) -> None:
+    decisions, r, d, first = waking_big(tmp_path)
+    again = rechoice(r, d, first)
+    decisions[BIG] = plan.Hold(BIG, plan.START)  # the wake under way: keep waiting for it
+    assert again.again(lost=False) is None and again.routed == first
+    decisions[SMALL] = FWD_SMALL  # woken by someone else meanwhile
+    got = again.again(lost=False)
+    assert got == Routed("chat", "warm", SMALL, "small", rechosen_from=BIG)
+    assert again.routed == got
+    assert got.headers("agent-a")["x-route-rechosen-from"] == "default/big"
+
+
+def test_a_held_call_is_not_moved_to_a_candidate_that_is_only_coming_up_or_cannot_serve_it(
+        tmp_path: Path) -> None:
+    decisions, r, d, first = waking_big(tmp_path)
+    decisions[BIG], decisions[SMALL] = ASLEEP_BIG, plan.Hold(SMALL, plan.START)
+    assert rechoice(r, d, first).again(lost=False) is None  # converging on small: no better
+    decisions[SMALL] = FWD_SMALL
+    assert rechoice(r, d, first, frozenset({BIG})).again(lost=False) is None  # wrong engine
+
+
+def test_a_held_call_whose_claim_cannot_serve_takes_whatever_the_choice_says_now(
+        tmp_path: Path) -> None:
+    decisions, r, d, first = waking_big(tmp_path)
+    decisions[BIG] = plan.Refuse(BIG, "failed", 10)
+    again = rechoice(r, d, first)
+    assert again.again(lost=False) is None  # held for big's own answer: not lost yet
+    assert again.again(lost=True) is None  # the choice holds for big again: its refusal stands
+    decisions[BIG] = plan.Hold(BIG, plan.ROOM, kick=True)
+    decisions[SMALL] = plan.Hold(SMALL, plan.START)
+    assert again.again(lost=True) == Routed("chat", "converged", SMALL, "small",
+                                            rechosen_from=BIG)

@@ -42,7 +42,7 @@ from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
 from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
-from reconciler.door.routing import Routed, Router
+from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.door.settings import DoorSettings
 from reconciler.routes import Route, route_of
 from reconciler.selection.route_spec import Route as ModelRoute
@@ -58,6 +58,17 @@ class Refused(Exception):
         super().__init__(reason)
         self.response = response
         self.reason = reason
+
+
+def _rechosen(again: Rechoice, lost: bool) -> tuple[ClaimKey, ...]:
+    """The claim a held route call goes to now (``()``: it keeps its own); ``Refused`` when
+    its claim is lost and the route now refuses."""
+    got = again.again(lost)
+    if got is None:
+        return ()
+    if not isinstance(got, Routed):
+        raise Refused(errors.route_refused(got), got.code)
+    return (got.claim,)
 
 
 class Door:
@@ -135,9 +146,12 @@ class Door:
     # ---- holding ----------------------------------------------------------------------------
 
     async def admit(self, name: str, keys: tuple[ClaimKey, ...], ticket: Ticket,
-                    rec: AccessRecord, key: Key | None = None) -> plan.Forward:
+                    rec: AccessRecord, key: Key | None = None,
+                    again: Rechoice | None = None) -> plan.Forward:
         """The claim to forward to, once it serves; ``Refused`` when it cannot in time, or
-        when its claims were deleted meanwhile."""
+        when its claims were deleted meanwhile. ``again``: a routed call's second choice,
+        asked after each wait (a candidate became warm) and when its claim is gone or
+        refuses; ``again.routed`` is then what serves."""
         s = self.settings
         deadline = rec.started + s.max_wait_s
         held_since: float | None = None
@@ -149,10 +163,17 @@ class Door:
                 if why is not None:  # the replica stopped serving (it no longer leads)
                     raise Refused(errors.not_serving(why), "not_leading")
                 keys = tuple(k for k in keys if self.w.desired.claim(k) is not None)
+                if not keys and again is not None:  # the chosen claim was deleted
+                    keys = _rechosen(again, True) or keys
                 if not keys:
                     raise Refused(errors.unknown_model(name, self.visible_names(key)),
                                   "unknown_model")
                 d = self.decide(keys)
+                if again is not None and (isinstance(d, plan.Refuse) or held_since is not None
+                                          and isinstance(d, plan.Hold)):
+                    rechosen = _rechosen(again, isinstance(d, plan.Refuse))
+                    if rechosen:
+                        keys, d = rechosen, self.decide(rechosen)
                 model = self.model_of(d.claim)
                 ticket.enter(model)  # no await since the decision: the idle check sees it
                 rec.model, rec.claim = model, key_text(d.claim)
@@ -225,12 +246,24 @@ class Door:
                 f"{request.path} is served by {endpoints.kinds_text(kinds)} engines; model "
                 f"{name!r} runs on {endpoints.kinds_text(frozenset((first.engine,)))}.",
                 "model"), "wrong_engine")
+        held_route = self.w.desired.routes.get(routed.route) if routed is not None else None
+        again = None if held_route is None or routed is None else Rechoice(
+            self.router, held_route, endpoint, doc, body, routed,
+            lambda k: (c := self.catalog.claim(k)) is not None and c.engine in kinds)
         checked = len(keys) == 1 and await self.check_context(  # before it may wake or start
             endpoint, doc, body, keys[0], name, lambda: self.endpoint(keys[0]))
-        fwd = await self.admit(name, keys, ticket, rec, key)
+        fwd = await self.admit(name, keys, ticket, rec, key, again)
         claim = self.catalog.claim(fwd.claim)
         assert claim is not None  # admit looked, with no await since
         model = claim.model_name
+        if again is not None:  # what serves it, the first choice or a second one
+            routed = again.routed
+            if fwd.claim != keys[0]:
+                name, checked = routed.model, False
+            rec.route_choice = routed.kind
+            if routed.rechosen_from is not None:
+                rec.route_rechosen_from = key_text(routed.rechosen_from)
+            self.metrics.route_chose(routed.route, routed.kind, routed.model)
         rec.upstream = f"{fwd.agent} {fwd.host}:{fwd.port}"
         self.catalog.learn_soon(self.upstream, fwd.claim, fwd.host, fwd.port)
         upstream_name = self.catalog.upstream_name(claim, name)
@@ -260,8 +293,7 @@ class Door:
         got = self.router.choose(route, endpoint, doc, body)
         if not isinstance(got, Routed):
             raise Refused(errors.route_refused(got), got.code)
-        rec.route_choice = got.kind
-        self.metrics.route_chose(route.name, got.kind, got.model)
+        rec.route_choice = got.kind  # counted once it serves (``serve``): a second choice may
         return await self.serve(request, endpoint, doc, body, key, ticket, rec, outcome, got)
 
     async def check_context(self, endpoint: str, doc: Mapping[str, Any], body: bytes,

@@ -23,7 +23,8 @@ placement make room if there is none (by its own victim rule). The door then car
 out through ``Door.admit`` for the chosen claim alone: forward at once (warm), or hold and ask
 the wake book (one wake for many requests) or kick the claim. Not carried out yet: ``queued``
 (no copy is ever seen without a free slot) and ``made-room`` with the door's planned victims
-(the reservation book is not shared with the reconciler), nor a second choice while held.
+(the reservation book is not shared with the reconciler). A held call chooses again on each
+change of the door's view (``Rechoice``): a candidate that became warm takes it over.
 
 The prompt is estimated (3.5 characters per token) only when the body is larger than the
 narrowest known context of the candidates, so a candidate that cannot hold it is passed over; a
@@ -40,7 +41,7 @@ from typing import Any
 from reconciler.desired import ClaimKey, Desired, key_text
 from reconciler.door import plan, window
 from reconciler.selection.candidates import Candidates, ClaimInfo, rank
-from reconciler.selection.choice import Choice, choose
+from reconciler.selection.choice import Choice, Kind, choose
 from reconciler.selection.refusals import Busy, PromptNeed, PromptTooLarge, Refusal, ZeroMatch
 from reconciler.selection.route_spec import Route
 from reconciler.selection.view import Copy, CopyState, GpuView, View
@@ -93,11 +94,15 @@ class Routed:
     kind: str  # the choice's kind; ``held`` when nothing can serve now (``Busy``)
     claim: ClaimKey
     model: str
+    rechosen_from: ClaimKey | None = None  # the claim a held call was first choosing
 
     def headers(self, agent: str) -> dict[str, str]:
-        return {"x-route": self.route, "x-route-claim": key_text(self.claim),
-                "x-route-model": self.model, "x-route-agent": agent,
-                "x-route-choice": self.kind}
+        out = {"x-route": self.route, "x-route-claim": key_text(self.claim),
+               "x-route-model": self.model, "x-route-agent": agent,
+               "x-route-choice": self.kind}
+        if self.rechosen_from is not None:
+            out["x-route-rechosen-from"] = key_text(self.rechosen_from)
+        return out
 
 
 class Router:
@@ -189,6 +194,37 @@ class Router:
         key = _key(name)
         claim = self._desired.claim(key)
         return Routed(route.name, kind, key, claim.model_name if claim is not None else key[1])
+
+
+class Rechoice:
+    """A held route call's way back to the choice (a second choice while held).
+
+    The door holds a routed call for its chosen claim; on every change of its view it calls
+    ``again``. While the chosen claim is still coming up, only a *warm* in-tolerance candidate
+    takes the call over (the wake already asked is not cancelled: other calls may converge on
+    it, and the idle rule sleeps it again if none does). When the chosen claim is gone
+    (deleted) or cannot serve (``lost``), whatever the choice says now is taken, a refusal
+    included. ``routed`` is the choice that serves in the end (``rechosen_from`` set when it is
+    not the first)."""
+
+    def __init__(self, router: Router, route: Route, endpoint: str, doc: Mapping[str, Any],
+                 body: bytes, first: Routed, usable: Callable[[ClaimKey], bool]) -> None:
+        self._router, self._route = router, route
+        self._endpoint, self._doc, self._body = endpoint, doc, body
+        self._first = first
+        self._usable = usable  # a claim whose engine serves this endpoint
+        self.routed = first
+
+    def again(self, lost: bool) -> Routed | Refusal | None:
+        """The new choice, when it replaces the current one (None: keep waiting for it)."""
+        got = self._router.choose(self._route, self._endpoint, self._doc, self._body)
+        if not isinstance(got, Routed):
+            return got if lost else None
+        if got.claim == self.routed.claim or not self._usable(got.claim) \
+                or not lost and got.kind != str(Kind.WARM):
+            return None
+        self.routed = Routed(got.route, got.kind, got.claim, got.model, self._first.claim)
+        return self.routed
 
 
 def _prompt(endpoint: str, doc: Mapping[str, Any], body_bytes: int, narrowest: int | None
