@@ -202,3 +202,42 @@ async def test_a_held_route_call_is_served_by_a_candidate_woken_meanwhile_before
     assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="woken",
                   model="big") in (None, 0.0)
     await door.until("big woke", lambda: door.wakes("big") == 1, 20)
+
+
+async def test_a_full_warm_candidate_queues_a_route_call_or_the_preferred_is_woken_by_the_figures(
+        door: Door) -> None:
+    """small (in tolerance) runs one call at a time, 2 s each, and has one in flight; big (the
+    preferred, asleep) would take 3 s to wake by its footprint at 1 GiB/s. With no latency seen
+    yet small's call counts 30 s (the seed's), so big is woken; once the door has seen small's
+    2 s calls, the call queues at small instead."""
+    door.pool(SLEEPY)
+    await door.start()
+    door.write("chat", route("chat", tolerance=10))
+    door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
+                               args={"--sim-wake-seconds": "0.3"}))
+    door.write("small", labelled("small", {"family": "qwen", "tier": "small"}, never_sleep=True,
+                                 args={"--max-num-seqs": "1", "--sim-request-seconds": "2"}))
+    await door.phase("big", "Sleeping", 60)
+    await door.phase("small", "Active", 60)
+    assert door.app is not None and door.app.door is not None
+    forwards = door.app.door.door.forwards
+
+    async def beside_a_call_in_flight_on_small() -> tuple[int, Any, Any]:
+        busy = asyncio.ensure_future(door.chat("small"))
+        await door.until("small busy", lambda: bool(forwards.in_flight(("default", "small"))))
+        answer = await door.chat("chat")
+        assert (await busy)[0] == 200
+        return answer
+
+    status, body, headers = await beside_a_call_in_flight_on_small()
+    assert status == 200, body
+    assert (headers["x-route-model"], headers["x-route-choice"]) == ("big", "woken")
+    assert 1.9 < (forwards.latency(("default", "small")) or 0) < 3.0
+    await door.phase("big", "Sleeping", 30)  # idle again
+    status, body, headers = await beside_a_call_in_flight_on_small()
+    assert status == 200, body
+    assert (headers["x-route-model"], headers["x-route-choice"]) == ("small", "queued")
+    assert door.wakes("big") == 1 and getattr(door.status("big"), "phase", None) == "Sleeping"
+    text = await door.metrics()
+    assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="queued",
+                  model="small") == 1.0

@@ -38,6 +38,7 @@ from reconciler.desired import ClaimKey, key_text
 from reconciler.door import endpoints, errors, ollama, plan, proxy, usage, window
 from reconciler.door.access import AccessRecord
 from reconciler.door.catalog import Catalog
+from reconciler.door.forwards import Forwards
 from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
 from reconciler.door.ledger import Changes, Ledger, Ticket
@@ -91,11 +92,12 @@ class Door:
         self._urls: tuple[object, dict[str, str]] | None = None
         self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
         wakes, clock = self.b.wakes, self.w.clock
+        self.forwards = Forwards()  # the door's own forwards per claim (the route's queue)
         self.router = Router(self.w.desired, lambda k: self.catalog.context(k, self.model_of(k)),
                              lambda: self.catalog.version,
                              lambda k: plan.decide(k, *self.status_and_route(k)),
                              lambda m: (w := wakes.get(m)) is not None
-                             and not wakes.expired(w, clock.now()), clock.now)
+                             and not wakes.expired(w, clock.now()), clock.now, self.forwards)
 
     # ---- the reconciler's view ------------------------------------------------------------
 
@@ -274,13 +276,20 @@ class Door:
             body, hide_usage = ollama.native_body(doc, body, upstream_name), False
         else:  # the engine's own token counts for every stream, asked for the client if need be
             body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
-        self.b.tracker.busy(fwd.agent, model, self.w.clock.now())
+        forwards, started = self.forwards, self.w.clock.now()
+        self.b.tracker.busy(fwd.agent, model, started)
+        forwards.start(fwd.claim, started)  # no await since admit: the next choice sees it
         extra = routed.headers(fwd.agent) if routed is not None else None
+        answered = False
         try:
-            return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
-                                       body, outcome, hide_usage, extra)
+            answer = await proxy.forward(request, self.upstream, fwd.host, fwd.port,
+                                         request.path, body, outcome, hide_usage, extra)
+            answered = outcome.error is None
+            return answer
         finally:
-            self.b.tracker.busy(fwd.agent, model, self.w.clock.now())
+            ended = self.w.clock.now()
+            forwards.end(fwd.claim, started, ended, answered)
+            self.b.tracker.busy(fwd.agent, model, ended)
 
     async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
                           doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,

@@ -11,20 +11,22 @@ reads: each candidate claim's ``plan.decide`` (status and route) says what its c
 
 | ``plan.decide`` | copy in the view |
 |---|---|
-| ``Forward`` | ``active`` (its engine queues what it cannot run at once: one free slot always) |
+| ``Forward`` | ``active``: its slots (``forwards.slots``), the door's forwards in flight to it and their latency average (``forwards.Forwards``) |
 | ``Hold`` settle, start, move; ``Hold`` wake with a wake already asked | ``waking`` / ``starting`` (a call converges on it) |
 | ``Hold`` wake or room of a sleeping claim | ``asleep`` |
 | ``Hold`` with a kick (pending, not placed yet, activation failed) | ``stopped`` |
 | ``Refuse`` | none |
 
-Memory is the reconciler's: every dormant copy needs 0 bytes in the door's view, so the choice
-for a dormant preferred claim is ``woken`` or ``started`` and the reconciler's own wake and
+Memory is the reconciler's: every dormant copy needs 0 bytes in the door's view
+(``View.room_unknown``), so bringing a dormant preferred claim up (its footprint at 1 GiB/s,
+the seed's) is weighed against the queue at the soonest full warm copy in tolerance: ``queued``
+when that queue is no longer, else ``woken`` or ``started``, and the reconciler's own wake and
 placement make room if there is none (by its own victim rule). The door then carries the choice
-out through ``Door.admit`` for the chosen claim alone: forward at once (warm), or hold and ask
-the wake book (one wake for many requests) or kick the claim. Not carried out yet: ``queued``
-(no copy is ever seen without a free slot) and ``made-room`` with the door's planned victims
-(the reservation book is not shared with the reconciler). A held call chooses again on each
-change of the door's view (``Rechoice``): a candidate that became warm takes it over.
+out through ``Door.admit`` for the chosen claim alone: forward at once (warm, queued: the
+engine queues it), or hold and ask the wake book (one wake for many requests) or kick the
+claim. Not carried out yet: ``made-room`` with the door's planned victims (the reservation book
+is not shared with the reconciler). A held call chooses again on each change of the door's
+view (``Rechoice``): a candidate that became warm takes it over.
 
 The prompt is estimated (3.5 characters per token) only when the body is larger than the
 narrowest known context of the candidates, so a candidate that cannot hold it is passed over; a
@@ -40,13 +42,13 @@ from typing import Any
 
 from reconciler.desired import ClaimKey, Desired, key_text
 from reconciler.door import plan, window
+from reconciler.door.forwards import Forwards, slots
 from reconciler.selection.candidates import Candidates, ClaimInfo, rank
 from reconciler.selection.choice import Choice, Kind, choose
 from reconciler.selection.refusals import Busy, PromptNeed, PromptTooLarge, Refusal, ZeroMatch
 from reconciler.selection.route_spec import Route
 from reconciler.selection.view import Copy, CopyState, GpuView, View
 
-ALWAYS_FREE = 1 << 30  # slots of a warm copy: its engine queues what it cannot run at once
 FAILED_SCHEDULING = "FailedScheduling"
 NO_MATCHING_MODEL = "NoMatchingModel"
 HELD = "held"
@@ -110,8 +112,10 @@ class Router:
 
     def __init__(self, desired: Desired, context: Callable[[ClaimKey], int | None],
                  version: Callable[[], int], decide: Callable[[ClaimKey], plan.Decision],
-                 wake_pending: Callable[[str], bool], now: Callable[[], float]) -> None:
+                 wake_pending: Callable[[str], bool], now: Callable[[], float],
+                 forwards: Forwards | None = None) -> None:
         self._desired = desired
+        self.forwards = forwards if forwards is not None else Forwards()
         self._context = context
         self._version = version  # what the catalog learned (contexts)
         self._decide = decide
@@ -157,15 +161,18 @@ class Router:
             if copy is not None:
                 copies[name] = (copy,)
                 gpus.setdefault(copy.gpu, GpuView(copy.gpu, None, 0))
-        return View(self._now(), copies, gpus)
+        return View(self._now(), copies, gpus, room_unknown=True)
 
     def _copy(self, key: ClaimKey, name: str) -> Copy | None:
         d = self._decide(key)
-        if isinstance(d, plan.Forward):
-            return Copy(name, d.agent, d.agent, CopyState.ACTIVE, slots=ALWAYS_FREE)
         if isinstance(d, plan.Refuse):
             return None
         claim = self._desired.claim(key)
+        if isinstance(d, plan.Forward):
+            fw = self.forwards
+            return Copy(name, d.agent, d.agent, CopyState.ACTIVE,
+                        slots=slots(claim.engine, claim.engine_args) if claim else 1,
+                        in_flight=fw.in_flight(key), latency_s=fw.latency(key))
         model = claim.model_name if claim is not None else key[1]
         if d.cause in (plan.SETTLE, plan.MOVE) or d.cause == plan.START and not d.kick:
             state = CopyState.STARTING if d.cause != plan.SETTLE else CopyState.WAKING
@@ -173,7 +180,9 @@ class Router:
             state = CopyState.WAKING if self._wake_pending(model) else CopyState.ASLEEP
         else:
             state = CopyState.STOPPED
-        return Copy(name, "", name, state)  # each dormant copy on its own budget of 0 bytes
+        # each dormant copy on its own budget of 0 bytes; its bring-up at 1 GiB/s of its footprint
+        size = claim.per_gpu.maximum_footprint if claim and claim.per_gpu else 0
+        return Copy(name, "", name, state, size=size)
 
     def choose(self, route: Route, endpoint: str, doc: Mapping[str, Any], body: bytes
                ) -> Routed | Refusal:
