@@ -174,7 +174,7 @@ async def test_a_held_route_call_is_served_by_a_candidate_woken_meanwhile_before
     await door.start()
     door.write("chat", route("chat", tolerance=10))
     door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
-                               args={"--sim-wake-seconds": "8"}))
+                               args={"--sim-wake-seconds": "12"}))
     door.write("small", labelled("small", {"family": "qwen", "tier": "small"},
                                  args={"--sim-wake-seconds": "0.3"}))
     await door.phase("big", "Sleeping", 60)
@@ -187,7 +187,7 @@ async def test_a_held_route_call_is_served_by_a_candidate_woken_meanwhile_before
     status, body, _ = await door.chat("small")  # small woken by a direct call meanwhile
     assert status == 200, body
     status, body, headers = await held
-    assert time.monotonic() - started < 8.0  # before big finished waking
+    assert time.monotonic() - started < 12.0  # before big finished waking
     assert status == 200, body
     assert (headers["x-route-model"], headers["x-route-choice"],
             headers["x-route-rechosen-from"]) == ("small", "warm", "default/big")
@@ -201,7 +201,7 @@ async def test_a_held_route_call_is_served_by_a_candidate_woken_meanwhile_before
                   model="small") == 1.0
     assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="woken",
                   model="big") in (None, 0.0)
-    await door.until("big woke", lambda: door.wakes("big") == 1, 20)
+    await door.until("big woke", lambda: door.wakes("big") == 1, 30)
 
 
 async def test_a_full_warm_candidate_queues_a_route_call_or_the_preferred_is_woken_by_the_figures(
