@@ -248,10 +248,7 @@ class Door:
                 f"{request.path} is served by {endpoints.kinds_text(kinds)} engines; model "
                 f"{name!r} runs on {endpoints.kinds_text(frozenset((first.engine,)))}.",
                 "model"), "wrong_engine")
-        held_route = self.w.desired.routes.get(routed.route) if routed is not None else None
-        again = None if held_route is None or routed is None else Rechoice(
-            self.router, held_route, endpoint, doc, body, routed,
-            lambda k: (c := self.catalog.claim(k)) is not None and c.engine in kinds)
+        again = None if routed is None else self._rechoice(routed, endpoint, doc, body, kinds)
         checked = len(keys) == 1 and await self.check_context(  # before it may wake or start
             endpoint, doc, body, keys[0], name, lambda: self.endpoint(keys[0]))
         fwd = await self.admit(name, keys, ticket, rec, key, again)
@@ -302,8 +299,18 @@ class Door:
         got = self.router.choose(route, endpoint, doc, body)
         if not isinstance(got, Routed):
             raise Refused(errors.route_refused(got), got.code)
-        rec.route_choice = got.kind  # counted once it serves (``serve``): a second choice may
+        rec.route_choice = got.kind  # counted once forwarded (``serve``): it may be replaced
         return await self.serve(request, endpoint, doc, body, key, ticket, rec, outcome, got)
+
+    def _rechoice(self, routed: Routed, endpoint: str, doc: Mapping[str, Any], body: bytes,
+                  kinds: frozenset[str]) -> Rechoice | None:
+        """A routed call's way to a second choice while held, among the candidates whose
+        engine serves this endpoint (None: its route is gone)."""
+        route = self.w.desired.routes.get(routed.route)
+        if route is None:
+            return None
+        return Rechoice(self.router, route, endpoint, doc, body, routed,
+                        lambda k: (c := self.catalog.claim(k)) is not None and c.engine in kinds)
 
     async def check_context(self, endpoint: str, doc: Mapping[str, Any], body: bytes,
                             key: ClaimKey, name: str,
