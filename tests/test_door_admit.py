@@ -19,10 +19,14 @@ from reconciler.door.keys import KeyFile
 from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.plan import Forward
+from reconciler.door.routing import Rechoice, Routed
 from reconciler.door.server import make_server
 from reconciler.door.settings import DoorSettings
 from contract.quantity import GiB
 from tests.reconciler_fakes import FakeAgent, Rig, claim_yaml
+from tests.test_door_modelroute import route
+from tests.test_door_route_choice import labelled
+from tests.waits import until
 from tests.test_reconciler_claims_lifecycle import (
     IDLE_POLICY,
     ROOM_POLICY,
@@ -317,3 +321,38 @@ async def test_held_requests_are_answered_503_when_the_replica_stops_serving(
     assert door.ledger.held("m") == 0
     ticket.leave()
     assert door.ledger.in_flight("m") == 0
+
+
+async def test_a_held_route_call_whose_claim_is_deleted_goes_to_the_routes_next_choice(
+        tmp_path: Path) -> None:
+    a = FakeAgent("agent-a")
+    both = labelled("big", "big", 2048) + labelled("small", "small", 2048)
+    rig = Rig(tmp_path, [a], both + "---\n" + route("chat"), policy=IDLE_POLICY)
+    for name in ("big", "small"):
+        await active_claim(rig, a, name)
+    for name in ("big", "small"):
+        await rig.reconcile(name, advance=61)
+        assert rig.status(name).phase == "Sleeping"
+    door = door_for(rig, recheck_s=0.05)
+    chat = rig.desired.routes["chat"]
+    body = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
+    doc = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    first = door.router.choose(chat, "chat", doc, body)
+    assert first == Routed("chat", "woken", ("default", "big"), "big")
+    assert isinstance(first, Routed)
+    again = Rechoice(door.router, chat, "chat", doc, body, first, lambda k: True)
+    held = asyncio.ensure_future(door.admit("big", (first.claim,), Ticket(door.ledger), record(),
+                                            None, again))
+    await settle()
+    assert rig.deps.books.wakes.get("big") is not None and not held.done()
+    rig.write_claims(labelled("small", "small", 2048) + "---\n" + route("chat"))
+    # the held call's next look: big is gone, small is chosen and its wake asked
+    await until("small's wake asked", lambda: rig.deps.books.wakes.get("small") is not None, 5)
+    assert not held.done()
+    await rig.reconcile("small")  # wakes it
+    await rig.reconcile("small")  # sees it serve
+    got = await asyncio.wait_for(held, 5)
+    assert got == Forward(("default", "small"), "agent-a.pool", a.models["small"]["port"],
+                          "agent-a")
+    assert again.routed == Routed("chat", "woken", ("default", "small"), "small",
+                                  rechosen_from=("default", "big"))

@@ -166,3 +166,78 @@ async def test_an_over_long_prompt_to_a_route_whose_candidates_sleep_wakes_none(
     assert door.wakes("big") == 0 and door.wakes("small") == 0
     for name in ("big", "small"):
         assert door.status(name).phase == "Sleeping"  # type: ignore[union-attr]
+
+
+async def test_a_held_route_call_is_served_by_a_candidate_woken_meanwhile_before_the_preferred(
+        door: Door) -> None:
+    door.pool(SLEEPY)
+    await door.start()
+    door.write("chat", route("chat", tolerance=10))
+    door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
+                               args={"--sim-wake-seconds": "12"}))
+    door.write("small", labelled("small", {"family": "qwen", "tier": "small"},
+                                 args={"--sim-wake-seconds": "0.3"}))
+    await door.phase("big", "Sleeping", 60)
+    await door.phase("small", "Sleeping", 60)
+    started = time.monotonic()
+    held = asyncio.ensure_future(door.chat("chat"))  # chooses to wake big, and waits for it
+    await door.until("big waking", lambda: getattr(door.status("big"), "phase", None)
+                     == "Activating", 10)
+    assert not held.done()
+    status, body, _ = await door.chat("small")  # small woken by a direct call meanwhile
+    assert status == 200, body
+    status, body, headers = await held
+    assert time.monotonic() - started < 12.0  # before big finished waking
+    assert status == 200, body
+    assert (headers["x-route-model"], headers["x-route-choice"],
+            headers["x-route-rechosen-from"]) == ("small", "warm", "default/big")
+    assert getattr(door.status("big"), "phase", None) == "Activating"  # wake not cancelled
+    await door.logged(2)
+    lines = [line for line in door.access() if line.get("route") == "chat"]
+    assert [(line["route_choice"], line["route_rechosen_from"], line["model"])
+            for line in lines] == [("warm", "default/big", "small")]
+    text = await door.metrics()
+    assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="warm",
+                  model="small") == 1.0
+    assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="woken",
+                  model="big") in (None, 0.0)
+    await door.until("big woke", lambda: door.wakes("big") == 1, 30)
+
+
+async def test_a_full_warm_candidate_queues_a_route_call_or_the_preferred_is_woken_by_the_figures(
+        door: Door) -> None:
+    """small (in tolerance) runs one call at a time, 2 s each, and has one in flight; big (the
+    preferred, asleep) would take 3 s to wake by its footprint at 1 GiB/s. With no latency seen
+    yet small's call counts 30 s (the seed's), so big is woken; once the door has seen small's
+    2 s calls, the call queues at small instead."""
+    door.pool(SLEEPY)
+    await door.start()
+    door.write("chat", route("chat", tolerance=10))
+    door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
+                               args={"--sim-wake-seconds": "0.3"}))
+    door.write("small", labelled("small", {"family": "qwen", "tier": "small"}, never_sleep=True,
+                                 args={"--max-num-seqs": "1", "--sim-request-seconds": "2"}))
+    await door.phase("big", "Sleeping", 60)
+    await door.phase("small", "Active", 60)
+    assert door.app is not None and door.app.door is not None
+    forwards = door.app.door.door.forwards
+
+    async def beside_a_call_in_flight_on_small() -> tuple[int, Any, Any]:
+        busy = asyncio.ensure_future(door.chat("small"))
+        await door.until("small busy", lambda: bool(forwards.in_flight(("default", "small"))))
+        answer = await door.chat("chat")
+        assert (await busy)[0] == 200
+        return answer
+
+    status, body, headers = await beside_a_call_in_flight_on_small()
+    assert status == 200, body
+    assert (headers["x-route-model"], headers["x-route-choice"]) == ("big", "woken")
+    assert 1.9 < (forwards.latency(("default", "small")) or 0) < 3.0
+    await door.phase("big", "Sleeping", 30)  # idle again
+    status, body, headers = await beside_a_call_in_flight_on_small()
+    assert status == 200, body
+    assert (headers["x-route-model"], headers["x-route-choice"]) == ("small", "queued")
+    assert door.wakes("big") == 1 and getattr(door.status("big"), "phase", None) == "Sleeping"
+    text = await door.metrics()
+    assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="queued",
+                  model="small") == 1.0

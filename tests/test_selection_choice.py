@@ -245,3 +245,29 @@ def test_with_no_room_and_no_queue_the_call_is_busy_with_a_retry_after() -> None
     gpus = {"g0": GpuView("g0", 80 * GiB, 10 * GiB, (busy,))}
     got = decide(View(NOW, {"m": (asleep("m"),)}, gpus), route, claims)
     assert isinstance(got, Busy) and got.status == 503 and got.retry_after == 20
+
+
+# A view that does not know the memory (the door's): bringing the preferred up is weighed
+# against the queue at a full warm copy in tolerance.
+def full(engine: str, started: float, latency_s: float | None) -> Copy:
+    return Copy(engine, "agent-a", "g1", CopyState.ACTIVE, slots=1, in_flight=(started,),
+                latency_s=latency_s)
+
+
+@pytest.mark.parametrize(("latency_s", "kind", "candidate", "expected_s"), [
+    (2.0, Kind.QUEUED, "near", 1.5),  # 1.5 s left of near's call beats a 3 s wake
+    (None, Kind.WOKEN, "big", 3.0),  # none seen: 30 s, less the 0.5 s gone, loses to it
+    (3.5, Kind.QUEUED, "near", 3.0),  # 3 s left against a 3 s wake: the queue is no longer
+    (4.0, Kind.WOKEN, "big", 3.0),  # 3.5 s left: the wake is sooner
+])
+def test_where_room_is_unknown_a_full_warm_copy_queues_the_call_when_that_is_sooner(
+        latency_s: float | None, kind: Kind, candidate: str, expected_s: float) -> None:
+    route, claims = tiered(10.0)
+    copies = {"big": (asleep("big", needs=0, bring_up_s=3.0),),
+              "near": (full("near", NOW - 0.5, latency_s),)}
+    gpus = {"g0": GpuView("g0", None, 0), "g1": GpuView("g1", None, 0)}
+    got = decide(View(NOW, copies, gpus, room_unknown=True), route, claims)
+    assert isinstance(got, Choice)
+    assert (got.kind, got.candidate, got.expected_s) == (kind, candidate, expected_s)
+    known = decide(View(NOW, copies, gpus), route, claims)  # memory known free: woken, as ever
+    assert isinstance(known, Choice) and known.kind is Kind.WOKEN

@@ -9,7 +9,8 @@ A line says who asked for what, where it went and how it went (``duration_ms`` l
      "stream": true, "duration_ms": 812.4, "ttft_ms": 35.1, "upstream_ms": 409.6,
      "held_ms": 402.2,
      "held_for": "wake", "prompt_tokens": 12, "completion_tokens": 16, "bytes": 2431,
-     "error": null, "key": "sha256:1a2b3c4d", "route": null, "route_choice": null}
+     "error": null, "key": "sha256:1a2b3c4d", "route": null, "route_choice": null,
+     "route_rechosen_from": null}
 
 Lines are written in batches, at most ``FLUSH_S`` after the request ended (one write for many
 requests: the logging module's lock, record and flush per line cost the door more than a fifth
@@ -52,7 +53,8 @@ class AccessRecord:
     error: str | None = None
     key: str | None = None
     route: str | None = None  # the ModelRoute asked for (``model`` is the claim's that served)
-    route_choice: str | None = None  # warm, converged, woken, started, queued, made-room
+    route_choice: str | None = None  # warm, converged, woken, started, queued, made-room, held
+    route_rechosen_from: str | None = None  # a held call's first choice, when another served
 
 
 class AccessLog:

@@ -38,11 +38,12 @@ from reconciler.desired import ClaimKey, key_text
 from reconciler.door import endpoints, errors, ollama, plan, proxy, usage, window
 from reconciler.door.access import AccessRecord
 from reconciler.door.catalog import Catalog
+from reconciler.door.forwards import Forwards
 from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
 from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
-from reconciler.door.routing import Routed, Router
+from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.door.settings import DoorSettings
 from reconciler.routes import Route, route_of
 from reconciler.selection.route_spec import Route as ModelRoute
@@ -58,6 +59,17 @@ class Refused(Exception):
         super().__init__(reason)
         self.response = response
         self.reason = reason
+
+
+def _rechosen(again: Rechoice, lost: bool) -> tuple[ClaimKey, ...]:
+    """The claim a held route call goes to now (``()``: it keeps its own); ``Refused`` when
+    its claim is lost and the route now refuses."""
+    got = again.again(lost)
+    if got is None:
+        return ()
+    if not isinstance(got, Routed):
+        raise Refused(errors.route_refused(got), got.code)
+    return (got.claim,)
 
 
 class Door:
@@ -80,11 +92,12 @@ class Door:
         self._urls: tuple[object, dict[str, str]] | None = None
         self._decided: dict[ClaimKey, tuple[int, plan.Forward]] = {}
         wakes, clock = self.b.wakes, self.w.clock
+        self.forwards = Forwards()  # the door's own forwards per claim (the route's queue)
         self.router = Router(self.w.desired, lambda k: self.catalog.context(k, self.model_of(k)),
                              lambda: self.catalog.version,
                              lambda k: plan.decide(k, *self.status_and_route(k)),
                              lambda m: (w := wakes.get(m)) is not None
-                             and not wakes.expired(w, clock.now()), clock.now)
+                             and not wakes.expired(w, clock.now()), clock.now, self.forwards)
 
     # ---- the reconciler's view ------------------------------------------------------------
 
@@ -135,9 +148,12 @@ class Door:
     # ---- holding ----------------------------------------------------------------------------
 
     async def admit(self, name: str, keys: tuple[ClaimKey, ...], ticket: Ticket,
-                    rec: AccessRecord, key: Key | None = None) -> plan.Forward:
+                    rec: AccessRecord, key: Key | None = None,
+                    again: Rechoice | None = None) -> plan.Forward:
         """The claim to forward to, once it serves; ``Refused`` when it cannot in time, or
-        when its claims were deleted meanwhile."""
+        when its claims were deleted meanwhile. ``again``: a routed call's second choice,
+        asked after each wait (a candidate became warm) and when its claim is gone or
+        refuses; ``again.routed`` is then what serves."""
         s = self.settings
         deadline = rec.started + s.max_wait_s
         held_since: float | None = None
@@ -149,10 +165,17 @@ class Door:
                 if why is not None:  # the replica stopped serving (it no longer leads)
                     raise Refused(errors.not_serving(why), "not_leading")
                 keys = tuple(k for k in keys if self.w.desired.claim(k) is not None)
+                if not keys and again is not None:  # the chosen claim was deleted
+                    keys = _rechosen(again, True) or keys
                 if not keys:
                     raise Refused(errors.unknown_model(name, self.visible_names(key)),
                                   "unknown_model")
                 d = self.decide(keys)
+                if again is not None and (isinstance(d, plan.Refuse) or held_since is not None
+                                          and isinstance(d, plan.Hold)):
+                    rechosen = _rechosen(again, isinstance(d, plan.Refuse))
+                    if rechosen:
+                        keys, d = rechosen, self.decide(rechosen)
                 model = self.model_of(d.claim)
                 ticket.enter(model)  # no await since the decision: the idle check sees it
                 rec.model, rec.claim = model, key_text(d.claim)
@@ -225,12 +248,21 @@ class Door:
                 f"{request.path} is served by {endpoints.kinds_text(kinds)} engines; model "
                 f"{name!r} runs on {endpoints.kinds_text(frozenset((first.engine,)))}.",
                 "model"), "wrong_engine")
+        again = None if routed is None else self._rechoice(routed, endpoint, doc, body, kinds)
         checked = len(keys) == 1 and await self.check_context(  # before it may wake or start
             endpoint, doc, body, keys[0], name, lambda: self.endpoint(keys[0]))
-        fwd = await self.admit(name, keys, ticket, rec, key)
+        fwd = await self.admit(name, keys, ticket, rec, key, again)
         claim = self.catalog.claim(fwd.claim)
         assert claim is not None  # admit looked, with no await since
         model = claim.model_name
+        if again is not None:  # what serves it, the first choice or a second one
+            routed = again.routed
+            if fwd.claim != keys[0]:
+                name, checked = routed.model, False
+            rec.route_choice = routed.kind
+            if routed.rechosen_from is not None:
+                rec.route_rechosen_from = key_text(routed.rechosen_from)
+            self.metrics.route_chose(routed.route, routed.kind, routed.model)
         rec.upstream = f"{fwd.agent} {fwd.host}:{fwd.port}"
         self.catalog.learn_soon(self.upstream, fwd.claim, fwd.host, fwd.port)
         upstream_name = self.catalog.upstream_name(claim, name)
@@ -241,13 +273,20 @@ class Door:
             body, hide_usage = ollama.native_body(doc, body, upstream_name), False
         else:  # the engine's own token counts for every stream, asked for the client if need be
             body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
-        self.b.tracker.busy(fwd.agent, model, self.w.clock.now())
+        forwards, started = self.forwards, self.w.clock.now()
+        self.b.tracker.busy(fwd.agent, model, started)
+        forwards.start(fwd.claim, started)  # no await since admit: the next choice sees it
         extra = routed.headers(fwd.agent) if routed is not None else None
+        answered = False
         try:
-            return await proxy.forward(request, self.upstream, fwd.host, fwd.port, request.path,
-                                       body, outcome, hide_usage, extra)
+            answer = await proxy.forward(request, self.upstream, fwd.host, fwd.port,
+                                         request.path, body, outcome, hide_usage, extra)
+            answered = outcome.error is None
+            return answer
         finally:
-            self.b.tracker.busy(fwd.agent, model, self.w.clock.now())
+            ended = self.w.clock.now()
+            forwards.end(fwd.claim, started, ended, answered)
+            self.b.tracker.busy(fwd.agent, model, ended)
 
     async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
                           doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,
@@ -260,9 +299,18 @@ class Door:
         got = self.router.choose(route, endpoint, doc, body)
         if not isinstance(got, Routed):
             raise Refused(errors.route_refused(got), got.code)
-        rec.route_choice = got.kind
-        self.metrics.route_chose(route.name, got.kind, got.model)
+        rec.route_choice = got.kind  # counted once forwarded (``serve``): it may be replaced
         return await self.serve(request, endpoint, doc, body, key, ticket, rec, outcome, got)
+
+    def _rechoice(self, routed: Routed, endpoint: str, doc: Mapping[str, Any], body: bytes,
+                  kinds: frozenset[str]) -> Rechoice | None:
+        """A routed call's way to a second choice while held, among the candidates whose
+        engine serves this endpoint (None: its route is gone)."""
+        route = self.w.desired.routes.get(routed.route)
+        if route is None:
+            return None
+        return Rechoice(self.router, route, endpoint, doc, body, routed,
+                        lambda k: (c := self.catalog.claim(k)) is not None and c.engine in kinds)
 
     async def check_context(self, endpoint: str, doc: Mapping[str, Any], body: bytes,
                             key: ClaimKey, name: str,

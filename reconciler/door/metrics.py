@@ -9,7 +9,7 @@
 | ``aibrix:door_held_seconds`` | model, cause | time held before forwarding: ``wake``, ``room``, ``start``, ``move``, ``settle`` |
 | ``aibrix:door_wakes_requested_total`` | model | wakes the door asked the reconciler for (repeats collapse) |
 | ``aibrix:door_tokens_total`` | model, kind | ``prompt`` and ``completion`` tokens from the engines' ``usage`` (streams too: ``reconciler.door.usage``) |
-| ``aibrix:door_route_choices_total`` | route, kind, model | calls to a ModelRoute by what served them (``warm``, ``converged``, ``woken``, ``started``, ``queued``, ``made-room``, ``held``) and the claim model chosen |
+| ``aibrix:door_route_choices_total`` | route, kind, model | calls to a ModelRoute by what served them (``warm``, ``converged``, ``woken``, ``started``, ``queued``, ``made-room``, ``held``) and the claim model that served (counted when forwarded; a second choice by its own kind) |
 | ``aibrix:door_requests_in_flight``, ``aibrix:door_requests_held`` | model | now |
 
 ``model`` is the claim's modelName (an adapter counts under its claim), or ``""`` for a request

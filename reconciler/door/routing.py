@@ -11,19 +11,22 @@ reads: each candidate claim's ``plan.decide`` (status and route) says what its c
 
 | ``plan.decide`` | copy in the view |
 |---|---|
-| ``Forward`` | ``active`` (its engine queues what it cannot run at once: one free slot always) |
+| ``Forward`` | ``active``: its slots (``forwards.slots``), the door's forwards in flight to it and their latency average (``forwards.Forwards``) |
 | ``Hold`` settle, start, move; ``Hold`` wake with a wake already asked | ``waking`` / ``starting`` (a call converges on it) |
 | ``Hold`` wake or room of a sleeping claim | ``asleep`` |
 | ``Hold`` with a kick (pending, not placed yet, activation failed) | ``stopped`` |
 | ``Refuse`` | none |
 
-Memory is the reconciler's: every dormant copy needs 0 bytes in the door's view, so the choice
-for a dormant preferred claim is ``woken`` or ``started`` and the reconciler's own wake and
+Memory is the reconciler's: every dormant copy needs 0 bytes in the door's view
+(``View.room_unknown``), so bringing a dormant preferred claim up (its footprint at 1 GiB/s,
+the seed's) is weighed against the queue at the soonest full warm copy in tolerance: ``queued``
+when that queue is no longer, else ``woken`` or ``started``, and the reconciler's own wake and
 placement make room if there is none (by its own victim rule). The door then carries the choice
-out through ``Door.admit`` for the chosen claim alone: forward at once (warm), or hold and ask
-the wake book (one wake for many requests) or kick the claim. Not carried out yet: ``queued``
-(no copy is ever seen without a free slot) and ``made-room`` with the door's planned victims
-(the reservation book is not shared with the reconciler), nor a second choice while held.
+out through ``Door.admit`` for the chosen claim alone: forward at once (warm, queued: the
+engine queues it), or hold and ask the wake book (one wake for many requests) or kick the
+claim. Not carried out yet: ``made-room`` with the door's planned victims (the reservation book
+is not shared with the reconciler). A held call chooses again on each change of the door's
+view (``Rechoice``): a candidate that became warm takes it over.
 
 The prompt is estimated (3.5 characters per token) only when the body is larger than the
 narrowest known context of the candidates, so a candidate that cannot hold it is passed over; a
@@ -39,13 +42,13 @@ from typing import Any
 
 from reconciler.desired import ClaimKey, Desired, key_text
 from reconciler.door import plan, window
+from reconciler.door.forwards import Forwards, slots
 from reconciler.selection.candidates import Candidates, ClaimInfo, rank
-from reconciler.selection.choice import Choice, choose
+from reconciler.selection.choice import Choice, Kind, choose
 from reconciler.selection.refusals import Busy, PromptNeed, PromptTooLarge, Refusal, ZeroMatch
 from reconciler.selection.route_spec import Route
 from reconciler.selection.view import Copy, CopyState, GpuView, View
 
-ALWAYS_FREE = 1 << 30  # slots of a warm copy: its engine queues what it cannot run at once
 FAILED_SCHEDULING = "FailedScheduling"
 NO_MATCHING_MODEL = "NoMatchingModel"
 HELD = "held"
@@ -103,11 +106,15 @@ class Routed:
     kind: str  # the choice's kind; ``held`` when nothing can serve now (``Busy``)
     claim: ClaimKey
     model: str
+    rechosen_from: ClaimKey | None = None  # the claim a held call was first choosing
 
     def headers(self, agent: str) -> dict[str, str]:
-        return {"x-route": self.route, "x-route-claim": key_text(self.claim),
-                "x-route-model": self.model, "x-route-agent": agent,
-                "x-route-choice": self.kind}
+        out = {"x-route": self.route, "x-route-claim": key_text(self.claim),
+               "x-route-model": self.model, "x-route-agent": agent,
+               "x-route-choice": self.kind}
+        if self.rechosen_from is not None:
+            out["x-route-rechosen-from"] = key_text(self.rechosen_from)
+        return out
 
 
 class Router:
@@ -115,8 +122,10 @@ class Router:
 
     def __init__(self, desired: Desired, context: Callable[[ClaimKey], int | None],
                  version: Callable[[], int], decide: Callable[[ClaimKey], plan.Decision],
-                 wake_pending: Callable[[str], bool], now: Callable[[], float]) -> None:
+                 wake_pending: Callable[[str], bool], now: Callable[[], float],
+                 forwards: Forwards | None = None) -> None:
         self._desired = desired
+        self.forwards = forwards if forwards is not None else Forwards()
         self._context = context
         self._version = version  # what the catalog learned (contexts)
         self._decide = decide
@@ -162,15 +171,18 @@ class Router:
             if copy is not None:
                 copies[name] = (copy,)
                 gpus.setdefault(copy.gpu, GpuView(copy.gpu, None, 0))
-        return View(self._now(), copies, gpus)
+        return View(self._now(), copies, gpus, room_unknown=True)
 
     def _copy(self, key: ClaimKey, name: str) -> Copy | None:
         d = self._decide(key)
-        if isinstance(d, plan.Forward):
-            return Copy(name, d.agent, d.agent, CopyState.ACTIVE, slots=ALWAYS_FREE)
         if isinstance(d, plan.Refuse):
             return None
         claim = self._desired.claim(key)
+        if isinstance(d, plan.Forward):
+            fw = self.forwards
+            return Copy(name, d.agent, d.agent, CopyState.ACTIVE,
+                        slots=slots(claim.engine, claim.engine_args) if claim else 1,
+                        in_flight=fw.in_flight(key), latency_s=fw.latency(key))
         model = claim.model_name if claim is not None else key[1]
         if d.cause in (plan.SETTLE, plan.MOVE) or d.cause == plan.START and not d.kick:
             state = CopyState.STARTING if d.cause != plan.SETTLE else CopyState.WAKING
@@ -178,7 +190,9 @@ class Router:
             state = CopyState.WAKING if self._wake_pending(model) else CopyState.ASLEEP
         else:
             state = CopyState.STOPPED
-        return Copy(name, "", name, state)  # each dormant copy on its own budget of 0 bytes
+        # each dormant copy on its own budget of 0 bytes; its bring-up at 1 GiB/s of its footprint
+        size = claim.per_gpu.maximum_footprint if claim and claim.per_gpu else 0
+        return Copy(name, "", name, state, size=size)
 
     def choose(self, route: Route, endpoint: str, doc: Mapping[str, Any], body: bytes
                ) -> Routed | Refusal:
@@ -199,6 +213,37 @@ class Router:
         key = _key(name)
         claim = self._desired.claim(key)
         return Routed(route.name, kind, key, claim.model_name if claim is not None else key[1])
+
+
+class Rechoice:
+    """A held route call's way back to the choice (a second choice while held).
+
+    The door holds a routed call for its chosen claim; on every change of its view it calls
+    ``again``. While the chosen claim is still coming up, only a *warm* in-tolerance candidate
+    takes the call over (the wake already asked is not cancelled: other calls may converge on
+    it, and the idle rule sleeps it again if none does). When the chosen claim is gone
+    (deleted) or cannot serve (``lost``), whatever the choice says now is taken, a refusal
+    included. ``routed`` is the choice that serves in the end (``rechosen_from`` set when it is
+    not the first)."""
+
+    def __init__(self, router: Router, route: Route, endpoint: str, doc: Mapping[str, Any],
+                 body: bytes, first: Routed, usable: Callable[[ClaimKey], bool]) -> None:
+        self._router, self._route = router, route
+        self._endpoint, self._doc, self._body = endpoint, doc, body
+        self._first = first
+        self._usable = usable  # a claim whose engine serves this endpoint
+        self.routed = first
+
+    def again(self, lost: bool) -> Routed | Refusal | None:
+        """The new choice, when it replaces the current one (None: keep waiting for it)."""
+        got = self._router.choose(self._route, self._endpoint, self._doc, self._body)
+        if not isinstance(got, Routed):
+            return got if lost else None
+        if got.claim == self.routed.claim or not self._usable(got.claim) \
+                or not lost and got.kind != str(Kind.WARM):
+            return None
+        self.routed = Routed(got.route, got.kind, got.claim, got.model, self._first.claim)
+        return self.routed
 
 
 def _prompt(endpoint: str, doc: Mapping[str, Any], body_bytes: int, narrowest: int | None

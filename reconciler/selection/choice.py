@@ -14,7 +14,9 @@ the caller does it (forwards, holds on a queue, claims the plan and wakes, start
    waits for that copy instead of bringing up a second model.
 3. ``woken`` / ``started``: the preferred candidate brought up now where the GPU's budget
    already holds it (free memory, less live plans' loads, plus their victims' credit), the
-   cheaper by bring-up time (measured, else size at 1 GiB/s).
+   cheaper by bring-up time (measured, else size at 1 GiB/s). In a view that does not know the
+   memory (``View.room_unknown``: the door's), that bring-up is weighed against the queue
+   option of step 4 instead (``queued`` when the queue is no longer).
 4. The queue-or-unload decision in seconds (``delay``): the queue option is the shortest
    ``queue_wait`` over the warm copies of in-tolerance candidates; the unload option is, over
    the preferred candidate's dormant copies on GPUs that can hold it, the cheapest bring-up plus
@@ -164,6 +166,9 @@ def choose(route: Route, cands: Candidates, view: View,
                    for c, short in dormant if short is not None and short <= 0]
     if now_options:  # 3. bring the preferred up where the budget holds it
         secs, _, _, c = min(now_options, key=lambda o: o[:3])
+        queue = _queue_option(cands, tol_set, view) if view.room_unknown else None
+        if queue is not None and queue_wins(queue[0], secs):  # the room may not be free
+            return _at(Kind.QUEUED, queue[1], queue[2], queue[0])
         return _at(Kind.STARTED if c.state is CopyState.STOPPED else Kind.WOKEN, pref, c, secs)
     queue = _queue_option(cands, tol_set, view)  # 4. queue or unload
     unload = _unload_option(dormant, view)

@@ -163,13 +163,17 @@ class Copies:
 class View:
     """The state of the pool for one call: the clock, each candidate's copies (``Copies``, or
     a mapping by claim name that is indexed here), the GPUs by id, the reservation book, and
-    the pool's sleepToMakeRoomAfterSeconds."""
+    the pool's sleepToMakeRoomAfterSeconds. ``room_unknown``: the GPUs' memory is not this
+    view's to know (the door's view: room is made by the reconciler's wake and placement), so a
+    dormant copy "fits now" without proving it was free, and its bring-up is weighed against
+    the queue as an unload would be."""
 
     now: float
     copies: Copies | Mapping[str, tuple[Copy, ...]] = field(default_factory=Copies, hash=False)
     gpus: Mapping[str, GpuView] = field(default_factory=dict, hash=False)
     book: Book = field(default_factory=Book)
     idle_after_s: float = DEFAULT_IDLE_AFTER_S
+    room_unknown: bool = False
 
     # worked out at construction (plain attributes: a call reads each a few times)
     largest_card: int | None = field(init=False, hash=False, compare=False)
