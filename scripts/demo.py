@@ -131,6 +131,10 @@ def main() -> int:
     p.add_argument("--claims-port", type=int, default=8081, help="the reconciler's port")
     p.add_argument("--door-port", type=int, default=8000, help="the front door's port")
     p.add_argument("--state-dir", default=None)
+    p.add_argument("--kv-shm-dir", default=None,
+                   help="where the engines' KV segments live (the agent's default, /dev/shm, "
+                        "when not given); another directory lets the demo run beside an agent "
+                        "that already serves the same models")
     p.add_argument("--keep-running", action="store_true",
                    help="leave the agent up after the demo (Ctrl-C stops it)")
     p.add_argument("--keep-dir", action="store_true",
@@ -169,7 +173,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
          "--port", str(args.port),
          "--state-dir", str(state_dir), "--log-format", "text", "--restart-delays", "1,2,4,8,16",
          "--scrape-interval", "0.5", "--claims", str(claims_dir),
-         "--claims-port", str(args.claims_port), "--door-port", str(args.door_port)],
+         "--claims-port", str(args.claims_port), "--door-port", str(args.door_port),
+         *(["--kv-shm-dir", args.kv_shm_dir] if args.kv_shm_dir else [])],
         cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
     log.close()
     agent = Agent(proc, log_path)

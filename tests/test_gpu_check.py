@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -72,19 +73,30 @@ class cuda:
 """
 
 
+def ours(tmp_path: Path) -> list[psutil.Process]:
+    """The processes this test started: they carry its PYTHONPATH (the fake torch), whoever
+    their parent is now; another test's beside this one (pytest -n) do not."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("PYTHONPATH") == str(tmp_path):
+                found.append(proc)
+    return found
+
+
 class WorkerReportingBackend:
-    """Reports every running gpu_check worker as NVML would: its bytes plus a CUDA context, and
-    ``extra`` more for a worker that allocates (an attribution error to be caught)."""
+    """Reports every gpu_check worker of this test as NVML would: its bytes plus a CUDA context,
+    and ``extra`` more for a worker that allocates (an attribution error to be caught)."""
 
     name = "fake"
 
-    def __init__(self, proc_root: str = "/proc", extra: int = 0) -> None:
-        self.extra = extra
+    def __init__(self, ours: Path, extra: int = 0) -> None:
+        self.ours, self.extra = ours, extra
 
     def sample(self) -> GpuSample:
         procs = []
-        for proc in psutil.process_iter(["cmdline"]):
-            cmd = proc.info.get("cmdline") or []
+        for proc in ours(self.ours):
+            cmd = proc.info["cmdline"] or []
             if "worker" in cmd and "--bytes" in cmd:
                 nbytes = int(cmd[cmd.index("--bytes") + 1])
                 extra = self.extra if nbytes else 0
@@ -108,15 +120,14 @@ def test_dry_run_through_the_agent_code(tmp_path: Path, monkeypatch: pytest.Monk
     check = load_script()
 
     def backend(**kwargs: Any) -> WorkerReportingBackend:
-        return WorkerReportingBackend(extra=extra)
+        return WorkerReportingBackend(tmp_path, extra=extra)
 
     monkeypatch.setattr(check, "NvmlBackend", backend)
-    before = {p.pid for p in psutil.process_iter()}
+    before = {p.pid for p in ours(tmp_path)}
     assert check.main(["--bytes", str(GIB), "--timeout", "60"]) == code
     out = capsys.readouterr().out
     assert ("OK: credited" if code == 0 else "OFF: credited") in out
     assert "alloc" in out and "context" in out
-    leftovers = [p for p in psutil.process_iter(["cmdline", "status"])
-                 if p.pid not in before and p.info["status"] != psutil.STATUS_ZOMBIE
+    leftovers = [p for p in ours(tmp_path) if p.pid not in before and p.info["status"] != psutil.STATUS_ZOMBIE
                  and "gpu_check.py" in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []

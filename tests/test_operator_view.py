@@ -168,10 +168,13 @@ def test_top_shows_the_node_and_sleeps_wakes_and_stops_with_keys(
 @pytest.mark.timeout(300)
 def test_top_against_the_demo(tmp_path: Path, pane_factory: Callable[[list[str]], Pane]) -> None:
     """The README's path: the demo left running, then the live view on its agent."""
-    port, claims_port = free_port(), free_port()
+    port, claims_port, door_port = free_port(), free_port(), free_port()
+    (tmp_path / "shm").mkdir()
     log = (tmp_path / "demo.log").open("wb")
+    # Its own KV directory: the machine's /dev/shm may hold another agent's kvc_<model> names.
     demo = subprocess.Popen([sys.executable, "scripts/demo.py", "--port", str(port),
-                             "--claims-port", str(claims_port), "--state-dir",
+                             "--claims-port", str(claims_port), "--door-port", str(door_port),
+                             "--kv-shm-dir", str(tmp_path / "shm"), "--state-dir",
                              str(tmp_path / "state"), "--keep-running"], cwd=ROOT, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=sigint_default)
