@@ -163,6 +163,9 @@ def test_a_held_call_whose_claim_cannot_serve_takes_whatever_the_choice_says_now
 def test_an_engines_slots_come_from_its_args_else_its_own_default() -> None:
     assert slots("vllm", {"--max-num-seqs": "8"}) == 8
     assert slots("vllm", {}) == 256 and slots("vllm", {"--max-num-seqs": "x"}) == 256
+    assert slots("vllm", {"--max-num-seqs": "9" * 5000}) == 256  # int() would raise on it
+    assert slots("vllm", {"--max-num-seqs": "-5"}) == 256
+    assert slots("vllm", {"--max-num-seqs": "0"}) == 256
     assert slots("ollama", {"--num-parallel": "3"}) == 3 and slots("ollama", {}) == 1
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from contract.numbers import whole_number
 from reconciler.desired import ClaimKey
 
 ALPHA = 0.3  # weight of the newest answer in the average
@@ -28,12 +29,8 @@ SLOTS_ARG = {"vllm": "--max-num-seqs", "ollama": "--num-parallel"}
 
 def slots(engine: str, args: Mapping[str, str]) -> int:
     """Requests the claim's engine runs at once (see the module's docstring)."""
-    given = args.get(SLOTS_ARG.get(engine, ""), "")
-    try:
-        n = int(given)
-    except ValueError:
-        n = 0
-    return n if n > 0 else DEFAULT_SLOTS.get(engine, 1)
+    n = whole_number(args.get(SLOTS_ARG.get(engine, ""), ""), strip=True)
+    return n if n else DEFAULT_SLOTS.get(engine, 1)
 
 
 class Forwards:
