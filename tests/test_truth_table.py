@@ -44,7 +44,11 @@ WINDOW_S = 2.0  # each column is polled this long after it first held (> HISTORY
 TRANSIENT = {"booting", "waking", "restarting", "stopping", "adopted booting"}
 # (row, column) -> why the cell fails today: each must fail, and the test errors once one
 # holds, so that the entry goes with the fix.
-PENDING: dict[tuple[str, str], str] = {}
+PENDING: dict[tuple[str, str], str] = {
+    ('aibrix:modelclaim_lifecycle_operations_total{model,action="sleep",result="success"}',
+     "adopted mid-sleep"): "a sleep the new agent sees through (its caller died with the old "
+                           "agent) is counted nowhere: the series stays absent",
+}
 # column -> why it fails as a whole today (a whole column of `absent` with its engine there)
 PENDING_COLUMNS: dict[str, str] = {}
 
@@ -236,8 +240,10 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
                 still=lambda: not agent.model(agent.client.snapshot(), "boot")["ready"])
 
     flags = {"s1": ["--sim-wake-seconds=3"], "stopper": ["--sim-stop-seconds=3"],
-             "waker": ["--sim-wake-seconds=6"], "stopper2": ["--sim-stop-seconds=6"]}
-    names = ("awake", "s1", "s2", "crash", "doomed", "stopper", "waker", "crash2", "stopper2")
+             "waker": ["--sim-wake-seconds=6"], "stopper2": ["--sim-stop-seconds=6"],
+             "sleeper": ["--sim-sleep-seconds=4"]}
+    names = ("awake", "s1", "s2", "crash", "doomed", "stopper", "waker", "crash2", "stopper2",
+             "sleeper")
     for name in names:
         walk.activate(name, *flags.get(name, []))
     for name in names:
@@ -287,6 +293,8 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
     wait_entry(agent, "boot2", lambda e: e["phase"] == "booting" and e["pid"], "booting")
     in_background(lambda: agent.client.wake("waker"))
     wait_entry(agent, "waker", lambda e: e["operation"] == "wake", "wake in flight")
+    in_background(lambda: agent.client.sleep("sleeper", 1))
+    wait_entry(agent, "sleeper", lambda e: e["operation"] == "sleep", "sleep in flight")
     in_background(lambda: agent.client.deactivate("stopper2"))
     wait_entry(agent, "stopper2", lambda e: e["phase"] == "stopping", "stopping")
     kill_engine(agent, "crash2")
@@ -300,6 +308,7 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
                 still=lambda: not new.model(new.client.snapshot(), "boot2")["ready"])
     for column, name in (("adopted active", "awake"), ("adopted sleeping-1", "s1"),
                          ("adopted sleeping-2", "s2"), ("adopted waking", "waker"),
+                         ("adopted mid-sleep", "sleeper"),
                          ("adopted restarting", "crash2"), ("adopted failed", "doomed"),
                          ("adopted stopping", "stopper2")):
         walk.column(column, name, began, 0)
