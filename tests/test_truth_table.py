@@ -244,9 +244,9 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
 
     flags = {"s1": ["--sim-wake-seconds=3"], "stopper": ["--sim-stop-seconds=3"],
              "waker": ["--sim-wake-seconds=6"], "stopper2": ["--sim-stop-seconds=6"],
-             "sleeper": ["--sim-sleep-seconds=4"]}
+             "crash": ["--sim-sleep-seconds=4"]}  # its sleep: adopted mid-sleep
     names = ("awake", "s1", "s2", "crash", "doomed", "stopper", "waker", "crash2", "stopper2",
-             "sleeper", "big")
+             "big")
     for name in names:
         walk.activate(name, *flags.get(name, []))
     for name in names:
@@ -258,6 +258,9 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
 
     walk.column("active", "awake", time.time() - 30, 0)
     walk.column("above capacity", "big", time.time() - 30, 0)
+    cursor = walk.cursor()
+    (agent.shm_dir / walk.asked["big"]["ipc_name"]).unlink()  # an operator's rm: it runs on
+    walk.column("segment deleted", "big", time.time() - 30, cursor)
 
     since, cursor = time.time(), walk.cursor()
     agent.client.sleep("s1", 1)
@@ -297,8 +300,8 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
     wait_entry(agent, "boot2", lambda e: e["phase"] == "booting" and e["pid"], "booting")
     in_background(lambda: agent.client.wake("waker"))
     wait_entry(agent, "waker", lambda e: e["operation"] == "wake", "wake in flight")
-    in_background(lambda: agent.client.sleep("sleeper", 1))
-    wait_entry(agent, "sleeper", lambda e: e["operation"] == "sleep", "sleep in flight")
+    in_background(lambda: agent.client.sleep("crash", 1))
+    wait_entry(agent, "crash", lambda e: e["operation"] == "sleep", "sleep in flight")
     in_background(lambda: agent.client.deactivate("stopper2"))
     wait_entry(agent, "stopper2", lambda e: e["phase"] == "stopping", "stopping")
     kill_engine(agent, "crash2")
@@ -306,18 +309,18 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
     # the restart is durable (the view says `restarting` a moment before the record does)
     assert wait_until(lambda: recorded(agent, "crash2").get("phase") == "restarting", 10)
     walk.remember()
-    assert recorded(agent, "sleeper").get("operation"), "the sleep landed before the SIGKILL"
+    assert recorded(agent, "crash").get("operation"), "the sleep landed before the SIGKILL"
     new = restart_agent(agent_factory, agent)
     walk.agent = new
     # the sleep in flight frees the engine's weights when it lands: let the new agent see it
     # through before any column is polled, so that no node-wide figure is polled across it
-    wait_entry(new, "sleeper", lambda e: e["phase"] == "sleeping" and e["operation"] is None,
+    wait_entry(new, "crash", lambda e: e["phase"] == "sleeping" and e["operation"] is None,
                "the sleep in flight seen through")
     walk.column("adopted booting", "boot2", began, 0,
                 still=lambda: not new.model(new.client.snapshot(), "boot2")["ready"])
     for column, name in (("adopted active", "awake"), ("adopted sleeping-1", "s1"),
                          ("adopted sleeping-2", "s2"), ("adopted waking", "waker"),
-                         ("adopted mid-sleep", "sleeper"),
+                         ("adopted mid-sleep", "crash"),
                          ("adopted restarting", "crash2"), ("adopted failed", "doomed"),
                          ("adopted stopping", "stopper2")):
         walk.column(column, name, began, 0)
