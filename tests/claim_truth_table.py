@@ -22,9 +22,9 @@ from reconciler.footprints import book_key
 
 CLAIM_SECTION = "Claims by situation"
 CLAIM_COLUMNS = ("declared", "neverSleep", "sleepAfterSeconds", "invalid lifecycle",
-                 "estimated", "measured")
+                 "estimated", "measured", "invalid edit")
 ROUTE_SECTION = "ModelRoutes by situation"
-ROUTE_COLUMNS = ("matched", "unmatched", "exact name")
+ROUTE_COLUMNS = ("matched", "unmatched", "exact name", "streamed")
 MiB = 1 << 20
 ENGINE_PHASES = {"active": "Active", "sleeping": "Sleeping", "activating": "Activating",
                  "booting": "Activating"}
@@ -102,18 +102,26 @@ def _phase(word: str, m: ClaimMoment) -> str | None:
     return wrong
 
 
-def _lifecycle(word: str, m: ClaimMoment) -> str | None:
-    cond = _condition(m.doc, "LifecycleApplied")
-    return _literal(word, cond and f"{cond['status']} {cond['reason']}", cond is not None)
+def _conditioned(kind: str) -> Callable[[str, ClaimMoment], str | None]:
+    """The check of condition ``kind``'s cells: its status and reason."""
+    def check(word: str, m: ClaimMoment) -> str | None:
+        cond = _condition(m.doc, kind)
+        return _literal(word, cond and f"{cond['status']} {cond['reason']}", cond is not None)
+    return check
 
 
-def _invalid_event(word: str, m: ClaimMoment) -> str | None:
-    found = _events(m, "InvalidLifecycle")
-    if word != "warning":
-        return _literal(word, found, bool(found))
-    cond = _condition(m.doc, "LifecycleApplied")
-    ok = [e for e in found if e["type"] == "Warning" and cond and e["message"] == cond["message"]]
-    return None if ok else f"no Warning event with the condition's message in {found}"
+def _warned(reason: str, kind: str) -> Callable[[str, ClaimMoment], str | None]:
+    """The check of event ``reason``'s cells: ``warning`` is a Warning whose message is
+    condition ``kind``'s."""
+    def check(word: str, m: ClaimMoment) -> str | None:
+        found = _events(m, reason)
+        if word != "warning":
+            return _literal(word, found, bool(found))
+        cond = _condition(m.doc, kind)
+        ok = [e for e in found
+              if e["type"] == "Warning" and cond and e["message"] == cond["message"]]
+        return None if ok else f"no Warning event with the condition's message in {found}"
+    return check
 
 
 def _slept(word: str, m: ClaimMoment) -> str | None:
@@ -180,8 +188,10 @@ def _book(word: str, m: ClaimMoment) -> str | None:
 
 CLAIM_ROWS: dict[str, Callable[[str, ClaimMoment], str | None]] = {
     "status.phase": _phase,
-    "LifecycleApplied": _lifecycle,
-    "event InvalidLifecycle": _invalid_event,
+    "LifecycleApplied": _conditioned("LifecycleApplied"),
+    "event InvalidLifecycle": _warned("InvalidLifecycle", "LifecycleApplied"),
+    "condition SpecApplied": _conditioned("SpecApplied"),
+    "event InvalidSpec": _warned("InvalidSpec", "SpecApplied"),
     "event Sleeping": _slept,
     "spec.perGPU.maximumFootprint": _figure("maximumFootprint", lambda a: a.footprint, 0),
     "spec.perGPU.kvFloor": _figure("kvFloor", lambda a: a.kv_floor, 1),
@@ -210,6 +220,10 @@ class RouteMoment:
     served: dict[str, str]  # x-route-claim/-model/-agent of the engine that served, if any
     warm_before: bool  # the chosen claim was Active just before the call
     calls: dict[tuple[str, str], int]  # (kind, model) -> calls the walk made through the route
+    tokens: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, model) -> the
+    # engines' usage of every call the walk made through the door, so far
+    usage: dict[str, int] | None = None  # the engine's usage of the column's call (None: none)
+    access: dict[str, Any] | None = None  # the door's access line of the column's call
 
 
 def _header(key: str) -> Callable[[str, RouteMoment], str | None]:
@@ -247,6 +261,26 @@ def _choices(word: str, m: RouteMoment) -> str | None:
     return _literal(word, series, bool(series))
 
 
+def _tokens(word: str, m: RouteMoment) -> str | None:
+    series = {(labels["kind"], labels["model"]): int(v) for n, labels, v in m.metrics
+              if n == "aibrix:door_tokens_total" and v}
+    if word == "counted":
+        want = {k: v for k, v in m.tokens.items() if v}
+        return None if series == want else f"{series}, the engines' usage says {want}"
+    return _literal(word, series, bool(series))
+
+
+def _access(key: str) -> Callable[[str, RouteMoment], str | None]:
+    def check(word: str, m: RouteMoment) -> str | None:
+        value, present = (m.access or {}).get(key), m.access is not None and key in m.access
+        if word == "usage":
+            want = (m.usage or {}).get(key)
+            return None if present and want is not None and value == want else \
+                f"{value!r}, the engine's usage says {want!r}"
+        return _literal(word, value, present)
+    return check
+
+
 ROUTE_ROWS: dict[str, Callable[[str, RouteMoment], str | None]] = {
     "modelroutes candidates": _candidates,
     "modelroutes FailedScheduling": _failed_scheduling,
@@ -257,6 +291,9 @@ ROUTE_ROWS: dict[str, Callable[[str, RouteMoment], str | None]] = {
     "x-route-agent": _header("x-route-agent"),
     "x-route-choice": _header("x-route-choice"),
     "aibrix:door_route_choices_total{route,kind,model}": _choices,
+    "aibrix:door_tokens_total{model,kind}": _tokens,
+    "access prompt_tokens": _access("prompt_tokens"),
+    "access completion_tokens": _access("completion_tokens"),
 }
 
 

@@ -44,7 +44,7 @@ from tests.claim_truth_table import (
 )
 from tests.harness import AgentProcess
 from tests.test_claim_lifecycle import annotated
-from tests.test_door_integration import SIM, Door, claim
+from tests.test_door_integration import CHAT, SIM, Door, claim
 from tests.test_door_modelroute import labelled, route
 from tests.test_footprint import QWEN3_06B, model_dir
 from tests.test_footprint_claims import without_per_gpu
@@ -57,8 +57,9 @@ GiB = 1 << 30
 POOL_IDLE = 4.0
 WINDOW_S = 1.0
 CARD = ["--simulate-gpus", "1x32GiB", "--gpu-reserve", "1GiB", "--gpu-sample-interval", "0.3"]
+NEVER_SLEEP = '{"neverSleep": true}'
 # claim -> (column, annotation or None)
-LIFECYCLES = {"plain": ("declared", None), "keep": ("neverSleep", '{"neverSleep": true}'),
+LIFECYCLES = {"plain": ("declared", None), "keep": ("neverSleep", NEVER_SLEEP),
               "quick": ("sleepAfterSeconds", '{"sleepAfterSeconds": 1}'),
               "typo": ("invalid lifecycle", '{"neverSleep": "true"}')}
 
@@ -150,6 +151,36 @@ class ClaimWalk:
         return {"x-route-claim": f"{ref['namespace']}/{ref['name']}",
                 "x-route-model": rose[0], "x-route-agent": "agent-a"}
 
+    async def call(self, name: str, streamed: bool) -> tuple[int, Any]:
+        """A chat call through the door (streamed: without asking for usage); its status and
+        headers, the whole answer read."""
+        assert self.door.http is not None
+        body = {"model": name, "messages": CHAT, "max_tokens": 4, "stream": streamed}
+        async with self.door.http.post(self.door.url + "/v1/chat/completions",
+                                       json=body) as resp:
+            await resp.read()
+            return resp.status, resp.headers
+
+    async def usage(self, model: str) -> dict[str, int]:
+        """The engine's own count of the walk's call (``usage``), asked of it directly."""
+        assert self.door.http is not None
+        engine = self.engine(model)
+        assert engine is not None
+        async with self.door.http.post(
+                f"http://127.0.0.1:{engine['port']}/v1/chat/completions",
+                json={"model": model, "messages": CHAT, "max_tokens": 4}) as resp:
+            return dict((await resp.json())["usage"])
+
+    async def access_line(self, before: int) -> dict[str, Any] | None:
+        """The door's access line of the call made when it had ``before`` lines (None: none
+        within 5 s)."""
+        try:
+            await self.door.until("the access line", lambda: len(self.door.access()) > before,
+                                  5)
+        except AssertionError:
+            return None
+        return self.door.access()[before]
+
     def counts(self) -> dict[str, int]:
         fresh = self.door.agent.client.get("/v1/runtime/snapshot?fresh=requests")
         return {m["model_name"]: m["request_success_total"] or 0 for m in fresh["models"]}
@@ -191,13 +222,16 @@ async def test_every_cell_of_the_claims_and_routes_tables_holds_on_real_processe
         walk.asked[name] = Asked(f"huggingface://t/{name}", args, 3 * GiB, GiB,
                                  own_idle=own if isinstance(own, (int, float)) else None,
                                  pool_idle=POOL_IDLE)
+    door.write("edited", annotated(claim("edited"), NEVER_SLEEP))
+    walk.asked["edited"] = Asked("huggingface://t/edited", args, 3 * GiB, GiB,
+                                 pool_idle=POOL_IDLE)
     model = model_dir(tmp_path / "models" / "est", QWEN3_06B,
                       {"w": ("BF16", [1024, 1024], 2)})
     est_args = {**args, "--sim-startup-seconds": "6"}
     estimate = estimate_directory(model, est_args)
     door.write("est", annotated(without_per_gpu(claim(
         "est", artifact=f"file://{model}", **{"--sim-startup-seconds": "6"})),
-        '{"neverSleep": true}'))
+        NEVER_SLEEP))
     walk.asked["est"] = Asked(f"file://{model}", est_args,
                               estimate=(estimate.footprint.bytes, estimate.kv_floor.bytes),
                               pool_idle=POOL_IDLE)
@@ -221,26 +255,42 @@ async def test_every_cell_of_the_claims_and_routes_tables_holds_on_real_processe
             await door.until(f"{name} asleep", functools.partial(asleep, name), 40)
         await walk.column(claims, column, functools.partial(walk.claim_moment, name),
                           claim_check)
+    # invalid edit: the running claim's file rewritten with a misspelt field
+    await door.until("edited serving", lambda: phase("edited") == "Active", 30)
+    door.write("edited", annotated(claim("edited").replace("artifactURL:", "artifactUrl:"),
+                                   NEVER_SLEEP))
+    await walk.column(claims, "invalid edit", functools.partial(walk.claim_moment, "edited"),
+                      claim_check)
     await door.until("est serving", lambda: phase("est") == "Active", 30)
     await walk.column(claims, "measured", lambda: walk.claim_moment("est"), claim_check)
 
     calls: dict[str, dict[tuple[str, str], int]] = {}
-    for column, name in (("matched", "chat"), ("unmatched", "nothing"), ("exact name", "keep")):
+    tokens: dict[tuple[str, str], int] = {}
+    for column, name, streamed in (("matched", "chat", False), ("unmatched", "nothing", False),
+                                   ("exact name", "keep", False), ("streamed", "chat", True)):
         warm = phase("keep") == "Active"
-        before = walk.counts()
-        status, _, headers = await door.chat(name)
+        before, lines = walk.counts(), len(door.access())
+        status, headers = await walk.call(name, streamed)
         served = walk.served_by(before, walk.counts())
         got = {k.lower(): v for k, v in headers.items()}
         if "x-route-choice" in got:  # the kind it says, the model of the engine that served
             key = (got["x-route-choice"], served.get("x-route-model", ""))
             calls.setdefault(name, {})[key] = calls.get(name, {}).get(key, 0) + 1
+        usage = await walk.usage(served["x-route-model"]) if status == 200 and served else None
+        for kind in ("prompt", "completion"):
+            if usage is not None:
+                key = (kind, served["x-route-model"])
+                tokens[key] = tokens.get(key, 0) + usage[f"{kind}_tokens"]
+        line = await walk.access_line(lines)
 
         async def moment(n: str = name, s: int = status, h: dict[str, str] = got,
-                         srv: dict[str, str] = served, w: bool = warm) -> RouteMoment:
+                         srv: dict[str, str] = served, w: bool = warm,
+                         u: dict[str, int] | None = usage, a: dict[str, Any] | None = line,
+                         made: dict[tuple[str, str], int] = dict(tokens)) -> RouteMoment:
             _, listed = await walk.get(f"{walk.api}/v1/modelroutes")
             item = next((i for i in listed["items"] if i["name"] == n), None)
             return RouteMoment(n, item, s, h, await walk.metrics(), ["default/keep"], srv, w,
-                               calls.get(n, {}))
+                               calls.get(n, {}), made, u, a)
 
         await walk.column(routes, column, moment, route_check, settle_s=5.0)
 

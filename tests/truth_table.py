@@ -28,10 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime_agent.kv.segment import read_segment
 
 SECTION = "Fields by phase"
-COLUMNS = ("booting", "active", "sleeping-1", "sleeping-2", "waking", "woken", "restarting",
-           "failed", "stopping", "adopted booting", "adopted active", "adopted sleeping-1",
-           "adopted sleeping-2", "adopted waking", "adopted restarting", "adopted failed",
-           "adopted stopping")
+COLUMNS = ("booting", "active", "above capacity", "segment deleted", "sleeping-1", "sleeping-2",
+           "waking", "woken", "restarting", "failed", "stopping", "adopted booting", "adopted active",
+           "adopted sleeping-1", "adopted sleeping-2", "adopted waking", "adopted mid-sleep",
+           "adopted restarting", "adopted failed", "adopted stopping")
 P = "aibrix:modelclaim_"
 GIB = 1024**3
 CARD_BYTES = 80 * GIB  # --simulate-gpus default: 1x80GiB
