@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Session, log, percentile, session
-from tests.harness import ROOT, AgentProcess, free_port
+from tests.harness import ROOT, AgentProcess
 
 STARTUP_S = "0.3"
 
@@ -92,10 +92,11 @@ def burst(agent: AgentProcess, seconds: float, probe_port: int | None) -> dict[s
 
 
 def measure(sess: Session, root: Path, label: str, engines: int, seconds: float,
-            probe_port: int | None = None) -> dict[str, Any]:
-    probe_args = ["--health-probe-port", str(probe_port)] if probe_port else []
+            probe: bool = False) -> dict[str, Any]:
     agent = sess.agent(root=root, ports=engines + 20, extra_args=[
-        "--simulate-gpus", "8x80GiB", "--scrape-interval", "2", *probe_args])
+        "--simulate-gpus", "8x80GiB", "--scrape-interval", "2"],
+        free_ports=["--health-probe-port"] if probe else [])
+    probe_port = agent.ports.get("--health-probe-port")
     log(f"{label}: starting {engines} undeclared engines on 8 cards")
     start_s = start_engines(agent, engines)
     cards = sorted({m["devices"][0] for m in agent.client.snapshot()["models"]
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with session("costs") as sess:
         rows.append(measure(sess, args.before.resolve(), "before", args.engines, args.seconds))
-        rows.append(measure(sess, ROOT, "after", args.engines, args.seconds, free_port()))
+        rows.append(measure(sess, ROOT, "after", args.engines, args.seconds, probe=True))
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} cores")
     print(f"{'':8} {'start (s)':>13} {'cards':>6} {'snapshot req/s':>15} {'p50':>9} "

@@ -24,7 +24,7 @@ import aiohttp
 import psutil
 
 from bench.common import Session, log, percentile
-from tests.harness import AgentProcess, free_port
+from tests.harness import AgentProcess
 from tests.reconciler_fakes import claim_yaml
 
 AGENT_ARGS = ["--simulate-gpus", "1x80GiB", "--scrape-interval", "2", "--kv-hold-interval", "1",
@@ -166,12 +166,11 @@ async def start_door(s: Session, http: aiohttp.ClientSession,
     claims.mkdir()
     for name, flags in engines.items():
         (claims / f"{name}.yaml").write_text(claim(name, flags))
-    door_port, claims_port = free_port(), free_port()
     access = s.tmp / "access.log"
     agent = s.agent(engine_host=None, extra_args=[
-        *AGENT_ARGS, "--claims", str(claims), "--claims-port", str(claims_port),
-        "--door-port", str(door_port), "--door-access-log", str(access)])
+        *AGENT_ARGS, "--claims", str(claims), "--door-access-log", str(access)])
     assert agent.proc is not None
+    door_port, claims_port = agent.ports["--door-port"], agent.ports["--claims-port"]
     claims_url = f"http://127.0.0.1:{claims_port}"
     routes = {m: await until(http, claims_url, m, "active") for m in engines}
     procs = {"agent+door": psutil.Process(agent.proc.pid)}
