@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from reconciler.desired import ClaimKey, Lookups
 from reconciler.kube.api import Obj
-from reconciler.kube.informer import ObjKey, meta, obj_key, only_status
+from reconciler.kube.informer import ObjKey, meta, namespaced_key, obj_key, only_status
 from reconciler.kube.route_objects import RouteObjects
 from reconciler.model.changes import Taken, take_change, unreadable
 from reconciler.model.manifests import (
@@ -143,8 +143,7 @@ class KubeDesired(Lookups):
         return int(gen) if isinstance(gen, int) else None
 
     def on_claim(self, old: Obj | None, new: Obj | None) -> None:
-        key = obj_key(new or old or {})
-        key = (key[0] or "default", key[1])
+        key = namespaced_key(new or old or {})
         if old is not None and new is not None and only_status(old, new):
             self._objects[key] = new  # our own status write: nothing to reconcile
             return

@@ -42,6 +42,12 @@ def obj_key(obj: Obj) -> ObjKey:
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
+def namespaced_key(obj: Obj) -> ObjKey:
+    """``obj_key`` with a namespace left out read as ``default``, as the API server reads it."""
+    namespace, name = obj_key(obj)
+    return namespace or "default", name
+
+
 def resource_version(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 

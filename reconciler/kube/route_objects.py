@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from reconciler.desired import ClaimKey
 from reconciler.kube.api import Obj
-from reconciler.kube.informer import ObjKey, obj_key, only_status
+from reconciler.kube.informer import ObjKey, namespaced_key, only_status
 from reconciler.model.manifests import Problem, RouteDocument
 from reconciler.selection.route_manifests import routes_from
 from reconciler.selection.route_spec import Route
@@ -30,8 +30,7 @@ class RouteObjects:
 
     def change(self, old: Obj | None, new: Obj | None) -> bool:
         """Keep the informer's change; True when the routes must be taken again."""
-        key = obj_key(new or old or {})
-        key = (key[0] or "default", key[1])
+        key = namespaced_key(new or old or {})
         if new is None:
             self.objects.pop(key, None)
         else:
