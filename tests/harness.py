@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from engines.cgroups import EngineCgroups
 from registry.identity import scan_engines
 from runtime_agent.client import AgentClient, AgentError
@@ -159,6 +161,15 @@ def _answers(port: int) -> bool:
         conn.close()
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a listening socket on ``port``."""
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="inet"))
+    except psutil.Error:
+        return False
+
+
 class AgentProcess:
     def __init__(self, state_dir: Path, *, restart_delays: str = "0.2,0.4,0.8,1.6,3.2",
                  ports: int = 100, extra_args: Sequence[str] = (),
@@ -238,7 +249,11 @@ class AgentProcess:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(OSError, AgentError):
                 probe.health()
-                if all(_answers(port) for port in self._embedded_ports()):
+                # Whoever answers must be ours: another test's agent (pytest-xdist workers pick
+                # from the same free ports) may hold the port we picked, and ours is about to
+                # exit 5 and pick again.
+                if all(_answers(port) for port in self._embedded_ports()) \
+                        and listens(self.proc.pid, self.port):
                     return []
             time.sleep(0.02)
         raise RuntimeError(f"agent did not answer within {timeout_s} s:\n{self.log_tail()}")

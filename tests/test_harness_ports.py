@@ -74,6 +74,40 @@ def test_a_taken_claims_port_is_picked_again_and_read_back(
     assert status == 200
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_stranger_answering_like_an_agent_on_the_picked_port_is_not_taken_for_ours(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    """Fresh-clone run on 3 xdist workers: another test's agent held the port picked for ours,
+    answered the harness's health probe, and the test talked to it until it went away."""
+    import http.server
+    import json
+    import threading
+
+    class Agentlike(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps({"status": "ok", "boot_id": "not-ours"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    agent = agent_factory(start=False)
+    picked = agent.port
+    stranger = http.server.HTTPServer(("127.0.0.1", picked), Agentlike)
+    threading.Thread(target=stranger.serve_forever, daemon=True).start()
+    try:
+        agent.start()
+        assert agent.port != picked
+        assert agent.client.health()["boot_id"] != "not-ours"
+    finally:
+        stranger.shutdown()
+        stranger.server_close()
+
+
 @pytest.mark.parametrize("flag", ["--port", "--claims-port", "--door-port",
                                   "--health-probe-port"])
 def test_a_port_written_into_the_arguments_is_refused_before_anything_starts(
