@@ -40,7 +40,7 @@ from typing import Any
 
 from bench.common import Session, log
 from registry.identity import scan_engines
-from registry.record import ENV_ENGINE_ID
+from registry.env import ENV_ENGINE_ID
 from runtime_agent.client import AgentError
 from tests.harness import AgentProcess
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from registry.record import EngineRecord
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import httpx
 import ollama
@@ -22,7 +22,9 @@ from contract.engines import ollama_tag as model_tag
 from engine_http.upstream import Upstream
 from engines.driver import LaunchContext, Observation
 from engines.client import EngineCallError, EngineClient
-from registry.record import EngineRecord
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ import psutil
 
 from engines.cgroups import EngineCgroups
 from registry.identity import process_start_time, scan_engines
-from registry.record import ENV_ENGINE_ID
+from registry.env import ENV_ENGINE_ID
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 
 from contract.engines import model_argument
 from engine_http.upstream import Upstream
 from engines.driver import LaunchContext, Observation, adapters_from_cards
 from engines.client import EngineCallError, EngineClient
-from registry.record import EngineRecord
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 SGLANG_FIGURES: Mapping[str, str] = {
     "sglang:num_running_reqs": "running",

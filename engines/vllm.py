@@ -11,13 +11,16 @@ garbage weights.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 
 from contract.engines import lora_enabled, model_argument
 from engine_http.upstream import Upstream
 from engines.driver import LaunchContext, Observation, adapters_from_cards
 from engines.client import EngineClient
-from registry.record import EngineRecord
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 # The agent's own requests (readiness and health probes, metric scrapes) stay out of the engine's
 # access log, so its log and the tail in last_error show what clients did. vLLM (0.16+) drops

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR
+from registry.env import ENV_ENGINE_ID, ENV_STATE_DIR
 
 _GONE_ERRORS = (FileNotFoundError, ProcessLookupError)
 _DEAD_STATES = frozenset({"Z", "X", "x"})

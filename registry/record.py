@@ -18,11 +18,6 @@ from contract.phases import Phase
 
 RECORD_VERSION = 1
 
-# Environment variables the agent puts into every engine it starts. Re-adoption reads them back
-# from /proc/<pid>/environ, so a reused PID is never mistaken for an engine.
-ENV_ENGINE_ID = "AIBRIX_ENGINE_ID"
-ENV_STATE_DIR = "AIBRIX_AGENT_STATE_DIR"
-ENV_ENGINE_SPEC = "AIBRIX_ENGINE_SPEC"
 
 EngineKind = Literal["vllm", "sglang", "ollama", "sim"]
 Desired = Literal["awake", "asleep"]

@@ -31,12 +31,14 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from guard.files import fsync_dir, write_atomically
 
-from registry.record import EngineRecord
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 _ENGINE_ID = re.compile(r"[a-f0-9]{8,64}")
 _TMP_PREFIX = "."
@@ -153,6 +155,8 @@ class RegistryStore:
             return None, f"unreadable: {e}", b""
         if not data.strip():
             return None, "empty file", data
+        from registry.record import EngineRecord  # loaded with the first record, not at start
+
         try:
             record = EngineRecord.model_validate_json(data)
         except ValidationError as e:

@@ -28,7 +28,7 @@ from registry.identity import (
     scan_engines,
     verify,
 )
-from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, ENV_STATE_DIR
+from registry.env import ENV_ENGINE_ID, ENV_ENGINE_SPEC, ENV_STATE_DIR
 
 SLEEP = "import time; time.sleep(60)"
 # A child that starts a grandchild (inheriting its environment) and prints the grandchild's PID.

@@ -18,7 +18,8 @@ import pytest
 
 from contract.phases import Phase
 from engines.process import SpawnError
-from registry.record import ENV_ENGINE_ID, ENV_STATE_DIR, EngineRecord, EngineSpec, PerGpu
+from registry.env import ENV_ENGINE_ID, ENV_STATE_DIR
+from registry.record import EngineRecord, EngineSpec, PerGpu
 from runtime_agent.logs import JsonFormatter
 from runtime_agent.supervision.messages import SpawnRetry
 from runtime_agent.supervision.owner import EngineOwner

@@ -4,7 +4,10 @@ The real agent runs with ``PYTHONPROFILEIMPORTTIME=1`` (``-X importtime``): ever
 imports, at any moment until it stops, is one line on its stderr. Without ``--claims`` it runs
 no reconciler and no front door, without ``--weight-cache-dir`` no S3 or Hub client, and it
 never runs the live view or a client command: none of those may be imported, nor the
-OpenAPI document's models until someone asks for ``/openapi.json``.
+OpenAPI document's models until someone asks for ``/openapi.json``. Nor are pydantic's
+models built before they are needed: the request models load with the first request body,
+the engine record with the first engine (pydantic's model machinery is about a third of the
+agent's own import time and several MiB).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from tests.harness import AgentProcess, http_json
 # Packages a plain serve does not run (their names as imported).
 NOT_RUN = ("boto3", "botocore", "s3transfer", "huggingface_hub", "kubernetes_asyncio",
            "kubernetes", "textual", "rich", "yaml", "ollama", "runtime_agent.console",
-           "runtime_agent.api.openapi", "runtime_agent.api.schemas")
+           "runtime_agent.api.openapi", "runtime_agent.api.schemas",
+           "pydantic._internal._model_construction", "runtime_agent.api.models",
+           "registry.record")
 # Of the reconciler, serve reads only its own flags (``reconciler.options``).
 RECONCILER_READ = {"reconciler", "reconciler.options", "reconciler.door",
                    "reconciler.door.settings"}
@@ -82,3 +87,17 @@ def test_engines_inherit_the_environment_without_the_agents_pydantic_setting(
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert not any(item.startswith(b"PYDANTIC_DISABLE_PLUGINS=") for item in environ)
     assert any(item.startswith(b"PYTHONPROFILEIMPORTTIME=") for item in environ)  # the rest is
+
+
+@pytest.mark.timeout(90)
+def test_the_first_request_body_loads_the_models_and_is_judged_by_them(
+        agent: AgentProcess) -> None:
+    agent.start(timeout_s=60)
+    status, body = http_json(f"{agent.url}/v1/runtime/models/activate", method="POST",
+                             body={"model_name": "m1", "colour": "red"})
+    assert status == 422
+    assert "colour: is not a field of this request; remove it" in body["message"]
+    assert any(d["type"] == "extra_forbidden" for d in body["detail"])
+    agent.terminate()
+    modules = imported(agent.log_path)
+    assert {"runtime_agent.api.models", "registry.record"} <= modules

@@ -13,7 +13,6 @@ Validation errors are 422 with ``detail`` (as the sidecar's request models answe
 from __future__ import annotations
 
 from aiohttp import web
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from runtime_agent.api.context import agent_of
 from runtime_agent.api.errors import BadRequest, parse
@@ -22,16 +21,6 @@ from runtime_agent.artifacts.urls import ArtifactRequestError
 
 CACHE_OFF = ("the weight cache is off: start the agent with AIBRIX_WEIGHT_CACHE_DIR set "
              "(or --weight-cache-dir DIR)")
-
-
-class DownloadRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    # The sidecar's own request calls it model_uri; both spellings are taken.
-    artifact_url: str = Field(min_length=1, max_length=2048,
-                              validation_alias=AliasChoices("artifact_url", "model_uri"))
-    credentials: dict[str, str] = Field(default_factory=dict)
-    revision: str | None = Field(default=None, min_length=1, max_length=255)
 
 
 def _cache(request: web.Request) -> ArtifactCache:
@@ -43,7 +32,9 @@ def _cache(request: web.Request) -> ArtifactCache:
 
 async def download(request: web.Request) -> web.Response:
     cache = _cache(request)
-    req = await parse(request, DownloadRequest)
+    from runtime_agent.api import models  # its models load with the first body (issue 26)
+
+    req = await parse(request, models.DownloadRequest)
     try:
         entry, started = await cache.request(req.artifact_url, req.revision, req.credentials)
     except ArtifactRequestError as exc:

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from guard import jsonbody
-from runtime_agent.api.models import describe_validation_error, validation_detail
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, TypeAdapter
 
 log = logging.getLogger(__name__)
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 T = TypeVar("T")
 MAX_BODY = 1024 * 1024
 
@@ -71,12 +73,17 @@ def _unprocessable(message: str, kind: str, msg: str) -> BadRequest:
 async def parse(request: web.Request, model: type[M]) -> M:
     """The request's JSON body as ``model``; a 413 when too large, a 422 when it does not
     validate (wrong JSON, wrong types, unknown fields)."""
-    return await parse_as(request, TypeAdapter(model))
+    return await parse_with(request, model.model_validate_json)
 
 
 async def parse_as(request: web.Request, adapter: TypeAdapter[T]) -> T:
     """As ``parse``, for any type pydantic validates (a union of request models, say: the
     422 then lists each branch's problems, as FastAPI does)."""
+    return await parse_with(request, adapter.validate_json)
+
+
+async def parse_with(request: web.Request, validate: Callable[[bytes], T]) -> T:
+    """The request's JSON body, checked for size and depth, then given to ``validate``."""
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise BadRequest(f"request body is larger than {MAX_BODY} bytes", 413)
     raw = await request.read()
@@ -95,7 +102,35 @@ async def parse_as(request: web.Request, adapter: TypeAdapter[T]) -> T:
         raise _unprocessable("request body must be a JSON object", "model_attributes_type",
                              "Input should be a valid dictionary or object")
     try:
-        return adapter.validate_json(raw)
+        return validate(raw)
     except ValidationError as exc:
         raise BadRequest(describe_validation_error(exc), 422,
                          detail=validation_detail(exc)) from exc
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line per problem: ``field: what is wrong``."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "is required"
+        elif err["type"] == "extra_forbidden":
+            msg = "is not a field of this request; remove it"
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
+    """FastAPI's ``detail`` list, as the AIBrix sidecar answers a body that does not validate."""
+    detail = []
+    for err in exc.errors(include_url=False, include_context=False):
+        item: dict[str, Any] = {"type": err["type"], "loc": ["body", *err["loc"]],
+                                "msg": err["msg"]}
+        secret = bool(err["loc"]) and err["loc"][0] == "credentials"  # never echo a secret
+        if (not secret and err["type"] != "extra_forbidden"
+                and isinstance(err.get("input"), str | int | float | bool | None)):
+            item["input"] = err.get("input")
+        detail.append(item)
+    return detail

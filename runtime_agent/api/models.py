@@ -10,9 +10,9 @@ integer. The same models describe the API in ``/openapi.json``.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from contract.engines import AGENT_ENGINES
 from contract.names import (
@@ -140,34 +140,6 @@ class KvLimitRequest(_ModelRequest):
     operation_id: OperationId | None = None
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line per problem: ``field: what is wrong``."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "missing":
-            msg = "is required"
-        elif err["type"] == "extra_forbidden":
-            msg = "is not a field of this request; remove it"
-        parts.append(f"{where}: {msg}")
-    return "; ".join(parts)
-
-
-def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
-    """FastAPI's ``detail`` list, as the AIBrix sidecar answers a body that does not validate."""
-    detail = []
-    for err in exc.errors(include_url=False, include_context=False):
-        item: dict[str, Any] = {"type": err["type"], "loc": ["body", *err["loc"]],
-                                "msg": err["msg"]}
-        secret = bool(err["loc"]) and err["loc"][0] == "credentials"  # never echo a secret
-        if (not secret and err["type"] != "extra_forbidden"
-                and isinstance(err.get("input"), str | int | float | bool | None)):
-            item["input"] = err.get("input")
-        detail.append(item)
-    return detail
-
-
 # ---- LoRA adapters, as the AIBrix sidecar takes them ---------------------------------------------
 
 
@@ -202,3 +174,22 @@ class UnloadLoraAdapterRequest(_AdapterRequest):
 
 class UnloadLoraAdapterRuntimeRequest(_AdapterRequest):
     cleanup_local: bool = True
+
+
+# The sidecar's own unions: a body with artifact_url is delegated; for an unload, a plain
+# {"lora_name"} matches both and the first (delegated) wins, as FastAPI's smart union picks it.
+LOAD_ADAPTER = TypeAdapter(LoadLoraAdapterRuntimeRequest | LoadLoraAdapterRequest)
+UNLOAD_ADAPTER = TypeAdapter(UnloadLoraAdapterRuntimeRequest | UnloadLoraAdapterRequest)
+
+
+# ---- the weight cache ------------------------------------------------------------------------------
+
+
+class DownloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # The sidecar's own request calls it model_uri; both spellings are taken.
+    artifact_url: str = Field(min_length=1, max_length=2048,
+                              validation_alias=AliasChoices("artifact_url", "model_uri"))
+    credentials: dict[str, str] = Field(default_factory=dict)
+    revision: str | None = Field(default=None, min_length=1, max_length=255)

@@ -17,7 +17,6 @@ from pydantic.json_schema import models_json_schema
 from runtime_agent import __version__
 from runtime_agent.api import models as req
 from runtime_agent.api import schemas as ans
-from runtime_agent.api.artifacts import DownloadRequest
 from runtime_agent.api.fresh import FRESH_KINDS
 
 _REF = "#/components/schemas/{model}"
@@ -91,7 +90,7 @@ ROUTES = (
           (req.UnloadLoraAdapterRuntimeRequest, req.UnloadLoraAdapterRequest),
           ans.OperationAnswer, _ERRORS_POST, tags=("lora",)),
     Route("post", "/v1/model/download", "stage an artifact in the weight cache (answers at "
-          "once; GET /v1/model/list shows its progress)", DownloadRequest, ans.DownloadAnswer,
+          "once; GET /v1/model/list shows its progress)", req.DownloadRequest, ans.DownloadAnswer,
           _ERRORS_CACHE, tags=("artifacts",)),
     Route("get", "/v1/model/list", "the weight cache's entries", None, ans.ArtifactList,
           (503,), tags=("artifacts",)),

@@ -1,7 +1,9 @@
 """The control and snapshot HTTP API (aiohttp): thin handlers over the engine pool.
 
 Handlers parse and validate (``runtime_agent.api.errors``), send one intent, and turn its
-outcome into a response (``runtime_agent.api.replies``).
+outcome into a response (``runtime_agent.api.replies``). The request models are imported by
+the handlers: pydantic builds them when the first body arrives, not at the agent's start
+(issue 26: start-up time and memory are imports).
 """
 
 from __future__ import annotations
@@ -18,13 +20,6 @@ from runtime_agent.api.context import agent_of
 from runtime_agent.api.errors import BadRequest, parse
 from runtime_agent.api.fresh import FRESH_KINDS, fresh_snapshot
 from runtime_agent.api.metrics import CONTENT_TYPE
-from runtime_agent.api.models import (
-    ActivateRequest,
-    DeactivateRequest,
-    KvLimitRequest,
-    SleepRequest,
-    WakeRequest,
-)
 from runtime_agent.api.replies import reply
 from runtime_agent.supervision.messages import SetKvLimit, Sleep, Wake
 
@@ -37,28 +32,38 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def activate(request: web.Request) -> web.Response:
+    from runtime_agent.api.models import ActivateRequest  # loaded with the first body
+
     req = await parse(request, ActivateRequest)
     return reply(await agent_of(request).pool.activate(req.activation()))
 
 
 async def deactivate(request: web.Request) -> web.Response:
+    from runtime_agent.api.models import DeactivateRequest  # loaded with the first body
+
     req = await parse(request, DeactivateRequest)
     return reply(await agent_of(request).pool.deactivate(req.model_name))
 
 
 async def sleep(request: web.Request) -> web.Response:
+    from runtime_agent.api.models import SleepRequest  # loaded with the first body
+
     req = await parse(request, SleepRequest)
     intent = Sleep(req.level, req.operation_id)
     return reply(await agent_of(request).pool.lifecycle(req.model_name, intent))
 
 
 async def wake(request: web.Request) -> web.Response:
+    from runtime_agent.api.models import WakeRequest  # loaded with the first body
+
     req = await parse(request, WakeRequest)
     intent = Wake(req.operation_id)
     return reply(await agent_of(request).pool.lifecycle(req.model_name, intent, req.wait_seconds))
 
 
 async def kv_limit(request: web.Request) -> web.Response:
+    from runtime_agent.api.models import KvLimitRequest  # loaded with the first body
+
     req = await parse(request, KvLimitRequest)
     intent = SetKvLimit(req.limit_bytes, req.operation_id)
     return reply(await agent_of(request).pool.lifecycle(req.model_name, intent))

@@ -14,26 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from pydantic import TypeAdapter
-
 from contract.engines import HF_SCHEMES
 from contract.phases import Phase
 from guard.paths import FILE_SCHEME, Refused, is_hub_repo_id, judge_local_path
 from runtime_agent.api.context import AGENT_KEY
 from runtime_agent.api.errors import BadRequest, parse_as
-from runtime_agent.api.models import (
-    LoadLoraAdapterRequest,
-    LoadLoraAdapterRuntimeRequest,
-    UnloadLoraAdapterRequest,
-    UnloadLoraAdapterRuntimeRequest,
-)
 from runtime_agent.api.replies import reply
 from runtime_agent.supervision.messages import LoadAdapter, UnloadAdapter
 
-# The sidecar's own unions: a body with artifact_url is delegated; for an unload, a plain
-# {"lora_name"} matches both and the first (delegated) wins, as FastAPI's smart union picks it.
-_LOAD = TypeAdapter(LoadLoraAdapterRuntimeRequest | LoadLoraAdapterRequest)
-_UNLOAD = TypeAdapter(UnloadLoraAdapterRuntimeRequest | UnloadLoraAdapterRequest)
 _SERVING = (Phase.ACTIVE, Phase.SLEEPING, Phase.BOOTING)
 
 
@@ -96,9 +84,11 @@ def engine_path(spelled: str, roots: tuple[Path, ...]) -> str:
 
 
 async def load_adapter(request: web.Request) -> web.Response:
-    req = await parse_as(request, _LOAD)
+    from runtime_agent.api import models  # its models load with the first body (issue 26)
+
+    req = await parse_as(request, models.LOAD_ADAPTER)
     roots = request.app[AGENT_KEY].settings.artifact_local_roots
-    if isinstance(req, LoadLoraAdapterRuntimeRequest):
+    if isinstance(req, models.LoadLoraAdapterRuntimeRequest):
         path = await asyncio.to_thread(engine_path, adapter_path(req.artifact_url), roots)
         intent = LoadAdapter(req.lora_name, path, req.artifact_url)
     else:
@@ -108,7 +98,9 @@ async def load_adapter(request: web.Request) -> web.Response:
 
 
 async def unload_adapter(request: web.Request) -> web.Response:
-    req = await parse_as(request, _UNLOAD)
+    from runtime_agent.api import models  # its models load with the first body (issue 26)
+
+    req = await parse_as(request, models.UNLOAD_ADAPTER)
     return reply(await request.app[AGENT_KEY].pool.unload_adapter(
         req.model_name, UnloadAdapter(req.lora_name)))
 

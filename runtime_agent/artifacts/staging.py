@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from registry.record import EngineSpec
 from runtime_agent.artifacts.cache import ArtifactCache
 from runtime_agent.artifacts.entries import EntryState
 from runtime_agent.artifacts.urls import (
@@ -22,6 +21,9 @@ from runtime_agent.artifacts.urls import (
     parse_artifact,
 )
 from runtime_agent.artifacts.verify import Progress
+
+if TYPE_CHECKING:
+    from registry.record import EngineSpec
 
 ENGINE_FETCHES = (SourceKind.HUB, SourceKind.LOCAL)
 REVISION_FLAG = "--revision"

@@ -17,10 +17,9 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.clock import Clock, LoopClock
-from registry.record import EngineRecord
 from contract.reasons import KV_SEGMENT_MISSING
 from runtime_agent.cadence import Pacer
 from runtime_agent.kv.hold import (
@@ -45,6 +44,9 @@ from runtime_agent.kv.segment import (
     write_limit,
 )
 from runtime_agent.loops import Throttled
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 log = logging.getLogger(__name__)
 _throttled = Throttled(log)  # a segment that stays unreadable is reported once per interval

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from contract.engines import (
     artifact_problem,
@@ -23,15 +24,12 @@ from contract.engines import gpus_needed as contract_gpus_needed
 from engine_http.upstream import Upstream
 from engines import sglang, vllm
 from engines.driver import EngineDriver, LaunchContext
-from registry.record import (
-    ENV_ENGINE_ID,
-    ENV_ENGINE_SPEC,
-    ENV_STATE_DIR,
-    EngineRecord,
-    EngineSpec,
-)
+from registry.env import ENV_ENGINE_ID, ENV_ENGINE_SPEC, ENV_STATE_DIR
 from runtime_agent.artifacts.urls import local_path_problem
 from runtime_agent.settings import Settings
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord, EngineSpec
 
 # Schemes engines cannot fetch themselves; the weight cache stages them before the start.
 STAGED_SCHEMES = ("s3://",)

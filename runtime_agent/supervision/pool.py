@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from contract.engines import lora_enabled
 from contract.names import ipc_name_for
@@ -28,7 +29,6 @@ from contract.reasons import (
     START_QUEUED,
     STOPPED_MEANWHILE,
 )
-from registry.record import EngineRecord, EngineSpec, PerGpu
 from runtime_agent.gpu.admission import Admit, Refuse
 from runtime_agent.kv.ownership import NameTaken, claim, holds, release
 from runtime_agent.supervision.engine_kinds import (
@@ -59,6 +59,9 @@ from runtime_agent.supervision.owner import EngineOwner, OwnerDeps
 from runtime_agent.supervision.ports import choose_port, port_is_free
 from runtime_agent.supervision.recovery import Step
 from runtime_agent.supervision.views import EngineView
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord, EngineSpec, PerGpu
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +145,9 @@ class EnginePool:
             self._deps.memory.release_claim(name)  # activated by a concurrent call meanwhile
             return await self._same_or_conflict(self.owners[name], spec, req.port,
                                                 req.kv_limit_bytes)
+        # imported here, not at start: its models load with the first engine (issue 26)
+        from registry.record import EngineRecord
+
         now = self._deps.clock.wall()
         record = EngineRecord(engine_id=engine_id, spec=spec, port=port,
                               phase=Phase.ACTIVATING, created_at=now, last_transition=now,

@@ -29,15 +29,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from contract.phases import Phase
 from registry import stops
 from registry.identity import FoundEngine, Verdict, scan_engines, verify
-from registry.record import ENV_ENGINE_ID, ENV_ENGINE_SPEC, EngineRecord, EngineSpec
+from registry.env import ENV_ENGINE_ID, ENV_ENGINE_SPEC
 from registry.store import LoadResult, RegistryStore
 from runtime_agent.supervision.messages import StartMode
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,8 @@ class Step:
 def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
     """Rebuild a record from what an engine carries in its environment: its spec, port, cards,
     declared need, KV limit and sleep state at its start, and its credentials by name."""
+    from registry.record import EngineRecord, EngineSpec  # loaded with the first engine
+
     try:
         carried = json.loads(found.environ.get(ENV_ENGINE_SPEC, ""))
         keys = carried.get("credential_keys") or []

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.phases import Phase
-from registry.record import EngineSpec
 from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.hold import KvState
+
+if TYPE_CHECKING:
+    from registry.record import EngineSpec
 
 
 @dataclass(frozen=True)

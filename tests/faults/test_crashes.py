@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from registry.identity import scan_engines
-from registry.record import ENV_ENGINE_ID
+from registry.env import ENV_ENGINE_ID
 from runtime_agent.client import AgentError
 from tests.harness import AgentProcess, wait_until
 from tests.test_readoption import restart_agent

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from contract.clock import Clock, LoopClock
 from engines.driver import EngineDriver
 from engines.process import ProcessLauncher
-from registry.record import EngineRecord
 from registry.store import RegistryStore
 from runtime_agent.artifacts.staging import EngineStager
 from runtime_agent.gpu.broker import MemoryBroker
@@ -18,6 +18,9 @@ from runtime_agent.settings import Settings
 from runtime_agent.supervision.durability import StorageHealth
 from runtime_agent.supervision.ports import port_is_free
 from runtime_agent.supervision.views import EngineEvent, EngineView
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 log = logging.getLogger("runtime_agent.supervision.owner")
 

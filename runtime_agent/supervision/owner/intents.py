@@ -19,7 +19,6 @@ from contract.phases import Phase
 from contract.reasons import SLEEP_FAILED, STORAGE_UNAVAILABLE, WAKE_FAILED
 from engines.driver import EngineDriver
 from engines.client import EngineCallError
-from registry.record import InFlight
 from runtime_agent.gpu.admission import Refuse
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.kv.hold import changed_by
@@ -123,6 +122,8 @@ class Intents:
         name, record, clock = loop.name, loop.record, loop.clock
         gen = loop.generation
         started = clock.now()
+        from registry.record import InFlight  # loaded with the first engine, not at start
+
         # Durable before the engine is called: an agent that dies meanwhile finds it and asks
         # the engine how the call ended, instead of believing its old phase. A record that
         # cannot be written sends nothing: the engine stays as it was, and the caller hears

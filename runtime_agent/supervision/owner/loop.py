@@ -25,12 +25,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.clock import Clock
 from contract.phases import Phase, check_transition
 from engines.driver import Observation
-from registry.record import EngineRecord, EngineSpec
 from runtime_agent.cadence import Pacer
 from runtime_agent.kv.keeper import KvKeeper
 from runtime_agent.supervision.engine_kinds import simulated
@@ -75,6 +74,9 @@ from runtime_agent.supervision.owner.weights import StagingSlot
 from runtime_agent.supervision.owner.turns import TurnSlot
 from runtime_agent.supervision.owner.view import Seen, make_view
 from runtime_agent.supervision.views import EngineEvent, EngineView
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord, EngineSpec
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from contract.engines import adapter_name_problem, lora_enabled
 from contract.phases import Phase
 from engines.driver import EngineDriver
 from engines.client import EngineCallError
-from registry.record import LoraAdapter
 from runtime_agent.settings import Settings
 from runtime_agent.supervision.durability import StorageHealth
 from runtime_agent.supervision.messages import (
@@ -35,6 +35,9 @@ from runtime_agent.supervision.outcomes import EngineFailed, Outcome, Refusal, R
 from runtime_agent.supervision.owner.answers import done, resolve
 from runtime_agent.supervision.owner.port import OwnerLoop
 from runtime_agent.supervision.owner.slots import OperationSlot, ProcessSlot
+
+if TYPE_CHECKING:
+    from registry.record import LoraAdapter
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class Lora:
         if known is not None and intent.name in self._loaded:
             return Plan(answer=done(name, phase, intent, changed=False,
                                     details=self._details(intent.name, True, adapters)))
+        from registry.record import LoraAdapter  # loaded with the first engine, not at start
+
         wanted = adapters if known is not None else [*adapters, LoraAdapter(
             name=intent.name, path=intent.path, artifact_url=intent.artifact_url)]
         written = None if known is not None else wanted

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from contract.clock import Clock, Timer
 from contract.phases import Phase
-from registry.record import EngineRecord
 from runtime_agent.supervision.messages import Message
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 
 class OwnerLoop(Protocol):

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from contract.phases import Phase
 from contract.reasons import STORAGE_UNAVAILABLE
 from registry import stops
-from registry.record import EngineRecord
 from registry.store import RegistryStore
 from runtime_agent.loops import Throttled
 from runtime_agent.supervision.durability import StorageHealth
 from runtime_agent.supervision.messages import PersistDue
 from runtime_agent.supervision.owner.port import OwnerLoop, Posted
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 30.0

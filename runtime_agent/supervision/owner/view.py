@@ -6,6 +6,7 @@ A pure function: the loop calls it on every change and publishes the value when 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from contract.reasons import (
     ENGINE_UNRESPONSIVE,
@@ -16,10 +17,12 @@ from contract.reasons import (
     STORAGE_UNAVAILABLE,
 )
 from engines.driver import Observation
-from registry.record import EngineRecord
 from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.hold import KvState
 from runtime_agent.supervision.views import EngineView
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from registry.record import EngineRecord
 from runtime_agent.artifacts.staging import EngineStager, StagingFailed, StagingView
 from runtime_agent.supervision.messages import Message, Staged, StagingProgress
+
+if TYPE_CHECKING:
+    from registry.record import EngineRecord
 
 STAGING_FAILED = "StagingFailed"
 
