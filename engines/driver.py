@@ -62,9 +62,10 @@ class EngineDriver(Protocol):
         it does not say). Cheap: one request, bounded by ``timeout_s``."""
         ...
 
-    async def prepare(self, timeout_s: float) -> None:
+    async def prepare(self, timeout_s: float) -> bool:
         """After the first health answer of a started engine and before it counts as ready
-        (Ollama loads its model here). Raises EngineCallError."""
+        (Ollama loads its model here): True when it did something that may change the engine's
+        word on sleep (which is then asked again). Raises EngineCallError."""
         ...
 
     async def is_sleeping(self, timeout_s: float) -> bool | None:

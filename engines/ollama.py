@@ -69,8 +69,9 @@ class OllamaDriver:
         found = await self._names(timeout_s)
         return (False, None) if found is None else (True, not _loaded(found[0], self._model))
 
-    async def prepare(self, timeout_s: float) -> None:
+    async def prepare(self, timeout_s: float) -> bool:
         await self._load(timeout_s)
+        return True
 
     async def _load(self, timeout_s: float) -> None:
         await self._call(self._client.generate(model=self._model, keep_alive=-1), timeout_s,

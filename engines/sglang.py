@@ -83,8 +83,8 @@ class SglangDriver:
     async def probe(self, timeout_s: float, asleep: bool) -> tuple[bool, bool | None]:
         return await self.healthy(timeout_s, asleep), None
 
-    async def prepare(self, timeout_s: float) -> None:
-        return None
+    async def prepare(self, timeout_s: float) -> bool:
+        return False
 
     async def is_sleeping(self, timeout_s: float) -> bool | None:
         return None  # SGLang does not say; the agent's record does

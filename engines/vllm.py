@@ -95,8 +95,8 @@ class VllmDriver:
         sleeping = await self._client.is_sleeping(timeout_s)
         return sleeping is not None, sleeping
 
-    async def prepare(self, timeout_s: float) -> None:
-        return None
+    async def prepare(self, timeout_s: float) -> bool:
+        return False
 
     async def is_sleeping(self, timeout_s: float) -> bool | None:
         if not self._sleep_mode:

@@ -150,8 +150,9 @@ class FakeDriver:
             return False, None
         return self.healthy_answer, self.sleeping
 
-    async def prepare(self, timeout_s: float) -> None:
+    async def prepare(self, timeout_s: float) -> bool:
         self.calls.append("prepare")
+        return True
 
     async def is_sleeping(self, timeout_s: float) -> bool | None:
         return self.sleeping

@@ -4,8 +4,8 @@ They decide nothing and change nothing: every finding goes to the owner's inbox 
 tagged with the process generation it was about, and the owner (``runtime_agent.supervision.owner``) acts
 on it with its own, current state, or drops it when that process is gone.
 
-* ``probe_ready``: probe until the engine answers, prepare it (Ollama loads its model), then
-  ask whether it sleeps -> ``Ready`` or ``Unusable``.
+* ``probe_ready``: probe until the engine answers (its answer says whether it sleeps), prepare
+  it (Ollama loads its model, then is asked again) -> ``Ready`` or ``Unusable``.
 * ``watch_progress``: a booting engine that neither answers nor logs for ``start_stall_s`` is
   stuck -> ``Unusable``.
 * ``scrape``: request figures -> ``Figures``, paced (``runtime_agent.cadence``): every
@@ -35,19 +35,27 @@ Post = Callable[[Message], None]
 async def probe_ready(driver: EngineDriver, settings: Settings, post: Post, gen: int,
                       prepare: bool, clock: Clock, asleep: bool = False) -> None:
     """Probe until the engine answers; a started engine is then prepared unless it is meant
-    to sleep; then its own word on sleep decides."""
+    to sleep; then its own word on sleep decides.
+
+    The probe is the health watcher's own (``driver.probe``): one request that carries the
+    engine's word on sleep where it has one (vLLM's ``/is_sleeping``), so a fresh engine is
+    ready on its first answer instead of a second round trip. Preparing may change that word
+    (Ollama loads its model): an engine whose preparing did something is asked again."""
     s = settings
+    sleeping: bool | None = None
     for delay in probe_delays(s.probe_first_s, s.probe_factor, s.probe_max_s):
         await clock.sleep(delay)
-        if await driver.healthy(s.probe_timeout_s, asleep):
+        answered, sleeping = await driver.probe(s.probe_timeout_s, asleep)
+        if answered:
             break
     if prepare:
         try:
-            await driver.prepare(s.lifecycle_timeout_s)
+            changed = await driver.prepare(s.lifecycle_timeout_s)
         except EngineCallError as exc:
             post(Unusable(gen, f"start-up failed: {exc}"))
             return
-    sleeping = await driver.is_sleeping(s.probe_timeout_s)
+        if changed:
+            sleeping = await driver.is_sleeping(s.probe_timeout_s)
     post(Ready(gen, sleeping))
 
 
