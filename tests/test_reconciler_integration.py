@@ -380,22 +380,27 @@ def chat(port: int, model: str) -> None:
 
 async def test_a_deleted_claim_leaves_the_route_finishes_its_requests_then_stops(
         pool: Pool) -> None:
-    pool.write("m", sim_claim("m", **{"--sim-request-seconds": "3"}))
+    # The request outlasts everything the test waits on before it looks at the engine, with
+    # room for a loaded machine (seeing it running takes a scrape; leaving the route a turn).
+    pool.write("m", sim_claim("m", **{"--sim-request-seconds": "8"}))
     await pool.start()
     st = await pool.phase("m", "Active")
     agent, port = where(st), st.instance.port  # type: ignore[union-attr]
-    request = threading.Thread(target=chat, args=(port, "m-model"))
+    answered: list[bool] = []
+    request = threading.Thread(target=lambda: answered.append(chat(port, "m-model") is None))
     request.start()
     await pool.until("a request in progress", lambda: (pool.engine(agent, "m-model") or {})
-                     .get("requests_running") == 1.0, timeout=5)
+                     .get("requests_running") == 1.0, timeout=10)
     deleted = time.monotonic()
     pool.delete("m")
-    await pool.until("off the route", lambda: st.deleted is not None, timeout=5)
+    await pool.until("off the route", lambda: st.deleted is not None, timeout=10)
     assert (await pool.get("/v1/routes"))["routes"] == []
+    assert request.is_alive()  # in flight still: its engine must keep serving it
     assert pool.engine(agent, "m-model")["phase"] == "active"  # type: ignore[index]
-    await pool.until("stopped", lambda: pool.status("m") is None, timeout=15)
-    assert 1.5 < time.monotonic() - deleted < 10
-    await asyncio.to_thread(request.join, 10)
+    await pool.until("stopped", lambda: pool.status("m") is None, timeout=30)
+    assert 1.5 < time.monotonic() - deleted < 30  # it waited for the request, not the 90 s
+    await asyncio.to_thread(request.join, 30)
+    assert answered == [True]  # the request was answered (urlopen raises on an error)
     assert pool.engine(agent, "m-model") is None
 
 
