@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import disable_created_metrics
@@ -38,8 +38,6 @@ from runtime_agent.api.limits import Slots
 from runtime_agent.api.metrics import AgentMetrics, memory_families
 from runtime_agent.api.probes import ProbeServer
 from runtime_agent.api.snapshot import build_snapshot, memory_entry, short_entry
-from runtime_agent.artifacts.cache import ArtifactCache, CacheConfig
-from runtime_agent.artifacts.staging import EngineStager, engine_users
 from runtime_agent.gpu.backend import GpuBackend, GpuUnavailable
 from runtime_agent.gpu.broker import EngineRef, MemoryBroker
 from runtime_agent.gpu.nvml import NvmlBackend
@@ -55,6 +53,10 @@ from runtime_agent.supervision.pool import EnginePool
 from runtime_agent.supervision.ports import ephemeral_range, overlaps_ephemeral
 from runtime_agent.supervision.recovery import Step, recover
 from runtime_agent.supervision.views import EngineEvent, EngineView
+
+if TYPE_CHECKING:  # the weight cache's modules load with the cache (make_cache)
+    from runtime_agent.artifacts.cache import ArtifactCache
+    from runtime_agent.artifacts.staging import EngineStager
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ class Agent:
         deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(engine_cwd, cgroups),
                          driver_for=lambda record: make_driver(s, http, record),
                          on_event=self._on_event, on_view=self._on_view, memory=self.memory,
-                         stager=EngineStager(self.artifacts) if self.artifacts else None,
+                         stager=_stager(self.artifacts),
                          storage=self.storage, throttled=Throttled(log), clock=clock)
         self.pool = EnginePool(deps)
         await self.memory.start()
@@ -300,6 +302,8 @@ class Agent:
         """Engines that may read their weights now: their cache entries are never evicted."""
         if not hasattr(self, "pool"):
             return []
+        from runtime_agent.artifacts.staging import engine_users  # loaded with the cache
+
         return engine_users((v.spec.model_name, v.spec) for v in self.pool.views()
                             if v.phase not in (Phase.STOPPED, Phase.FAILED))
 
@@ -329,10 +333,21 @@ def make_cache(settings: Settings, events: EventLog,
                users: Callable[[], list[tuple[str, str, str | None]]]) -> ArtifactCache | None:
     if settings.weight_cache_dir is None:
         return None
+    # The cache's modules load only when it is configured: a plain serve does not read them.
+    from runtime_agent.artifacts.cache import ArtifactCache, CacheConfig
+
     config = CacheConfig(settings.weight_cache_dir, settings.artifact_reserve_bytes,
                          settings.artifact_local_roots, settings.hf_endpoint, settings.hf_token,
                          settings.s3_endpoint_url)
     return ArtifactCache(config, users=users, on_event=events.append)
+
+
+def _stager(artifacts: ArtifactCache | None) -> EngineStager | None:
+    if artifacts is None:
+        return None
+    from runtime_agent.artifacts.staging import EngineStager
+
+    return EngineStager(artifacts)
 
 
 def _readoption_result(step: Step) -> str:

@@ -2,7 +2,8 @@
 
 The real agent runs with ``PYTHONPROFILEIMPORTTIME=1`` (``-X importtime``): every module it
 imports, at any moment until it stops, is one line on its stderr. Without ``--claims`` it runs
-no reconciler and no front door, without ``--weight-cache-dir`` no S3 or Hub client, and it
+no reconciler and no front door, without ``--weight-cache-dir`` no weight cache (nor its S3
+or Hub client), and it
 never runs the live view or a client command: none of those may be imported, nor the
 OpenAPI document's models until someone asks for ``/openapi.json``. Nor are pydantic's
 models built before they are needed: the request models load with the first request body,
@@ -26,7 +27,8 @@ NOT_RUN = ("boto3", "botocore", "s3transfer", "huggingface_hub", "kubernetes_asy
            "kubernetes", "textual", "rich", "yaml", "ollama", "runtime_agent.console",
            "runtime_agent.api.openapi", "runtime_agent.api.schemas",
            "pydantic._internal._model_construction", "runtime_agent.api.models",
-           "registry.record")
+           "registry.record", "runtime_agent.artifacts.cache", "runtime_agent.artifacts.staging",
+           "difflib")
 # Of the reconciler, serve reads only its own flags (``reconciler.options``).
 RECONCILER_READ = {"reconciler", "reconciler.options", "reconciler.door",
                    "reconciler.door.settings"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from difflib import get_close_matches
 from functools import cache
 
 from contract.flags.values import table_rows, value_problem, value_types
@@ -41,6 +40,8 @@ def flag_problem(flag: str, value: str, known: Mapping[str, str], kind: str) -> 
     (``contract.flags.values``)."""
     arity = arity_of(flag, known)
     if arity is None:
+        from difflib import get_close_matches  # only for a refusal's hint, not at start
+
         near = get_close_matches(flag.lower().replace("_", "-"), list(known), n=1)
         return f"{flag} is not a {kind} flag" + (f" (did you mean {near[0]}?)" if near else "")
     if arity == "no-value" and value != "":

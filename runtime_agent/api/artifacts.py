@@ -12,12 +12,16 @@ Validation errors are 422 with ``detail`` (as the sidecar's request models answe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 
 from runtime_agent.api.context import agent_of
 from runtime_agent.api.errors import BadRequest, parse
-from runtime_agent.artifacts.cache import ArtifactCache
 from runtime_agent.artifacts.urls import ArtifactRequestError
+
+if TYPE_CHECKING:  # the cache's modules load with the cache (--weight-cache-dir), not here
+    from runtime_agent.artifacts.cache import ArtifactCache
 
 CACHE_OFF = ("the weight cache is off: start the agent with AIBRIX_WEIGHT_CACHE_DIR set "
              "(or --weight-cache-dir DIR)")

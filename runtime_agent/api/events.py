@@ -13,11 +13,13 @@ import asyncio
 import logging
 import uuid
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runtime_agent.artifacts.entries import ArtifactEvent
 from runtime_agent.loops import wait_event
 from runtime_agent.supervision.views import EngineEvent
+
+if TYPE_CHECKING:  # the weight cache's modules load with the cache, not at start
+    from runtime_agent.artifacts.entries import ArtifactEvent
 
 log = logging.getLogger("runtime_agent.api.events")
 
@@ -40,12 +42,12 @@ class EventLog:
         item = {"seq": self._seq, "boot_id": self.boot_id, **event.as_dict()}
         self._ring.append((self._seq, item))
         first = event.message.splitlines()[0] if event.message else ""
-        if isinstance(event, ArtifactEvent):
-            log.info("artifact %s: %s -> %s (%s) %s", event.artifact_url, event.src, event.dst,
-                     event.reason, first, extra={"event": item})
-        else:
+        if isinstance(event, EngineEvent):
             log.info("%s: %s -> %s (%s) %s", event.model_name, event.src, event.dst,
                      event.reason, first, extra={"model": event.model_name, "event": item})
+        else:
+            log.info("artifact %s: %s -> %s (%s) %s", event.artifact_url, event.src, event.dst,
+                     event.reason, first, extra={"event": item})
         self._changed.set()
         self._changed = asyncio.Event()
 

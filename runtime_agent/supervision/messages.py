@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engines.driver import Observation
 from engines.process import ExitInfo
-from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.segment import SegmentInfo
 from runtime_agent.supervision.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from runtime_agent.artifacts.staging import StagingView
 
 
 class Action(enum.StrEnum):

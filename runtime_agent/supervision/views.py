@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from contract.phases import Phase
-from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.hold import KvState
 
 if TYPE_CHECKING:
     from registry.record import EngineSpec
+    from runtime_agent.artifacts.staging import StagingView
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from contract.clock import Clock, LoopClock
 from engines.driver import EngineDriver
 from engines.process import ProcessLauncher
 from registry.store import RegistryStore
-from runtime_agent.artifacts.staging import EngineStager
 from runtime_agent.gpu.broker import MemoryBroker
 from runtime_agent.loops import Throttled
 from runtime_agent.settings import Settings
@@ -21,6 +20,7 @@ from runtime_agent.supervision.views import EngineEvent, EngineView
 
 if TYPE_CHECKING:
     from registry.record import EngineRecord
+    from runtime_agent.artifacts.staging import EngineStager
 
 log = logging.getLogger("runtime_agent.supervision.owner")
 

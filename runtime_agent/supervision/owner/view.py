@@ -17,12 +17,12 @@ from contract.reasons import (
     STORAGE_UNAVAILABLE,
 )
 from engines.driver import Observation
-from runtime_agent.artifacts.staging import StagingView
 from runtime_agent.kv.hold import KvState
 from runtime_agent.supervision.views import EngineView
 
 if TYPE_CHECKING:
     from registry.record import EngineRecord
+    from runtime_agent.artifacts.staging import StagingView
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime_agent.artifacts.staging import EngineStager, StagingFailed, StagingView
 from runtime_agent.supervision.messages import Message, Staged, StagingProgress
 
 if TYPE_CHECKING:
     from registry.record import EngineRecord
+    from runtime_agent.artifacts.staging import EngineStager, StagingView
 
 STAGING_FAILED = "StagingFailed"
 
@@ -64,6 +64,8 @@ class StagingSlot:
             return None
         self._token += 1
         token, post, credentials = self._token, self._post, dict(record.credentials)
+
+        from runtime_agent.artifacts.staging import StagingFailed  # loaded with the cache
 
         async def stage() -> None:
             try:
