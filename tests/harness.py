@@ -324,6 +324,15 @@ class AgentProcess:
                 continue
             cursor = self.client.events(cursor, wait=max(1, min(int(left), 2)))["cursor"]
 
+    def engine_said(self, words: str, model: str | None = None) -> bool:
+        """Whether an engine's log (kept by the agent in its state directory) holds ``words``:
+        a call reached the engine (its record says the call is in flight before it is sent).
+        ``model``: that model's engine only (its log is named by its engine id)."""
+        logs = self.state_dir / "logs"
+        paths = list(logs.glob("*.log")) if model is None else [
+            logs / f"{self.model(self.client.snapshot(), model)['engine_id']}.log"]
+        return any(words in path.read_text(errors="replace") for path in paths if path.exists())
+
     def model(self, snap: dict[str, Any], name: str) -> dict[str, Any]:
         for entry in snap["models"]:
             if entry["model_name"] == name:

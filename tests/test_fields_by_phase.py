@@ -16,7 +16,7 @@ import time
 import pytest
 
 from runtime_agent.client import AgentError
-from tests.harness import AgentProcess
+from tests.harness import AgentProcess, wait_until
 from tests.test_readoption import restart_agent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -106,6 +106,9 @@ def test_a_level_one_sleep_keeps_its_level_through_an_agent_sigkill_mid_sleep(
     caller = sleep_in_background(agent, "m", 1)
     agent.wait_for(lambda s: agent.model(s, "m")["operation"] == "sleep", what="sleep in flight",
                    poll_s=0.02)
+    # The record says `sleep` before the call goes out: under load a kill right then would come
+    # before any sleep reached the engine, and the new agent would rightly find it awake.
+    assert wait_until(lambda: agent.engine_said("Putting the engine to sleep", "m"), 10)
     new = restart_agent(agent_factory, agent)  # SIGKILL, then a new agent on the same state
     caller.join(10)
     new.wait_for(lambda s: new.model(s, "m")["phase"] == "sleeping"

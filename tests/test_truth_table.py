@@ -302,6 +302,10 @@ def test_every_cell_of_the_fields_by_phase_table_holds_on_a_real_agent(agent_fac
     wait_entry(agent, "waker", lambda e: e["operation"] == "wake", "wake in flight")
     in_background(lambda: agent.client.sleep("crash", 1))
     wait_entry(agent, "crash", lambda e: e["operation"] == "sleep", "sleep in flight")
+    # in flight in the record comes before the call is sent: wait until the engine has it, so
+    # that the successor has a landed sleep to see through (the wake above need not have
+    # reached its engine yet, and is not waited for: seen here, it had not within 10 s)
+    assert wait_until(lambda: agent.engine_said("Putting the engine to sleep", "crash"), 10)
     in_background(lambda: agent.client.deactivate("stopper2"))
     wait_entry(agent, "stopper2", lambda e: e["phase"] == "stopping", "stopping")
     kill_engine(agent, "crash2")

@@ -51,7 +51,7 @@ def test_an_agent_killed_mid_call_reports_what_the_engine_did_after_its_restart(
     agent.wait_for(lambda s: agent.model(s, "m1")["operation"] == call, what="call in flight",
                    poll_s=0.05)
     said = "Putting the engine to sleep" if call == "sleep" else "wake up the engine"
-    assert wait_until(lambda: _engine_said(agent, said), 10)  # the call reached the engine
+    assert wait_until(lambda: agent.engine_said(said), 10)  # the call reached the engine
     agent.kill()  # mid-call: the engine finishes it with no agent to see
     started.join(10)
     new = restart_agent(agent_factory, agent)
@@ -79,7 +79,7 @@ def test_a_sleep_the_engine_finished_while_no_agent_watched_is_asleep_in_every_s
     # The record says "sleep" before the call goes out (nothing is sent before its record is
     # written): on a loaded machine the kill could come in between, and no sleep would ever
     # reach the engine. Kill once the engine has begun it.
-    assert wait_until(lambda: _engine_said(agent, "Putting the engine to sleep"), 10)
+    assert wait_until(lambda: agent.engine_said("Putting the engine to sleep"), 10)
     agent.kill()
     call.join(10)
     assert wait_until(lambda: _engine_asleep(port), 10), "the engine never finished its sleep"
@@ -88,12 +88,6 @@ def test_a_sleep_the_engine_finished_while_no_agent_watched_is_asleep_in_every_s
                         what="asleep, as the engine says")
     model = new.model(snap, "m1")
     assert (model["desired"], model["operation"], model["sleep_level"]) == ("asleep", None, 1)
-
-
-def _engine_said(agent: AgentProcess, words: str) -> bool:
-    """Whether an engine's log (kept by the agent in its state directory) holds ``words``."""
-    return any(words in path.read_text(errors="replace")
-               for path in (agent.state_dir / "logs").glob("*.log"))
 
 
 def _engine_asleep(port: int) -> bool:
