@@ -35,7 +35,7 @@ from reconciler.lifecycle import Lifecycle, first_line
 from reconciler.model.manifests import ModelClaim
 from reconciler.observe import EngineObs, World
 from reconciler.placing import gpus_text
-from reconciler.replicas import is_replica, replica_keys
+from reconciler.replicas import is_replica, replica_keys, surplus
 from reconciler.runtime.controller import Result
 from reconciler.status import (
     ACTIVATING,
@@ -97,9 +97,9 @@ class ClaimReconciler:
     def _replicas(self, key: ClaimKey, claim: ModelClaim | None) -> None:
         """A claim's replicas 1.. are looked at with it (``reconciler.replicas``): those it
         asks for, and those it no longer asks for (they drain)."""
-        known = self.w.store.replica_keys(key)
-        wanted = replica_keys(key, claim.replicas) if claim is not None else []
-        for replica in dict.fromkeys([*wanted, *known]):
+        replicas = claim.replicas if claim is not None else 0
+        for replica in [*replica_keys(key, replicas),
+                        *surplus(key, replicas, self.w.store.replica_keys(key))]:
             self.b.kick_claim(replica)
 
     def _measured(self, claim: ModelClaim, agent: str, engine: EngineObs) -> bool:

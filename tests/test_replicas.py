@@ -148,6 +148,10 @@ def test_a_status_read_back_keeps_its_own_phase_and_instance(tmp_path: Path) -> 
     again = ClaimStatus.from_json(base.as_json())
     assert again.phase == SLEEPING and [i.agent for i in again.instances] == ["agent-a"]
     assert again.desired_replicas == 2
+    (other,) = base.replicas()  # a replica's own file: its instance, its phase
+    mine = ClaimStatus.from_json(other.as_json())
+    assert (mine.name, mine.phase, [i.agent for i in mine.instances]) == (
+        "c#1", ACTIVE, ["agent-b"])
 
 
 def test_a_dropped_replica_leaves_its_claims_status() -> None:

@@ -218,3 +218,23 @@ async def test_idle_replicas_sleep_each_and_a_request_wakes_the_claim(pool: Pool
     status, _ = await pool.chat("m-model")
     assert status == 200
     assert pool.doc("m")["phase"] == "Active"
+
+
+async def test_a_restarted_reconciler_takes_both_replicas_back_without_touching_them(
+        pool: Pool) -> None:
+    pool.write("m", replicated("m", 2))
+    await pool.start()
+    await pool.serving("m", 2)
+    before = {a: (e["pid"], e["port"], e["claim_ref"]["name"])
+              for a, e in pool.engines("m-model").items()}
+    placed = {s.name: s.instance.agent for s in (pool.status("m"), pool.status("m#1"))
+              if s is not None and s.instance is not None}
+    await pool.close()
+    again = await pool.start()
+    await pool.serving("m", 2)
+    assert {s.name: s.instance.agent for s in (pool.status("m"), pool.status("m#1"))
+            if s is not None and s.instance is not None} == placed
+    assert again.registry.get_sample_value("aibrix_modelclaim_activation_total",
+                                           {"result": "success"}) == 0
+    assert {a: (e["pid"], e["port"], e["claim_ref"]["name"])
+            for a, e in pool.engines("m-model").items()} == before
