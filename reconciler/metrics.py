@@ -54,7 +54,7 @@ class _ClaimCollector(Collector):
             desired.add_metric(key, st.desired_replicas)
             ready.add_metric(key, ready_replicas)
             activating.add_metric(key, 1 if phase == ACTIVATING else 0)
-            since = st.not_ready_since
+            since = st.not_ready_since if not ready_replicas else None
             no_ready.add_metric(key, max(0.0, now - since) if since is not None else 0.0)
         valid = GaugeMetricFamily("aibrix_modelclaim_pool_policy_valid",
                                   "1 when a pool's sleep policy is valid, 0 when it was turned "

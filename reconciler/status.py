@@ -329,7 +329,7 @@ class ClaimStatus:
                                                 LIFECYCLE_APPLIED)
                                       if k in conditions],
                        "instances": instances,
-                       "notReadySince": iso(self.not_ready_since),
+                       "notReadySince": iso(None if ready else self.not_ready_since),
                        "placementAttempts": self.attempts},
             "events": [e.as_json() for e in self.events],
         }

@@ -125,6 +125,7 @@ def test_the_status_lists_each_replica_as_an_instance_with_its_index_and_phase(
     base = _two(store, ACTIVATING)
     doc = base.as_json()["status"]
     assert doc["phase"] == ACTIVE and doc["readyReplicas"] == 1 and doc["desiredReplicas"] == 2
+    assert doc["notReadySince"] is None  # a replica serves: the claim is ready
     assert [(i["index"], i["pod"], i["port"], i["phase"]) for i in doc["instances"]] == [
         (0, "agent-a", 20001, ACTIVATING), (1, "agent-b", 20002, ACTIVE)]
     ready = next(c for c in doc["conditions"] if c["type"] == "Ready")
