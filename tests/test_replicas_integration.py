@@ -2,7 +2,8 @@
 engines, separate processes), the reconciler and its front door in the test process, and
 clients over real sockets. A claim with ``replicas: 2`` runs an engine on each agent; the door
 spreads requests over both, sends a request whose engine is gone to the other, and scaling down
-stops one."""
+stops one. (The walk of docs/fields.md's claim table has one agent; the replicas' own fields
+are checked here.)"""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from engine_http.framing import UpstreamUnreachable
+from engine_http.upstream import Upstream
 from reconciler.context import Timings
 from reconciler.door.settings import DoorSettings
 from reconciler.local.app import ReconcilerApp, Settings
-from tests.harness import AgentProcess
-from tests.reconciler_fakes import claim_yaml
 from tests import test_reconciler_integration as integration
+from tests.harness import AgentProcess, free_port
+from tests.reconciler_fakes import claim_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 GiB = 1 << 30
@@ -238,3 +241,12 @@ async def test_a_restarted_reconciler_takes_both_replicas_back_without_touching_
                                            {"result": "success"}) == 0
     assert {a: (e["pid"], e["port"], e["claim_ref"]["name"])
             for a, e in pool.engines("m-model").items()} == before
+
+
+async def test_a_refused_connection_is_known_never_to_have_reached_the_engine() -> None:
+    """What lets the door send a request to another replica: no connection, no request sent
+    (``UpstreamUnreachable``), unlike an engine that broke off after the request went out."""
+    port = free_port()  # nothing listens there
+    async with Upstream(timeout=5) as upstream:
+        with pytest.raises(UpstreamUnreachable, match="cannot connect"):
+            await upstream.post("127.0.0.1", port, "/v1/completions", {}, b"{}")
