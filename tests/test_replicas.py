@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.desired import Lookups
+from reconciler.door import plan
 from reconciler.model.changes import take_change
 from reconciler.model.manifests import parse_manifests
 from reconciler.planning.placement import Placed, Unplaced, place
@@ -208,3 +209,20 @@ def test_a_replica_with_only_its_siblings_agent_to_go_to_is_not_placed_there() -
     alone = place(need(apart=frozenset({"a"})), cands[:1], NOW)
     assert isinstance(alone, Unplaced)
     assert "a: runs another replica of the claim" in alone.message
+
+
+# ---- the door ----------------------------------------------------------------------------------
+
+
+def test_a_request_whose_engine_refused_goes_to_another_serving_replica_of_its_claim() -> None:
+    keys = (("ns", "c"), ("ns", "c#1"), ("ns", "c#2"), ("ns", "d"))
+    serving = {("ns", "c#1"), ("ns", "d")}
+
+    def decide(among: tuple[tuple[str, str], ...]) -> plan.Decision:
+        fw = [plan.Forward(k, "h", 1, "a") for k in among if k in serving]
+        return plan.choose(fw or [plan.Hold(k, plan.START) for k in among], lambda k: 0)
+
+    got = plan.another(keys, ("ns", "c"), {("ns", "c")}, decide)
+    assert got is not None and got.claim == ("ns", "c#1")  # never claim d: another claim
+    assert plan.another(keys, ("ns", "c"), {("ns", "c"), ("ns", "c#1")}, decide) is None
+    assert plan.another(keys, ("ns", "d"), {("ns", "d")}, decide) is None

@@ -45,7 +45,7 @@ from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.door.settings import DoorSettings
-from reconciler.replicas import base_key, route_name
+from reconciler.replicas import route_name
 from reconciler.routes import Route, route_of
 from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
@@ -296,7 +296,7 @@ class Door:
                 forwards.end(fwd.claim, started, ended, answered)
                 self.b.tracker.busy(fwd.agent, model, ended)
             tried.add(fwd.claim)
-            other = self._another_replica(keys, fwd.claim, tried) if outcome.unreached \
+            other = plan.another(keys, fwd.claim, tried, self.decide) if outcome.unreached \
                 else None
             if other is None:
                 return answer
@@ -308,15 +308,6 @@ class Door:
             fwd = other
             ticket.enter(self.route_of(fwd.claim))  # no await since the decision
             rec.claim, rec.upstream = key_text(fwd.claim), f"{fwd.agent} {fwd.host}:{fwd.port}"
-
-    def _another_replica(self, keys: tuple[ClaimKey, ...], failed: ClaimKey,
-                         tried: set[ClaimKey]) -> plan.Forward | None:
-        """Another replica of ``failed``'s claim among ``keys`` that serves now, if any."""
-        same = tuple(k for k in keys if base_key(k) == base_key(failed) and k not in tried)
-        if not same:
-            return None
-        d = self.decide(same)
-        return d if isinstance(d, plan.Forward) else None
 
     async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
                           doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,
