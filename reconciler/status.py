@@ -307,6 +307,17 @@ class ClaimStatus:
                                           f"{cond.message}", cond.since)
         return summary_phase(phases), ready, instances, conditions
 
+    def _events_json(self) -> list[dict[str, Any]]:
+        """The claim's events, and its replicas' (named so in their message), oldest first."""
+        out = [e.as_json() for e in self.events]
+        others = self.replicas()
+        if not others:
+            return out
+        for st in others:
+            out += [{**e.as_json(), "message": f"replica {st.index}: {e.message}",
+                     "replica": st.index} for e in st.events]  # read back by its own file
+        return sorted(out, key=lambda e: e["lastTimestamp"] or "")
+
     def as_json(self) -> dict[str, Any]:
         phase, ready, instances, conditions = self.summary()
         spec: dict[str, Any] = {"modelName": self.model_name, "engine": self.engine,
@@ -331,7 +342,7 @@ class ClaimStatus:
                        "instances": instances,
                        "notReadySince": iso(None if ready else self.not_ready_since),
                        "placementAttempts": self.attempts},
-            "events": [e.as_json() for e in self.events],
+            "events": self._events_json(),
         }
 
     @classmethod
@@ -356,6 +367,8 @@ class ClaimStatus:
         if own and isinstance(own[0].get("phase"), str):
             out.phase = own[0]["phase"]  # the claim's phase is the replicas' summary
         for e in doc.get("events") or ():
+            if e.get("replica"):
+                continue  # a replica's, kept in its own status
             out.events.append(ClaimEvent(e["type"], e["reason"], e["message"],
                                          _ts(e.get("firstTimestamp")) or 0.0,
                                          _ts(e.get("lastTimestamp")) or 0.0,

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.cli import describe
 from reconciler.desired import Lookups
 from reconciler.door import plan
 from reconciler.model.changes import take_change
@@ -132,6 +133,22 @@ def test_the_status_lists_each_replica_as_an_instance_with_its_index_and_phase(
     ready = next(c for c in doc["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True" and "replica 1" in ready["message"]
     assert [s.key for s in store.claims()] == [("default", "c")]
+    text = describe(base.as_json())
+    assert "Replicas:     1 ready of 2" in text
+    assert "Instance:     replica 1 (Active) agent-b port 20002" in text
+
+
+def test_the_claims_events_include_its_replicas_named_so() -> None:
+    store = StatusStore(None, lambda: 1.8e9)
+    base = _two(store, ACTIVATING)
+    (other,) = base.replicas()
+    base.event(1.8e9, "Activated", "serves on agent-a")
+    other.event(1.8e9 + 1, "Activated", "serves on agent-b")
+    assert [e["message"] for e in base.as_json()["events"]] == [
+        "serves on agent-a", "replica 1: serves on agent-b"]
+    assert [e["message"] for e in other.as_json()["events"]] == ["serves on agent-b"]
+    again = ClaimStatus.from_json(base.as_json())  # read back: its own events only
+    assert [e.message for e in again.events] == ["serves on agent-a"]
 
 
 def test_a_one_replica_claims_status_is_as_it_always_was() -> None:
