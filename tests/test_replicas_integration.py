@@ -154,6 +154,21 @@ async def test_concurrent_requests_through_the_door_are_spread_over_both_replica
     assert min(by_agent.values()) >= 16, by_agent
 
 
+async def test_a_modelroutes_calls_are_spread_over_the_chosen_claims_replicas(
+        pool: Pool) -> None:
+    text = replicated("m", 2, **{"--sim-request-seconds": "2"})
+    pool.write("m", text.replace("  namespace: default\n",
+                                 '  namespace: default\n  labels: {family: "qwen"}\n', 1))
+    pool.write("chat", "apiVersion: model.aibrix.ai/v1alpha1\nkind: ModelRoute\n"
+               "metadata: {name: chat}\nspec:\n  require: {matchLabels: {family: qwen}}\n")
+    await pool.start()
+    await pool.serving("m", 2)
+    answers = await asyncio.gather(*(pool.chat("chat") for _ in range(16)))
+    assert [status for status, _ in answers] == [200] * 16
+    assert {h.get("x-route-claim") for _, h in answers} == {"default/m"}
+    assert {h.get("x-route-agent") for _, h in answers} == {"agent-a", "agent-b"}
+
+
 async def test_a_killed_replicas_requests_go_to_the_other_and_none_is_lost(
         pool: Pool) -> None:
     pool.write("m", replicated("m", 2))

@@ -45,7 +45,7 @@ from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.door.settings import DoorSettings
-from reconciler.replicas import route_name
+from reconciler.replicas import replica_keys, route_name
 from reconciler.routes import Route, route_of
 from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
@@ -247,7 +247,9 @@ class Door:
             if key is not None and not self.allowed(key, name, keys):
                 raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
         else:
-            name, keys = routed.model, (routed.claim,)
+            chosen = self.catalog.claim(routed.claim)  # and its replicas: fewest in flight
+            name, keys = routed.model, (routed.claim, *replica_keys(
+                routed.claim, chosen.replicas if chosen is not None else 1))
         kinds = endpoints.engines_for(request.path)
         first = self.catalog.claim(keys[0])
         if first is not None and first.engine not in kinds:  # before any wake is asked
