@@ -73,9 +73,21 @@ class Pool(integration.Pool):
         assert st is not None
         return st.as_json()["status"]
 
+    def _claims(self) -> str:
+        """The statuses, and what the agents say of their engines (for a wait that gave up)."""
+        engines: dict[str, list[Any]] = {}
+        for agent_name, agent in self.agents.items():
+            try:
+                engines[agent_name] = [(m["model_name"], m["phase"], m["ready"],
+                                        m.get("kv_limit_applied_bytes"), m.get("last_error"))
+                                       for m in agent.client.snapshot()["models"]]
+            except Exception as err:  # an agent that does not answer says so
+                engines[agent_name] = [str(err)]
+        return f"{super()._claims()}; engines: {engines}"
+
     async def serving(self, name: str, replicas: int) -> None:
         await self.until(f"{name}: {replicas} replicas ready", lambda: self.status(name)
-                         is not None and self.doc(name)["readyReplicas"] == replicas)
+                         is not None and self.doc(name)["readyReplicas"] == replicas, 60)
 
     def engines(self, model: str) -> dict[str, dict[str, Any]]:
         """The engines of ``model``, by agent (the agents' own snapshots)."""
