@@ -39,6 +39,11 @@ class UpstreamTimeout(UpstreamError):
     """The engine sent nothing for the upstream timeout while it owed an answer."""
 
 
+class UpstreamUnreachable(UpstreamError):
+    """No connection to the engine could be made (refused, unreachable, connect timeout): the
+    request was never sent, so it may be sent elsewhere (another replica of the claim)."""
+
+
 class Head(NamedTuple):  # made once an answer: a tuple is the cheapest record
     status: int
     headers: Mapping[str, str]  # lower-case names (the first of repeated ones)

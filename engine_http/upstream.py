@@ -28,7 +28,13 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from typing import cast
 
-from engine_http.framing import Head, ResponseParser, UpstreamError, UpstreamTimeout
+from engine_http.framing import (
+    Head,
+    ResponseParser,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 
 MAX_ANSWER_BYTES = 256 << 20  # a whole answer read() (a stream is piped, never held whole)
 READ_LIMIT = 256 << 10
@@ -363,8 +369,8 @@ class Upstream:
                 _, conn = await loop.create_connection(
                     lambda: _Connection(loop, self._limit, self._timeout), host, port)
         except (OSError, asyncio.TimeoutError) as err:
-            raise UpstreamError(f"cannot connect to {host}:{port}: "
-                                f"{err or type(err).__name__}") from err
+            raise UpstreamUnreachable(f"cannot connect to {host}:{port}: "
+                                      f"{err or type(err).__name__}") from err
         return conn
 
     async def __aenter__(self) -> Upstream:

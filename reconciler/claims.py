@@ -17,6 +17,9 @@ The engine is found by its ``claim_ref`` in the snapshots, not by what the statu
 a restarted reconciler, or an agent that re-adopted its engines, needs no repair. An engine of
 the claim on a second agent (the claim was placed again while its first agent was silent, and
 that agent came back) is stopped.
+
+A claim with ``replicas: N`` (``reconciler.replicas``) has replicas 1..N-1 reconciled under
+keys of their own, each as a claim: a reconcile of the claim looks at them too.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from reconciler.lifecycle import Lifecycle, first_line
 from reconciler.model.manifests import ModelClaim
 from reconciler.observe import EngineObs, World
 from reconciler.placing import gpus_text
+from reconciler.replicas import is_replica, replica_keys, surplus
 from reconciler.runtime.controller import Result
 from reconciler.status import (
     ACTIVATING,
@@ -62,6 +66,8 @@ class ClaimReconciler:
 
     async def reconcile(self, key: ClaimKey) -> Result:
         claim = self.w.desired.claim(key)
+        if not is_replica(key):
+            self._replicas(key, claim)
         if claim is None:
             return await self.drain.reconcile(key)
         self.drain.forget(key)  # created again while its engine drained: it takes it over
@@ -87,6 +93,14 @@ class ClaimReconciler:
             return await self.placer.place(claim, st, world)
         agent, engine = home
         return await self._follow(claim, st, world, agent, engine)
+
+    def _replicas(self, key: ClaimKey, claim: ModelClaim | None) -> None:
+        """A claim's replicas 1.. are looked at with it (``reconciler.replicas``): those it
+        asks for, and those it no longer asks for (they drain)."""
+        replicas = claim.replicas if claim is not None else 0
+        for replica in [*replica_keys(key, replicas),
+                        *surplus(key, replicas, self.w.store.replica_keys(key))]:
+            self.b.kick_claim(replica)
 
     def _measured(self, claim: ModelClaim, agent: str, engine: EngineObs) -> bool:
         """A claim placed on estimated figures whose engine now runs: its measured footprint
@@ -193,7 +207,7 @@ class ClaimReconciler:
             self.b.kick_kv(agent)
             return Result(requeue_after=self.w.timings.kv_gate_poll)
         key = claim_key(claim)
-        if st.phase != ACTIVE and not self.life.woke(key, claim.model_name, st, agent):
+        if st.phase != ACTIVE and not self.life.woke(key, claim.route_name, st, agent):
             st.event(now, "Activated", f"serves on {agent} port {engine.port}")
         st.set(now, ACTIVE, scheduled=sched,
                ready=(True, MODEL_CLAIM_ACTIVE, f"serves on {agent} port {engine.port}"))

@@ -449,10 +449,14 @@ def describe(doc: dict[str, Any], now: float | None = None) -> str:
               f"Per GPU:      maximumFootprint {_quantity(per_gpu.get('maximumFootprint'))}, "
               f"kvFloor {_quantity(per_gpu.get('kvFloor'))}",
               f"Phase:        {st['phase']}"]
+    if int(st.get("desiredReplicas") or 1) > 1:
+        lines.append(f"Replicas:     {st.get('readyReplicas', 0)} ready of "
+                     f"{st['desiredReplicas']}")
     for inst in st.get("instances") or ():
         kv = inst.get("kvLimitBytes")
         kv_text = gib(kv) if isinstance(kv, int) else "not set"
-        lines.append(f"Instance:     {inst['agent']} port {inst.get('port')} GPU "
+        which = f"replica {inst['index']} ({inst.get('phase')}) " if "index" in inst else ""
+        lines.append(f"Instance:     {which}{inst['agent']} port {inst.get('port')} GPU "
                      f"{','.join(str(d) for d in inst.get('devices') or ()) or '-'}, "
                      f"KV limit {kv_text}")
     route = doc.get("route")

@@ -40,6 +40,7 @@ from reconciler.observe import (
 )
 from reconciler.planning.state import Candidate
 from reconciler.release_book import ReleaseBook, ReleaseRequest
+from reconciler.replicas import REPLICA_NEEDS_ANOTHER_POD
 from reconciler.room_book import RoomBook
 from reconciler.routes import RouteHolds, WakeBook, WakeRequest
 from reconciler.status import (
@@ -255,7 +256,8 @@ class WorldReader:
             if st.deleted is not None:
                 continue
             sched, ready = st.reason(SCHEDULED), st.reason(READY)
-            if (st.phase == PENDING and sched in (NO_MATCHING_PODS, MAKING_ROOM, "")) \
+            if (st.phase == PENDING and sched in (NO_MATCHING_PODS, MAKING_ROOM,
+                                                  REPLICA_NEEDS_ANOTHER_POD, "")) \
                     or ready in (WAITING_FOR_ROOM, ENGINE_FAILED, ACTIVATE_FAILED):
                 out.append(st.key)
         return sorted(out)

@@ -10,10 +10,12 @@ door run one implementation against either.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from reconciler.footprints import Measured
 from reconciler.model.manifests import AgentRef, ModelClaim, Problem, WarmPool
+from reconciler.replicas import base_key, index_of
 from reconciler.selection.route_spec import Route
 
 ClaimKey = tuple[str, str]  # (namespace, name)
@@ -89,15 +91,29 @@ class Lookups:
         self._agents: dict[str, tuple[AgentRef, WarmPool]] = {}
         self._spec_problems: dict[ClaimKey, Problem] = {}
         self._pool_listeners: list[Callable[[], None]] = []
+        self._replicas: dict[ClaimKey, tuple[ModelClaim, ModelClaim]] = {}
 
     def claim(self, key: ClaimKey) -> ModelClaim | None:
-        return self.claims.get(key)
+        """The claim, or for a replica key (``reconciler.replicas``) the claim as its replica
+        ``i`` is reconciled: named ``name#i``; None once ``replicas`` is ``i`` or less."""
+        found = self.claims.get(key)
+        index = index_of(key)
+        if found is not None or index == 0:
+            return found
+        base = self.claims.get(base_key(key))
+        if base is None or base.replicas <= index:
+            self._replicas.pop(key, None)
+            return None
+        known = self._replicas.get(key)
+        if known is None or known[0] is not base:
+            known = self._replicas[key] = (base, replace(base, name=key[1]))
+        return known[1]
 
     def by_model(self, model_name: str) -> ClaimKey | None:
         return self._by_model.get(model_name)
 
     def spec_problem(self, key: ClaimKey) -> Problem | None:
-        return self._spec_problems.get(key)
+        return self._spec_problems.get(base_key(key))
 
     def measured(self, artifact: str, args: Mapping[str, str], measured: Measured) -> bool:
         """Only the claims directory estimates figures (``reconciler.local.desired``); nothing to

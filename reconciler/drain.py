@@ -6,7 +6,8 @@ is marked deleted, which removes its route), its engine may finish the requests 
 (requests running + waiting in the agent's snapshot) for up to 90 s from the deletion, and is
 then stopped (a ``DrainTimedOut`` event when requests were still in progress). A sleeping,
 starting or failed engine is stopped at once. Only then is the status dropped, and the claims
-waiting for room are looked at again.
+waiting for room are looked at again. A replica that a claim no longer asks for
+(``replicas`` lowered, ``reconciler.replicas``) is drained the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from agent_client import AgentUnreachable, Reply
 from reconciler.context import Deps
 from reconciler.desired import ClaimKey, key_text
+from reconciler.replicas import route_name
 from reconciler.runtime.controller import Result
 
 log = logging.getLogger("reconciler.drain")
@@ -51,7 +53,8 @@ class Drain:
         started = self._since.setdefault(key, now)
         if st is not None:
             st.mark_deleted(self.w.wall())
-            await self.b.routes_out(st.model_name)  # off the route before the engine goes
+            # off the route before the engine goes (a replica's own route)
+            await self.b.routes_out(route_name(st.model_name, key))
         timeout = self.w.timings.drain_timeout
         waiting: list[str] = []
         for agent, engine in found:
@@ -75,6 +78,8 @@ class Drain:
                 return Result(requeue_after=DRAIN_POLL_S)
             log.warning("claim %s: giving up on stopping its engine on %s", key_text(key),
                         ", ".join(waiting))
+        if self.w.store.replica_keys(key):  # its replicas drain first (the finalizer waits)
+            return Result(requeue_after=DRAIN_POLL_S)
         self.w.store.drop(key)
         self._since.pop(key, None)
         self.b.kick_claims(self.w.waiting_keys())
@@ -89,6 +94,6 @@ class Drain:
         if not reply.ok:
             raise RuntimeError(f"stopping {model} on {agent} failed: {reply.message}")
         log.info("claim %s: stopped %s on %s", key_text(key), model, agent)
-        self.b.wakes.drop(model)
+        self.b.wakes.drop(route_name(model, key))
         self.b.reservations.drop(agent, model)
         self.b.kick_kv(agent)

@@ -44,6 +44,7 @@ from reconciler.placing import Placer
 from reconciler.planning.placement import retry_delay
 from reconciler.planning.sleep_policy import idle_to_sleep, victims
 from reconciler.planning.state import Candidate, EngineState, Resident
+from reconciler.replicas import route_name
 from reconciler.routes import WakeRequest
 from reconciler.runtime.controller import Result
 from reconciler.status import (
@@ -104,10 +105,10 @@ class Lifecycle:
         pool, policy = self._pool(agent)
         if claim.lifecycle is not None:
             policy = claim.lifecycle.applied_to(policy)
-        model = claim.model_name
+        model, named = claim.model_name, claim.route_name  # named: this replica's
         released = self.b.releases.pending(model, self.w.clock.now())  # asked at the door
         if not (policy.idle_sleep or released) or claim.engine != "vllm" \
-                or self.b.wakes.get(model):
+                or self.b.wakes.get(named):
             return Result()
         if self.b.metrics:
             self.b.metrics.evaluated(pool)
@@ -120,14 +121,14 @@ class Lifecycle:
             idle = resident.idle_for(world.now)
             left = policy.sleep_after_seconds - (idle or 0.0)
             return Result(requeue_after=max(0.1, left))
-        self.b.holds.hold(model)  # off the route before the last look
+        self.b.holds.hold(named)  # off the route before the last look
         try:
-            if not await self.b.routes_out(model):
+            if not await self.b.routes_out(named):
                 log.warning("claim %s: could not take %s off the route; not sleeping it",
                             claim.key, model)
                 return Result(requeue_after=retry_delay(0))
             fresh = await self._last_look(agent, model)
-            if fresh is None or not self._idle(fresh, model):
+            if fresh is None or not self._idle(fresh, named):
                 self.b.tracker.busy(agent, model, self.w.clock.now())
                 return Result(requeue_after=RELEASE_RECHECK_S if released
                               else policy.sleep_after_seconds)
@@ -148,7 +149,7 @@ class Lifecycle:
             self.b.releases.failed(model, f"the agent did not put it to sleep: {reply.message}")
             return Result(requeue_after=retry_delay(0))
         finally:
-            self.b.holds.release(model)
+            self.b.holds.release(named)
 
     async def _last_look(self, agent: str, model: str) -> EngineObs | None:
         """The engine as figures read from it now show it (``fresh_snapshot``: a steady
@@ -170,11 +171,19 @@ class Lifecycle:
             return None  # busy since the last look (its success counter moved)
         return obs.engine(model)
 
-    def _idle(self, fresh: EngineObs, model: str) -> bool:
+    def _idle(self, fresh: EngineObs, named: str) -> bool:
         """The last look before a sleep: active, no request running or waiting in the engine,
-        none in flight through the front door. No await may come between it and the sleep."""
+        none in flight through the front door to this replica (``named``: its route name).
+        No await may come between it and the sleep."""
         return fresh.phase == "active" and fresh.load is not None and fresh.load == 0 \
-            and self.w.in_flight(model) == 0
+            and self.w.in_flight(named) == 0
+
+    def _route_name(self, agent: str, model: str) -> str:
+        """The route name of the engine of ``model`` on ``agent`` (its replica's)."""
+        obs = self.w.cache.last(agent)
+        engine = obs.engine(model) if obs is not None else None
+        ref = engine.claim_ref if engine is not None else None
+        return route_name(model, ref) if ref is not None else model
 
     async def _call_sleep(self, agent: str, model: str) -> Reply:
         try:
@@ -193,11 +202,12 @@ class Lifecycle:
         entry = (agent, victim)
         asked = self.w.clock.now()
         self._settling[entry] = (asked, None)
-        self.b.holds.hold(victim)
+        named = self._route_name(agent, victim)
+        self.b.holds.hold(named)
         try:
             fresh = await self._last_look(agent, victim) \
-                if await self.b.routes_out(victim) else None
-            if fresh is None or not self._idle(fresh, victim):
+                if await self.b.routes_out(named) else None
+            if fresh is None or not self._idle(fresh, named):
                 del self._settling[entry]
                 return False
             reply = await self._call_sleep(agent, victim)
@@ -221,7 +231,7 @@ class Lifecycle:
                 self.b.metrics.acted(pool, "sleep_to_make_room")
             return True
         finally:
-            self.b.holds.release(victim)
+            self.b.holds.release(named)
 
     def sleepable(self, world: World, cand: Candidate) -> Candidate:
         """``cand`` with the models that lately refused to sleep for room marked unable to
@@ -276,7 +286,7 @@ class Lifecycle:
 
     async def sleeping(self, claim: ModelClaim, st: ClaimStatus, world: World, agent: str,
                        engine: EngineObs) -> Result:
-        req = self.b.wakes.get(claim.model_name)
+        req = self.b.wakes.get(claim.route_name)
         now = self.w.wall()
         if req is None or self.b.wakes.expired(req, world.now):
             self._refused.pop(claim_key(claim), None)
@@ -285,7 +295,7 @@ class Lifecycle:
                                          f"asleep on {agent}; a request wakes it"))
             return Result(requeue_after=self._footprint_check(st, world, agent, engine))
         if self.b.wakes.expired(req, world.now):
-            self.b.wakes.drop(claim.model_name)
+            self.b.wakes.drop(claim.route_name)
             self.b.reservations.drop(agent, claim.model_name)
             st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING, "the wake request expired "
                                          "without room to wake; the next request asks again"))
@@ -346,7 +356,7 @@ class Lifecycle:
                 return Result(requeue_after=1.0)
             if reply.reason != INSUFFICIENT_GPU:
                 self._refused.pop(key, None)
-                self.b.wakes.drop(model)
+                self.b.wakes.drop(claim.route_name)
                 now = self.w.wall()
                 st.event(now, "WakeFailed", f"on {agent}: {reply.message}", warning=True)
                 st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
@@ -422,7 +432,7 @@ class Lifecycle:
 
     def woke(self, key: ClaimKey, model: str, st: ClaimStatus, agent: str) -> bool:
         """The claim serves (again): a ``Woken`` event if it was asleep or woken, and its wake
-        request removed. True when it was a wake."""
+        request removed (``model``: its route name). True when it was a wake."""
         req = self.b.wakes.get(model)
         woken = key in self.waking or st.phase == SLEEPING
         if woken:

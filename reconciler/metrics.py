@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from reconciler.desired import Desired
-from reconciler.status import ACTIVATING, ACTIVE
+from reconciler.status import ACTIVATING
 from reconciler.store import StatusStore
 
 ACTIVATION_RESULTS = ("success", "refused", "failed", "invalid")
@@ -37,7 +37,7 @@ class _ClaimCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         labels = ["namespace", "name"]
         desired = GaugeMetricFamily("aibrix_modelclaim_desired_replicas",
-                                    "Engines a claim asks for (always 1).", labels=labels)
+                                    "Engines a claim asks for (spec.replicas).", labels=labels)
         ready = GaugeMetricFamily("aibrix_modelclaim_ready_replicas",
                                   "Engines of a claim that serve.", labels=labels)
         activating = GaugeMetricFamily("aibrix_modelclaim_activating",
@@ -46,14 +46,15 @@ class _ClaimCollector(Collector):
                                      "Seconds a claim has not been ready (0 while ready).",
                                      labels=labels)
         now = self._wall()
-        for st in self._store.all():
+        for st in self._store.claims():
             if st.deleted is not None:
                 continue
             key = [st.namespace, st.name]
-            desired.add_metric(key, 1)
-            ready.add_metric(key, 1 if st.phase == ACTIVE else 0)
-            activating.add_metric(key, 1 if st.phase == ACTIVATING else 0)
-            since = st.not_ready_since
+            phase, ready_replicas, _, _ = st.summary()
+            desired.add_metric(key, st.desired_replicas)
+            ready.add_metric(key, ready_replicas)
+            activating.add_metric(key, 1 if phase == ACTIVATING else 0)
+            since = st.not_ready_since if not ready_replicas else None
             no_ready.add_metric(key, max(0.0, now - since) if since is not None else 0.0)
         valid = GaugeMetricFamily("aibrix_modelclaim_pool_policy_valid",
                                   "1 when a pool's sleep policy is valid, 0 when it was turned "

@@ -346,6 +346,10 @@ class Reservations:
             if not held:
                 del self._by_agent[agent]
 
+    def agents_for(self, model: str) -> set[str]:
+        """Agents holding a reservation for ``model``."""
+        return {agent for agent, held in self._by_agent.items() if model in held}
+
     def live(self, obs: AgentObs) -> list[Reservation]:
         """The agent's reservations its snapshot does not show yet (others are dropped)."""
         held = self._by_agent.get(obs.name)

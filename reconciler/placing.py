@@ -12,6 +12,9 @@ until a snapshot shows the engine (or the activation fails).
   ``InvalidEngineConfig`` -> Failed, not retried (the claim must be recreated).
 * Unplaced -> Pending with the reason, and the closest candidate in the message; tried again
   after ``retry_delay`` (and at once when room may have appeared: ``Books.kick_claims``).
+* A replica of a claim (``reconciler.replicas``) is placed apart from the others: agents that
+  run or reserved one are left out; when only they have room, Pending
+  ``ReplicaNeedsAnotherPod`` says so.
 * ``move``: the same, away from an agent (a failed engine, a wake with no room): the engine
   there is stopped first, and the claim reads Failed ``Moving`` until the new one starts.
 """
@@ -19,6 +22,7 @@ until a snapshot shows the engine (or the activation fails).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Protocol
 
 from contract.reasons import INSUFFICIENT_GPU, STOPPED_MEANWHILE
@@ -39,6 +43,7 @@ from reconciler.planning.placement import (
 )
 from reconciler.planning.sleep_policy import MakeRoom, make_room
 from reconciler.planning.state import Candidate, EngineState, Resident
+from reconciler.replicas import REPLICA_NEEDS_ANOTHER_POD
 from reconciler.runtime.controller import Result
 from reconciler.status import (
     ACTIVATE_FAILED,
@@ -77,7 +82,7 @@ class Placer:
         """Place an unplaced claim, make room for it, or record why it waits. The room index
         answers when an agent can take the claim; otherwise every agent is read again (none
         older than ``others_max_age``) to say why it waits or to make room."""
-        need = ClaimNeed.from_claim(claim)
+        need = ClaimNeed.from_claim(claim, apart=self.apart(claim, world))
         quick = await self._indexed(need, world)
         if quick is not None:
             self._reserve(claim, quick, self.w.clock.now())
@@ -97,7 +102,24 @@ class Placer:
             if room is not None:
                 return await self._make_room(claim, st, room, world)
         await self._pre_stage(claim, st, need, candidates, world)
+        if need.apart:
+            stacked = place(replace(need, apart=frozenset()), candidates, world.now,
+                            max_snapshot_age=self.w.timings.max_snapshot_age)
+            if isinstance(stacked, Placed):  # say so, rather than stack replicas on one Pod
+                got = Unplaced(REPLICA_NEEDS_ANOTHER_POD, (
+                    f"only {stacked.agent} has room, and it runs another replica of the claim "
+                    f"(replicas of a claim go to different Pods): {got.message}"))
         return self.pending(st, got)
+
+    def apart(self, claim: ModelClaim, world: World) -> frozenset[str]:
+        """Agents that run, or have reserved, another replica of the claim (none for a claim
+        of one replica): ``reconciler.replicas``."""
+        if claim.replicas <= 1:
+            return frozenset()
+        key = (claim.namespace, claim.name)
+        out = {name for name, obs in world.agents.items()
+               if (e := obs.engine(claim.model_name)) is not None and e.claim_ref != key}
+        return frozenset(out | self.b.reservations.agents_for(claim.model_name))
 
     async def _indexed(self, need: ClaimNeed, world: World) -> Placed | None:
         """The room index's choice over ``world``'s snapshots, or None when no agent there can
@@ -232,8 +254,8 @@ class Placer:
                    why: str) -> Result | Unplaced:
         """Stop the engine on ``away_from`` and start the claim elsewhere, if another agent has
         room; otherwise the ``Unplaced`` that says why it cannot move."""
-        need = ClaimNeed.from_claim(claim, frozenset({away_from}))
         world = await self.w.world(placing=True, focus=(away_from,))
+        need = ClaimNeed.from_claim(claim, frozenset({away_from}), self.apart(claim, world))
         got = place(need, world.candidate_list(), world.now,
                     max_snapshot_age=self.w.timings.max_snapshot_age)
         if not isinstance(got, Placed):

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 from contract.reasons import AGENT_NOT_READY
 from reconciler.desired import ClaimKey
+from reconciler.replicas import route_name
 from reconciler.status import (
     ACTIVATING,
     ACTIVE,
@@ -120,12 +121,16 @@ class Route:
     reason: str
     wake_by_request: bool
     wake_requested: bool = False
+    replica: int = 0  # the claim's replica this route serves (``reconciler.replicas``)
 
     def as_json(self) -> dict[str, object]:
-        return {"model": self.model, "claim": self.claim, "agent": self.agent,
-                "host": self.host, "port": self.port, "state": self.state,
-                "reason": self.reason, "wakeByRequest": self.wake_by_request,
-                "wakeRequested": self.wake_requested}
+        out: dict[str, object] = {
+            "model": self.model, "claim": self.claim, "agent": self.agent, "host": self.host,
+            "port": self.port, "state": self.state, "reason": self.reason,
+            "wakeByRequest": self.wake_by_request, "wakeRequested": self.wake_requested}
+        if self.replica:
+            out["replica"] = self.replica
+        return out
 
 
 def route_of(st: ClaimStatus, urls: Mapping[str, str], healthy: Callable[[str], bool],
@@ -138,8 +143,9 @@ def route_of(st: ClaimStatus, urls: Mapping[str, str], healthy: Callable[[str], 
     host = urlparse(urls.get(agent, "")).hostname or "" if agent else ""
     ready_reason = st.reason(READY)
     port, state, reason = 0, "activating", ready_reason
+    named = route_name(st.model_name, st.key)  # a replica's own (``reconciler.replicas``)
     if st.phase == ACTIVE:
-        if st.model_name in holds:
+        if named in holds:
             state, reason = "sleeping", ENGINE_SLEEPING
         elif not healthy(agent):
             reason = AGENT_NOT_READY
@@ -154,12 +160,12 @@ def route_of(st: ClaimStatus, urls: Mapping[str, str], healthy: Callable[[str], 
         reason = st.reason(SCHEDULED) or ready_reason
     elif st.phase != ACTIVATING:
         reason = ready_reason
-    return Route(st.model_name, f"{st.namespace}/{st.name}", agent, host, port, state, reason,
-                 st.engine == "vllm", wakes.get(st.model_name) is not None)
+    return Route(st.model_name, f"{st.namespace}/{st.claim_name}", agent, host, port, state,
+                 reason, st.engine == "vllm", wakes.get(named) is not None, st.index)
 
 
 def route_table(statuses: Iterable[ClaimStatus], urls: Mapping[str, str],
                 healthy: Callable[[str], bool], holds: RouteHolds,
                 wakes: WakeBook) -> list[Route]:
     routes = (route_of(st, urls, healthy, holds, wakes) for st in statuses)
-    return sorted((r for r in routes if r is not None), key=lambda r: r.model)
+    return sorted((r for r in routes if r is not None), key=lambda r: (r.model, r.replica))

@@ -110,7 +110,7 @@ async def claims(request: web.Request) -> web.Response:
     seen = deps.reader
     problems = [{"kind": p.kind, "namespace": p.namespace, "name": p.name, "reason": p.reason,
                  "message": p.message, "source": p.source} for p in seen.desired.problems]
-    return web.json_response({"items": [claim_json(deps, st) for st in seen.store.all()],
+    return web.json_response({"items": [claim_json(deps, st) for st in seen.store.claims()],
                               "problems": problems})
 
 

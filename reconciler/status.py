@@ -24,6 +24,7 @@ from typing import Any
 from reconciler.desired import ClaimKey
 from reconciler.model.claim_lifecycle import INVALID_LIFECYCLE
 from reconciler.model.manifests import API_VERSION, CLAIM_KIND, ModelClaim
+from reconciler.replicas import index_of, ready_count, split, summary_phase
 
 log = logging.getLogger("reconciler.status")
 
@@ -120,6 +121,10 @@ class ClaimStatus:
     attempts: int = 0  # placement tries since the claim was last placed
     observed_generation: int | None = None  # the claim's generation the status reflects
     per_gpu_estimated: str = ""  # what per_gpu was estimated from; empty: declared
+    desired_replicas: int = 1  # spec.replicas (``reconciler.replicas``)
+    # the statuses of replicas 1.. (the store links them; replica 0 is this one)
+    replicas: Callable[[], list[ClaimStatus]] = field(default=lambda: [], repr=False,
+                                                       compare=False)
     notify: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
     on_event: Callable[[ClaimEvent], None] = field(default=lambda event: None, repr=False,
                                                    compare=False)
@@ -132,6 +137,16 @@ class ClaimStatus:
     def instance(self) -> Instance | None:
         return self.instances[0] if self.instances else None
 
+    @property
+    def index(self) -> int:
+        """The replica this status is for (0: the claim itself)."""
+        return index_of(self.key)
+
+    @property
+    def claim_name(self) -> str:
+        """The claim's name (a replica's status is named ``name#i``)."""
+        return split(self.name)[0]
+
     def reason(self, kind: str) -> str:
         cond = self.conditions.get(kind)
         return cond.reason if cond else ""
@@ -142,11 +157,12 @@ class ClaimStatus:
         per_gpu = (claim.per_gpu.maximum_footprint, claim.per_gpu.kv_floor) \
             if claim.per_gpu else self.per_gpu
         estimated = claim.per_gpu.estimated if claim.per_gpu else self.per_gpu_estimated
-        spec = (claim.model_name, claim.engine, claim.artifact_url, per_gpu, estimated)
+        spec = (claim.model_name, claim.engine, claim.artifact_url, per_gpu, estimated,
+                claim.replicas)
         if spec != (self.model_name, self.engine, self.artifact_url, self.per_gpu,
-                    self.per_gpu_estimated):
+                    self.per_gpu_estimated, self.desired_replicas):
             (self.model_name, self.engine, self.artifact_url, self.per_gpu,
-             self.per_gpu_estimated) = spec
+             self.per_gpu_estimated, self.desired_replicas) = spec
             self.notify()
 
     def set(self, now: float, phase: str, *, scheduled: tuple[bool, str, str] | None = None,
@@ -259,9 +275,54 @@ class ClaimStatus:
 
     # ---- JSON -------------------------------------------------------------------------------
 
+    def _members(self) -> list[ClaimStatus]:
+        """This status and its replicas' (none for a one-replica claim)."""
+        return [self, *self.replicas()]
+
+    def summary(self) -> tuple[str, int, list[dict[str, Any]], dict[str, Condition]]:
+        """(phase, readyReplicas, instances, conditions) as the claim reports them: for one
+        replica its own; for several, summarised (``reconciler.replicas``), each replica an
+        instance with its ``index`` and ``phase``."""
+        members = self._members()
+        if self.desired_replicas <= 1 and len(members) == 1:
+            return (self.phase, 1 if self.phase == ACTIVE else 0,
+                    [i.as_json() for i in self.instances], self.conditions)
+        phases = [m.phase for m in members]
+        instances = [{**i.as_json(), "index": m.index, "phase": m.phase}
+                     for m in members for i in m.instances]
+        ready = ready_count(phases)
+        conditions = dict(self.conditions)
+        serving = next((m for m in members if m.phase == ACTIVE), None)
+        own = self.conditions.get(READY)
+        if serving is not None and (own is None or own.status != "True"):
+            cond = serving.conditions.get(READY)
+            if cond is not None:
+                conditions[READY] = Condition(READY, cond.status, cond.reason,
+                                              f"replica {serving.index}: {cond.message}",
+                                              cond.since)
+        if own is not None and conditions.get(READY) is not None:
+            cond = conditions[READY]
+            conditions[READY] = Condition(READY, cond.status, cond.reason,
+                                          f"{ready} of {self.desired_replicas} replicas ready; "
+                                          f"{cond.message}", cond.since)
+        return summary_phase(phases), ready, instances, conditions
+
+    def _events_json(self) -> list[dict[str, Any]]:
+        """The claim's events, and its replicas' (named so in their message), oldest first."""
+        out = [e.as_json() for e in self.events]
+        others = self.replicas()
+        if not others:
+            return out
+        for st in others:
+            out += [{**e.as_json(), "message": f"replica {st.index}: {e.message}",
+                     "replica": st.index} for e in st.events]  # read back by its own file
+        return sorted(out, key=lambda e: e["lastTimestamp"] or "")
+
     def as_json(self) -> dict[str, Any]:
+        phase, ready, instances, conditions = self.summary()
         spec: dict[str, Any] = {"modelName": self.model_name, "engine": self.engine,
-                                "artifactURL": self.artifact_url, "replicas": 1}
+                                "artifactURL": self.artifact_url,
+                                "replicas": self.desired_replicas}
         if self.per_gpu is not None:
             spec["perGPU"] = {"maximumFootprint": self.per_gpu[0], "kvFloor": self.per_gpu[1]}
             if self.per_gpu_estimated:  # not declared: the artifact's estimate, and from what
@@ -272,16 +333,16 @@ class ClaimStatus:
                          "creationTimestamp": iso(self.created),
                          "deletionTimestamp": iso(self.deleted)},
             "spec": spec,
-            "status": {"phase": self.phase, "desiredReplicas": 1,
-                       "readyReplicas": 1 if self.phase == ACTIVE else 0,
-                       "conditions": [self.conditions[k].as_json()
+            "status": {"phase": phase, "desiredReplicas": self.desired_replicas,
+                       "readyReplicas": ready,
+                       "conditions": [conditions[k].as_json()
                                       for k in (SCHEDULED, READY, SPEC_APPLIED,
                                                 LIFECYCLE_APPLIED)
-                                      if k in self.conditions],
-                       "instances": [i.as_json() for i in self.instances],
-                       "notReadySince": iso(self.not_ready_since),
+                                      if k in conditions],
+                       "instances": instances,
+                       "notReadySince": iso(None if ready else self.not_ready_since),
                        "placementAttempts": self.attempts},
-            "events": [e.as_json() for e in self.events],
+            "events": self._events_json(),
         }
 
     @classmethod
@@ -299,8 +360,15 @@ class ClaimStatus:
                                                   c.get("message", ""),
                                                   _ts(c.get("lastTransitionTime")) or 0.0)
         out.instances = [Instance(str(i["agent"]), int(i.get("port") or 0), i.get("kvLimitBytes"),
-                                  tuple(i.get("devices") or ())) for i in st.get("instances") or ()]
+                                  tuple(i.get("devices") or ())) for i in st.get("instances") or ()
+                         if int(i.get("index") or 0) == out.index]  # others: other replicas'
+        out.desired_replicas = int(spec.get("replicas") or 1)
+        own = [i for i in st.get("instances") or () if "index" in i and i["index"] == out.index]
+        if own and isinstance(own[0].get("phase"), str):
+            out.phase = own[0]["phase"]  # the claim's phase is the replicas' summary
         for e in doc.get("events") or ():
+            if e.get("replica"):
+                continue  # a replica's, kept in its own status
             out.events.append(ClaimEvent(e["type"], e["reason"], e["message"],
                                          _ts(e.get("firstTimestamp")) or 0.0,
                                          _ts(e.get("lastTimestamp")) or 0.0,

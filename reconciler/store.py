@@ -21,6 +21,7 @@ from pathlib import Path
 from guard.files import write_atomically
 from reconciler.desired import ClaimKey
 from reconciler.model.manifests import ModelClaim
+from reconciler.replicas import base_key, index_of, is_replica
 from reconciler.status import ClaimStatus
 
 log = logging.getLogger("reconciler.store")
@@ -40,6 +41,7 @@ class StatusStore:
         self._stopping = False
         self._failing = False  # the last write failed: its outage is logged once
         self._listeners: list[Callable[[], None]] = []
+        self._replicas: dict[ClaimKey, set[ClaimKey]] = {}  # a claim's replicas 1..
 
     def listen(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop, synchronously) after every change of any status."""
@@ -68,11 +70,27 @@ class StatusStore:
         key = status.key
         status.notify = lambda: self._mark(key)
         self._statuses[key] = status
+        if is_replica(key):
+            self._replicas.setdefault(base_key(key), set()).add(key)
+        else:
+            status.replicas = lambda: self.replicas_of(key)
         return status
+
+    def replicas_of(self, key: ClaimKey) -> list[ClaimStatus]:
+        """The statuses of the claim's replicas 1.. (``reconciler.replicas``), by index."""
+        keys = self._replicas.get(key)
+        if not keys:
+            return []
+        return [self._statuses[k] for k in sorted(keys, key=index_of) if k in self._statuses]
+
+    def replica_keys(self, key: ClaimKey) -> list[ClaimKey]:
+        return sorted(self._replicas.get(key, ()), key=index_of)
 
     def _mark(self, key: ClaimKey) -> None:
         self._dirty.add(key)
         self._removed.discard(key)
+        if is_replica(key) and base_key(key) in self._statuses:
+            self._dirty.add(base_key(key))  # its status lists the replica's instance
         self._wake.set()
         for listener in self._listeners:
             listener()
@@ -97,6 +115,14 @@ class StatusStore:
         return status
 
     def drop(self, key: ClaimKey) -> None:
+        if is_replica(key):
+            held = self._replicas.get(base_key(key))
+            if held is not None:
+                held.discard(key)
+                if not held:
+                    del self._replicas[base_key(key)]
+                if base_key(key) in self._statuses:
+                    self._mark(base_key(key))
         if self._statuses.pop(key, None) is not None:
             self._dirty.discard(key)
             self._removed.add(key)
@@ -106,6 +132,10 @@ class StatusStore:
 
     def all(self) -> Iterator[ClaimStatus]:
         return iter(sorted(self._statuses.values(), key=lambda s: s.key))
+
+    def claims(self) -> Iterator[ClaimStatus]:
+        """Every claim's status, sorted, without its replicas' (their instances are in it)."""
+        return (st for st in self.all() if not is_replica(st.key))
 
     def values(self) -> Iterator[ClaimStatus]:
         """Every status, in no order (``all`` sorts, for people)."""

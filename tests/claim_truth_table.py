@@ -186,8 +186,27 @@ def _book(word: str, m: ClaimMoment) -> str | None:
     return None if got == want else f"{got}, the status says {want}"
 
 
+def _ready(word: str, m: ClaimMoment) -> str | None:
+    """``readyReplicas``: the number, and for a one-replica claim 1 exactly while Active."""
+    status = (m.doc or {}).get("status", {})
+    value = status.get("readyReplicas")
+    wrong = _literal(word, value, "readyReplicas" in status)
+    if wrong is None and word != "absent" and value != (status.get("phase") == "Active"):
+        return f"{value} ready, but the claim is {status.get('phase')}"
+    return wrong
+
+
+def _indexes(word: str, m: ClaimMoment) -> str | None:
+    """The ``index`` of each entry of ``status.instances`` (absent: no entry has one)."""
+    found = [i["index"] for i in (m.doc or {}).get("status", {}).get("instances") or ()
+             if "index" in i]
+    return _literal(word, found, bool(found))
+
+
 CLAIM_ROWS: dict[str, Callable[[str, ClaimMoment], str | None]] = {
     "status.phase": _phase,
+    "status.readyReplicas": _ready,
+    "status.instances[].index": _indexes,
     "LifecycleApplied": _conditioned("LifecycleApplied"),
     "event InvalidLifecycle": _warned("InvalidLifecycle", "LifecycleApplied"),
     "condition SpecApplied": _conditioned("SpecApplied"),

@@ -136,7 +136,7 @@ def _crd_with(path: list[str], change: Any) -> dict[str, Any]:
     (["properties", "engine", "enum"], ["vllm", "sglang", "ollama", "tgi"]),
     (["properties", "engine", "default"], "sglang"),
     (["properties", "artifactURL", "pattern"], "^.+$"),
-    (["properties", "replicas", "maximum"], 2),
+    (["properties", "replicas", "maximum"], 9),
     (["properties", "perGPU", "properties", "kvFloor", "pattern"], "^[0-9]+$"),
     (["properties", "podSelector", "properties", "matchExpressions", "items", "required"],
      ["key"]),

@@ -70,13 +70,13 @@ def test_the_crd_is_the_guides_group_version_names_and_table() -> None:
                                   "AGE"]
 
 
-def test_every_field_but_per_gpu_is_immutable_through_cel_rules() -> None:
+def test_every_field_but_per_gpu_and_replicas_is_immutable_through_cel_rules() -> None:
     rules = " ".join(r["rule"] for r in
                      version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
                          "x-kubernetes-validations"])
     fields = set(version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"])
     guarded = {f for f in fields if f"oldSelf.{f}" in rules}
-    assert guarded == fields - {"perGPU"}
+    assert guarded == fields - {"perGPU", "replicas"}
     assert all(r["rule"].count("oldSelf") and r["message"].endswith("create it again")
                for r in version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
                    "x-kubernetes-validations"])
@@ -203,7 +203,7 @@ def claims(draw: st.DrawFn) -> dict[str, Any]:
                                       "bad name", "-x", "x" * 128, "x" * 129, "", 7]),
         "artifactURL": st.sampled_from(["huggingface://Qwen/Qwen3-0.6B", "", "a b", 3]),
         "engine": st.sampled_from(["vllm", "sglang", "ollama", "tgi", 1]),
-        "replicas": st.sampled_from([1, 2, 0, True, "1"]),
+        "replicas": st.sampled_from([1, 2, 8, 9, 0, True, "1"]),
         "perGPU": st.one_of(st.none(), st.text(max_size=3),
                             st.fixed_dictionaries({"maximumFootprint": QUANTITIES,
                                                    "kvFloor": QUANTITIES}),

@@ -154,7 +154,7 @@ def test_events_are_bounded() -> None:
 def test_a_broken_change_keeps_the_last_valid_claim_and_reports_it(tmp_path: Path) -> None:
     rig = Rig(tmp_path, [FakeAgent("a")], claim_yaml("c"))
     before = rig.desired.claim(("default", "c"))
-    broken = claim_yaml("c").replace("replicas", "x").replace("engine: vllm", "replicas: 3")
+    broken = claim_yaml("c").replace("replicas", "x").replace("engine: vllm", "replicas: 9")
     rig.write_claims(broken)
     assert rig.desired.claim(("default", "c")) == before
     assert any(p.reason == "InvalidReplicas" for p in rig.desired.problems)

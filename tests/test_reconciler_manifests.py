@@ -474,10 +474,16 @@ def test_sglang_claims_use_sglangs_parallel_flags_and_ollama_claims_need_one_gpu
     assert engine_args_problem("ollama", {"--num-parallel": "0"}) is not None
 
 
-def test_replicas_other_than_one_leave_the_claim_out() -> None:
-    result = parse_objects(claim_doc(replicas=2))
-    assert result.claims == () and reasons(result) == [INVALID_REPLICAS]
-    assert reasons(parse_objects(claim_doc(replicas=True))) == [INVALID_REPLICAS]
+def test_replicas_outside_one_to_eight_leave_the_claim_out() -> None:
+    for bad in (0, 9, True, "2"):
+        result = parse_objects(claim_doc(replicas=bad))
+        assert result.claims == () and reasons(result) == [INVALID_REPLICAS], bad
+
+
+def test_replicas_from_one_to_eight_are_taken() -> None:
+    for good in (1, 2, 8):
+        (claim,) = parse_objects(claim_doc(replicas=good)).claims
+        assert claim.replicas == good
 
 
 def test_a_claim_name_may_have_63_characters_and_not_64() -> None:

@@ -30,6 +30,7 @@ from engine_http.upstream import Upstream, authority
 from reconciler.desired import ClaimKey, Desired
 from reconciler.door.window import context_from_args
 from reconciler.model.manifests import ModelClaim
+from reconciler.replicas import replica_keys
 
 log = logging.getLogger("reconciler.door.catalog")
 
@@ -58,7 +59,7 @@ class Catalog:
         self._learned: dict[ClaimKey, Learned] = {}
         self._version = 0
         self._index: dict[str, tuple[ClaimKey, ...]] = {}
-        self._indexed: tuple[object, int] | None = None
+        self._indexed: tuple[object, int, int] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._refreshed_at = -1e9
 
@@ -67,22 +68,25 @@ class Catalog:
     def claims_for(self, name: str) -> tuple[ClaimKey, ...]:
         claims = self._desired.claims
         if self._indexed is None or self._indexed[0] is not claims \
-                or self._indexed[1] != self._version:
+                or self._indexed[1] != self._version \
+                or self._indexed[2] != self._desired.claims_version:
             self._reindex(claims)
         return self._index.get(name, ())
 
     def _reindex(self, claims: Mapping[ClaimKey, ModelClaim]) -> None:
         index: dict[str, list[ClaimKey]] = {}
         for key, claim in sorted(claims.items()):
-            index.setdefault(claim.model_name, []).append(key)
+            keys = [key, *replica_keys(key, claim.replicas)]  # every replica serves the name
+            index.setdefault(claim.model_name, []).extend(keys)
             if claim.engine == "ollama":
-                index.setdefault(ollama_tag(claim.artifact_url), []).append(key)
+                index.setdefault(ollama_tag(claim.artifact_url), []).extend(keys)
         for key, learned in sorted(self._learned.items()):
             if key in claims:
                 for name in learned.names:
-                    index.setdefault(name, []).append(key)
+                    index.setdefault(name, []).extend([key, *replica_keys(
+                        key, claims[key].replicas)])
         self._index = {name: tuple(dict.fromkeys(keys)) for name, keys in index.items()}
-        self._indexed = (claims, self._version)
+        self._indexed = (claims, self._version, self._desired.claims_version)
 
     @property
     def version(self) -> int:

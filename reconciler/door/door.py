@@ -45,6 +45,7 @@ from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
 from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.door.settings import DoorSettings
+from reconciler.replicas import replica_keys, route_name
 from reconciler.routes import Route, route_of
 from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
@@ -130,6 +131,11 @@ class Door:
         claim = self.w.desired.claim(key)
         return claim.model_name if claim is not None else key[1]
 
+    def route_of(self, key: ClaimKey) -> str:
+        """What the ledger counts the claim's requests in flight under: its replica's name
+        (``reconciler.replicas``; the model name for replica 0)."""
+        return route_name(self.model_of(key), key)
+
     def decide(self, keys: tuple[ClaimKey, ...]) -> plan.Decision:
         """``plan.decide`` for each claim and ``plan.choose`` among them. A lone claim that
         serves is remembered until the next status or route change (``Changes``): its agent's
@@ -140,7 +146,7 @@ class Door:
                     and self._healthy(known[1].agent):
                 return known[1]
         decisions = [plan.decide(k, *self.status_and_route(k)) for k in keys]
-        chosen = plan.choose(decisions, lambda k: self.ledger.in_flight(self.model_of(k)))
+        chosen = plan.choose(decisions, lambda k: self.ledger.in_flight(self.route_of(k)))
         if len(keys) == 1 and isinstance(chosen, plan.Forward):
             self._decided[keys[0]] = (self.changes.version, chosen)
         return chosen
@@ -177,7 +183,8 @@ class Door:
                     if rechosen:
                         keys, d = rechosen, self.decide(rechosen)
                 model = self.model_of(d.claim)
-                ticket.enter(model)  # no await since the decision: the idle check sees it
+                ticket.enter(route_name(model, d.claim))  # no await since the decision: the
+                # idle check (of this replica) sees it
                 rec.model, rec.claim = model, key_text(d.claim)
                 if isinstance(d, plan.Forward):
                     if held_since is not None:
@@ -197,7 +204,7 @@ class Door:
                 if rec.held_for in (None, plan.SETTLE):
                     rec.held_for = d.cause
                 if d.wake:
-                    _, new = self.b.ask_wake(model, d.claim)
+                    _, new = self.b.ask_wake(route_name(model, d.claim), d.claim)
                     if new:
                         self.metrics.wake_requested(model)
                 if d.kick and d.claim not in kicked:
@@ -240,7 +247,9 @@ class Door:
             if key is not None and not self.allowed(key, name, keys):
                 raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
         else:
-            name, keys = routed.model, (routed.claim,)
+            chosen = self.catalog.claim(routed.claim)  # and its replicas: fewest in flight
+            name, keys = routed.model, (routed.claim, *replica_keys(
+                routed.claim, chosen.replicas if chosen is not None else 1))
         kinds = endpoints.engines_for(request.path)
         first = self.catalog.claim(keys[0])
         if first is not None and first.engine not in kinds:  # before any wake is asked
@@ -273,20 +282,34 @@ class Door:
             body, hide_usage = ollama.native_body(doc, body, upstream_name), False
         else:  # the engine's own token counts for every stream, asked for the client if need be
             body, hide_usage = usage.upstream_body(endpoint, doc, body, upstream_name)
-        forwards, started = self.forwards, self.w.clock.now()
-        self.b.tracker.busy(fwd.agent, model, started)
-        forwards.start(fwd.claim, started)  # no await since admit: the next choice sees it
-        extra = routed.headers(fwd.agent) if routed is not None else None
-        answered = False
-        try:
-            answer = await proxy.forward(request, self.upstream, fwd.host, fwd.port,
-                                         request.path, body, outcome, hide_usage, extra)
-            answered = outcome.error is None
-            return answer
-        finally:
-            ended = self.w.clock.now()
-            forwards.end(fwd.claim, started, ended, answered)
-            self.b.tracker.busy(fwd.agent, model, ended)
+        tried: set[ClaimKey] = set()
+        while True:
+            forwards, started = self.forwards, self.w.clock.now()
+            self.b.tracker.busy(fwd.agent, model, started)
+            forwards.start(fwd.claim, started)  # no await since admit: the next choice sees it
+            extra = routed.headers(fwd.agent) if routed is not None else None
+            answered = False
+            try:
+                answer = await proxy.forward(request, self.upstream, fwd.host, fwd.port,
+                                             request.path, body, outcome, hide_usage, extra)
+                answered = outcome.error is None
+            finally:
+                ended = self.w.clock.now()
+                forwards.end(fwd.claim, started, ended, answered)
+                self.b.tracker.busy(fwd.agent, model, ended)
+            tried.add(fwd.claim)
+            other = plan.another(keys, fwd.claim, tried, self.decide) if outcome.unreached \
+                else None
+            if other is None:
+                return answer
+            # the engine was never reached (its port refused: it died, say): another replica
+            # of the same claim that serves takes the request, the engine's status not yet
+            # caught up
+            self.metrics.failed(model, "replica_unreachable")
+            outcome.status, outcome.error, outcome.unreached = 0, None, False
+            fwd = other
+            ticket.enter(self.route_of(fwd.claim))  # no await since the decision
+            rec.claim, rec.upstream = key_text(fwd.claim), f"{fwd.agent} {fwd.host}:{fwd.port}"
 
     async def serve_route(self, route: ModelRoute, request: Request, endpoint: str,
                           doc: Mapping[str, Any], body: bytes, key: Key | None, ticket: Ticket,

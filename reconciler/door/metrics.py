@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from reconciler.door.ledger import Ledger
+from reconciler.replicas import model_of_route
 
 P = "aibrix:door_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -42,8 +43,12 @@ class _Now(Collector):
         held = GaugeMetricFamily(P + "requests_held",
                                  "Requests the door holds for a wake, room or a start.",
                                  labels=["model"])
-        for model in self._ledger.models():
-            flight.add_metric([model], self._ledger.in_flight(model))
+        flights: dict[str, int] = {}
+        for name in self._ledger.models():  # a replica's requests count for its model
+            model = model_of_route(name)
+            flights[model] = flights.get(model, 0) + self._ledger.in_flight(name)
+        for model in sorted(flights):
+            flight.add_metric([model], flights[model])
             held.add_metric([model], self._ledger.held(model))
         yield flight
         yield held

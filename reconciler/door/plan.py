@@ -24,14 +24,18 @@ while it moves.
 unique, but a LoRA adapter or a served name may be loaded by several): an awake one with the
 fewest requests in flight, else the cheapest to make servable (``COST``), ties by fewest in
 flight and then by claim.
+
+``another`` is where a request goes whose engine refused the connection (it never reached it):
+another replica of the same claim that serves now (``reconciler.replicas``), if there is one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from reconciler.desired import ClaimKey
+from reconciler.replicas import base_key
 from reconciler.routes import Route
 from reconciler.status import (
     ACTIVATE_FAILED,
@@ -135,3 +139,14 @@ def choose(decisions: Sequence[Decision], in_flight: Callable[[ClaimKey], int]) 
     if held:
         return min(held, key=lambda d: (COST[d.cause], *load(d)))
     return min(decisions, key=lambda d: d.claim)
+
+
+def another(keys: Sequence[ClaimKey], failed: ClaimKey, tried: Collection[ClaimKey],
+            decide: Callable[[tuple[ClaimKey, ...]], Decision]) -> Forward | None:
+    """Another replica of ``failed``'s claim among ``keys``, not ``tried`` yet, that serves now
+    (``decide`` chooses among them as for any call); None when there is none."""
+    same = tuple(k for k in keys if base_key(k) == base_key(failed) and k not in tried)
+    if not same:
+        return None
+    d = decide(same)
+    return d if isinstance(d, Forward) else None

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reconciler.door.errors import stream_error_event, upstream_failed, upstream_timed_out
-from engine_http.framing import UpstreamError, UpstreamTimeout
+from engine_http.framing import UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from reconciler.door.http1 import Answer, Request, Stream
 from engine_http.upstream import Response, Upstream
 from reconciler.door.usage import Hider
@@ -63,6 +63,7 @@ class Outcome:
     error: str | None = None  # a reason for the errors metric
     bytes_out: int = 0
     upstream_s: float | None = None  # sent to the engine -> its last byte passed on
+    unreached: bool = False  # no connection could be made: the engine never saw the request
 
 
 def usage_of(data: bytes) -> tuple[int, int] | None:
@@ -134,6 +135,7 @@ async def forward(request: Request, upstream_pool: Upstream, host: str, port: in
         return upstream_timed_out(f"the model's engine did not answer: {err}")
     except UpstreamError as err:
         outcome.status, outcome.error = 502, "upstream_unreachable"
+        outcome.unreached = isinstance(err, UpstreamUnreachable)
         return upstream_failed(f"the model's engine gave no usable answer: {err}")
     try:
         outcome.status = upstream.status

@@ -150,7 +150,7 @@ class KubeApp(Core):
     def _claim_event(self, st: ClaimStatus, event: ClaimEvent) -> None:
         if self._leading:
             self.recorder.record(ObjectRef(CLAIMS.api_version, CLAIMS.kind, st.namespace,
-                                           st.name, st.uid), event.type, event.reason,
+                                           st.claim_name, st.uid), event.type, event.reason,
                                  event.message)
 
     def _route_warning(self, obj: Obj, reason: str, message: str) -> None:

@@ -7,7 +7,9 @@ it: a claim whose status changed is marked, and the next round patches only the 
 annotation differs, with a JSON merge patch of just those keys (``null`` removes one); a claim
 that moved loses its annotation on the old Pod, a claim being deleted loses it first (off the
 route before its engine drains). ``sync_model`` publishes one model's route at once and answers
-whether it is out, which a sleep waits for (off the route before a sleep).
+whether it is out, which a sleep waits for (off the route before a sleep). A claim with
+several replicas (``reconciler.replicas``) has the same annotation on each replica's Pod, each
+with that replica's port and state, so the gateway finds every copy by the seed's key.
 
 The gateway asks for a wake with ``wake.modelclaim.aibrix.ai/<claim>`` (the request time). A
 new value becomes a request in the ``WakeBook`` and the claim is reconciled; once the book no
@@ -41,6 +43,7 @@ from reconciler.kube.desired import (
     PodAgent,
     pod_of,
 )
+from reconciler.replicas import base_key, model_of_route
 from reconciler.routes import Route, route_of
 from reconciler.runtime.tasks import cancelled
 from reconciler.status import ACTIVE
@@ -115,14 +118,17 @@ class RoutePublisher:
     # ---- marking and publishing -------------------------------------------------------------
 
     def mark(self, key: ClaimKey) -> None:
-        self._marked.add(key)
+        self._marked.add(base_key(key))  # a replica's route is on its claim's annotation
         self._wake.set()
 
     def mark_all(self) -> None:
-        self._marked |= set(self._routes) | self.w.store.keys() | set(self._wakes)
+        self._marked |= set(self._routes) | {base_key(k) for k in self.w.store.keys()} \
+            | set(self._wakes)
         self._wake.set()
 
     async def sync_model(self, model: str) -> bool:
+        """Publish the route of ``model`` (a replica's route name: its claim's) now."""
+        model = model_of_route(model)
         key = self.w.desired.by_model(model) or self.w.store.by_model(model)
         if key is None:
             return True
@@ -137,7 +143,7 @@ class RoutePublisher:
     async def publish(self, key: ClaimKey) -> None:
         """The claim's route on its Pod now (before its Active status is written); raises
         when the API server refuses it."""
-        await self._publish(key)
+        await self._publish(base_key(key))
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="routes")
@@ -166,6 +172,8 @@ class RoutePublisher:
             await self.clock.sleep(1.0 if failed else 0.02)  # coalesce a burst of changes
 
     async def _publish(self, key: ClaimKey) -> None:
+        """The claim's route on the Pod of each of its replicas (``reconciler.replicas``: the
+        seed's one annotation per claim, on every Pod that serves it), none elsewhere."""
         st = self.w.store.get(key)
         urls = {a.name: a.url for a, _ in self.desired.agents()}
 
@@ -173,18 +181,18 @@ class RoutePublisher:
             obs = self.w.cache.last(agent)
             return obs is not None and obs.ok
 
-        route = route_of(st, urls, healthy, self.b.holds, self.b.wakes) if st else None
-        target: PodKey | None = None
-        value: str | None = None
-        if route is not None and st is not None and st.instance is not None:
-            target = pod_of(st.instance.agent)
-            value = route_value(route)
+        targets: dict[PodKey, str] = {}
+        members = ([st] if st is not None else []) + self.w.store.replicas_of(key)
+        for member in members:
+            route = route_of(member, urls, healthy, self.b.holds, self.b.wakes)
+            if route is not None and member.instance is not None:
+                targets.setdefault(pod_of(member.instance.agent), route_value(route))
         annotation = ROUTE_PREFIX + key[1]
-        for pod in sorted(self._routes.get(key, set()) | ({target} if target else set())):
+        for pod in sorted(self._routes.get(key, set()) | set(targets)):
             agent = self.desired.pod(*pod)
             if agent is None:
                 continue
-            want = value if pod == target else None
+            want = targets.get(pod)
             if agent.annotations.get(annotation) != want:
                 await self._patch(pod, {annotation: want})
         await self._wake_done(key, st.model_name if st else None)

@@ -39,6 +39,7 @@ from reconciler.kube.api import (
 from reconciler.kube.desired import KubeDesired
 from reconciler.kube.informer import meta
 from reconciler.model.manifests import ModelClaim
+from reconciler.replicas import base_key, is_replica
 from reconciler.status import ACTIVE, ClaimEvent, ClaimStatus
 from reconciler.status import _ts as parse_time
 from reconciler.store import StatusStore
@@ -110,7 +111,7 @@ class KubeStatusStore(StatusStore):
     def ensure(self, claim: ModelClaim) -> ClaimStatus:
         """The claim's status, with the object's uid; its finalizer is added if missing."""
         key = (claim.namespace, claim.name)
-        obj = self.desired.object(key)
+        obj = self.desired.object(base_key(key))  # a replica's status: its claim's uid
         m = meta(obj)
         uid = str(m.get("uid") or uuid.uuid4())
         st = self._statuses.get(key)
@@ -130,7 +131,7 @@ class KubeStatusStore(StatusStore):
             st.observed_generation = generation
             st.notify()
         if obj is not None and FINALIZER not in (m.get("finalizers") or ()) \
-                and not m.get("deletionTimestamp"):
+                and not m.get("deletionTimestamp") and not is_replica(key):
             self._hold.add(key)
             self._wake.set()
         return st
@@ -155,7 +156,8 @@ class KubeStatusStore(StatusStore):
         hold, self._hold = self._hold, set()
         release, self._release = self._release, set()
         jobs: list[tuple[str, ClaimKey]] = [("finalize", k) for k in sorted(hold)]
-        jobs += [("status", k) for k in sorted(dirty) if k in self._statuses]
+        jobs += [("status", k) for k in sorted(dirty)  # a replica's is in its claim's
+                 if k in self._statuses and not is_replica(k)]
         jobs += [("release", k) for k in sorted(release)]
         if not jobs:
             return
@@ -187,7 +189,7 @@ class KubeStatusStore(StatusStore):
 
     async def _write_status(self, key: ClaimKey) -> None:
         st = self._statuses.get(key)
-        if st is not None and st.phase == ACTIVE and self.publish_route is not None:
+        if st is not None and st.summary()[0] == ACTIVE and self.publish_route is not None:
             await self.publish_route(key)  # raises: the status stays dirty, Active unwritten
         version = self._version(key)
         for attempt in range(CONFLICT_RETRIES + 1):

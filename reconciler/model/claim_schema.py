@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic_core import core_schema
 
 from contract.names import MAX_MODEL_NAME, MODEL_NAME_PATTERN
+from reconciler.replicas import MAX_REPLICAS
 
 # The CRD's patterns, as written there (the model name's is the contract's).
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
@@ -125,7 +126,7 @@ class ClaimSpec(_Shape):
     podSelector: PodSelector
     artifactURL: Str = Field(min_length=1, pattern=r"^\S+$")
     engine: Engine = "vllm"
-    replicas: WholeInt = Field(1, ge=1, le=1)
+    replicas: WholeInt = Field(1, ge=1, le=MAX_REPLICAS)
     perGPU: PerGPUSpec | None = None
     engineConfig: EngineConfig | None = None
 

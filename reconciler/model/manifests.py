@@ -13,7 +13,7 @@ Parsing never raises for bad content. ``parse_manifests`` returns a ``ParseResul
   keeps the pool.
 * ``problems``: one ``Problem(kind, name, reason, message)`` per invalid object (also the held
   claims' and invalid policies'). An object with a structural problem (bad YAML, a missing
-  required field, ``replicas`` other than 1, a name over 63 characters, a duplicate) is left out.
+  required field, ``replicas`` outside 1..8, a name over 63 characters, a duplicate) is left out.
 * ``ignored``: other kinds (the pool's metrics Service, say), as ``Kind/name``.
 
 Our pool format (``apiVersion`` is optional)::
@@ -71,6 +71,7 @@ from reconciler.model.claim_schema import (
     LABELS,
 )
 from reconciler.model.selector import LabelSelector, selector_from
+from reconciler.replicas import MAX_REPLICAS, route_name
 
 API_VERSION = "model.aibrix.ai/v1alpha1"
 CLAIM_KIND = "ModelClaim"
@@ -159,6 +160,12 @@ class ModelClaim:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def route_name(self) -> str:
+        """What route holds, in-flight counts and wake requests call this claim's engine: the
+        model name, or ``model#i`` for replica ``i`` >= 1 (``reconciler.replicas``)."""
+        return route_name(self.model_name, (self.namespace, self.name))
 
     @property
     def hold_reason(self) -> str | None:
@@ -462,9 +469,9 @@ def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
     except ValidationError as exc:
         fields = {err["loc"][:1] for err in exc.errors()}
         if fields == {("replicas",)}:
-            raise ManifestError(INVALID_REPLICAS, "spec.replicas must be 1 (one engine per "
-                                f"claim), got {cast(Mapping[str, Any], raw)['replicas']!r}"
-                                ) from None
+            raise ManifestError(INVALID_REPLICAS, f"spec.replicas must be a whole number from 1 "
+                                f"to {MAX_REPLICAS} (engines of the claim), got "
+                                f"{cast(Mapping[str, Any], raw)['replicas']!r}") from None
         if fields == {("modelName",)}:  # the contract's wording, as the agent says it
             raise ManifestError(INVALID_SPEC, model_name_problem(
                 cast(Mapping[str, Any], raw)["modelName"]) or describe(exc, "spec")) from None

@@ -39,7 +39,8 @@ class ClaimNeed:
     """What placement needs to know of a claim. ``footprint``/``kv_floor``: per GPU, None when
     the claim has no usable perGPU. ``all_gpus``: the engine uses every GPU of its Pod, so the
     Pod's GPU count must equal ``gpus``; otherwise it needs ``gpus`` of them. ``exclude``:
-    agents not to use (the one a claim is moving away from)."""
+    agents not to use (the one a claim is moving away from); ``apart``: agents that run another
+    replica of the claim, not to use either."""
 
     name: str
     selector: LabelSelector
@@ -50,6 +51,8 @@ class ClaimNeed:
     namespace: str = "default"
     artifact_url: str = ""
     exclude: frozenset[str] = frozenset()
+    # agents that run (or will run) another replica of the claim (``reconciler.replicas``)
+    apart: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -65,13 +68,15 @@ class ClaimNeed:
         return self.footprint + self.kv_floor
 
     @classmethod
-    def from_claim(cls, claim: ModelClaim, exclude: frozenset[str] = frozenset()) -> ClaimNeed:
+    def from_claim(cls, claim: ModelClaim, exclude: frozenset[str] = frozenset(),
+                   apart: frozenset[str] = frozenset()) -> ClaimNeed:
         per_gpu = claim.per_gpu
         return cls(name=claim.key, selector=claim.pod_selector,
                    footprint=per_gpu.maximum_footprint if per_gpu else None,
                    kv_floor=per_gpu.kv_floor if per_gpu else None,
                    gpus=claim.gpus_needed, all_gpus=claim.engine != "ollama",
-                   namespace=claim.namespace, artifact_url=claim.artifact_url, exclude=exclude)
+                   namespace=claim.namespace, artifact_url=claim.artifact_url, exclude=exclude,
+                   apart=apart)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ def unavailable(need: ClaimNeed, candidate: Candidate, now: float,
     taking it), or None when it can if it has room."""
     if candidate.name in need.exclude:
         return 5, f"{candidate.name}: the claim is moving away from it"
+    if candidate.name in need.apart:
+        return 5, f"{candidate.name}: runs another replica of the claim"
     count = len(candidate.gpus)
     if not gpu_count_fits(need, candidate):
         wanted = f"{need.gpus}" if need.all_gpus else f"at least {need.gpus}"

@@ -1,0 +1,94 @@
+"""Replicas on Kubernetes (issue 25): the API server stand-in (``tests.kube_api`` through
+kmock), the reconciler in this process, two pool Pods backed by real agents with simulated
+engines. A claim with ``replicas: 2`` has an engine on each Pod, the seed's per-claim route
+annotation on each Pod (so the AIBrix gateway finds both copies by the key it knows), one entry
+per replica in ``status.instances``, Events on the claim itself; scaling down removes one
+copy and its annotation, and a deletion waits behind the finalizer for every copy."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.kube.api import CLAIMS, MERGE_PATCH
+from tests.harness import AgentProcess
+from tests.test_reconciler_kube import Cluster, agent_for, claim_obj, running_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with running_cluster(tmp_path) as made:
+        yield made
+
+
+def replicated(name: str, replicas: int) -> dict[str, Any]:
+    obj = claim_obj(name)
+    obj["spec"]["replicas"] = replicas
+    return obj
+
+
+def status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return (cluster.claim(name) or {}).get("status") or {}
+
+
+async def two_ready(cluster: Cluster, factory: Callable[..., AgentProcess]) -> None:
+    """Two pool Pods and claim ``m`` with two replicas, both ready."""
+    await cluster.add_pod("pool-0", agent_for(factory))
+    await cluster.add_pod("pool-1", agent_for(factory))
+    await cluster.start()
+    await cluster.apply(replicated("m", 2))
+    await cluster.until("both replicas ready", lambda: status(cluster, "m").get(
+        "readyReplicas") == 2, 60)
+
+
+async def test_two_replicas_run_on_two_pods_each_with_the_claims_route_annotation(
+        cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
+    await two_ready(cluster, agent_factory)
+    st = status(cluster, "m")
+    assert st["phase"] == "Active" and st["desiredReplicas"] == 2
+    instances = sorted(st["instances"], key=lambda i: i["index"])
+    assert [i["index"] for i in instances] == [0, 1]
+    assert sorted(i["pod"] for i in instances) == ["pool-0", "pool-1"]
+    for inst in instances:
+        pod: str = inst["pod"]
+
+        def active(pod: str = pod) -> bool:
+            route = cluster.route(pod, "m")
+            return route is not None and route["state"] == "active"
+
+        await cluster.until(f"the route on {pod}", active)
+        route = cluster.route(pod, "m")
+        assert route is not None
+        assert (route["model"], route["port"]) == ("m-model", inst["port"])
+    assert sorted(name for name, _ in cluster.engines("m-model")) == ["pool-0", "pool-1"]
+    for pod in ("pool-0", "pool-1"):  # no annotation a gateway would not know
+        annotations = (cluster.pod(pod) or {})["metadata"].get("annotations") or {}
+        assert [k for k in annotations if "#" in k] == []
+    involved = {e["involvedObject"]["name"] for e in cluster.server.all_of("events")}
+    assert "m" in involved and not any("#" in name for name in involved)
+
+
+async def test_scaling_down_removes_a_copy_and_its_annotation_and_deleting_waits_for_all(
+        cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
+    await two_ready(cluster, agent_factory)
+    gone = next(i["pod"] for i in status(cluster, "m")["instances"] if i["index"] == 1)
+    await cluster.api.patch(CLAIMS, "default", "m", {"spec": {"replicas": 1}}, MERGE_PATCH)
+    await cluster.until("one replica left", lambda: len(status(cluster, "m").get(
+        "instances") or ()) == 1 and status(cluster, "m").get("desiredReplicas") == 1)
+    await cluster.until("its engine stopped", lambda: gone not in
+                        [name for name, _ in cluster.engines("m-model")])
+    await cluster.until("its annotation removed", lambda: cluster.route(gone, "m") is None)
+    kept = status(cluster, "m")["instances"][0]["pod"]
+    assert kept != gone and cluster.route(kept, "m") is not None
+    assert status(cluster, "m")["readyReplicas"] == 1
+    await cluster.api.patch(CLAIMS, "default", "m", {"spec": {"replicas": 2}}, MERGE_PATCH)
+    await cluster.until("two again", lambda: status(cluster, "m").get("readyReplicas") == 2, 60)
+    await cluster.api.delete(CLAIMS, "default", "m")
+    await cluster.until("the claim gone", lambda: cluster.claim("m") is None, 60)
+    assert cluster.engines("m-model") == [], "every copy stopped before the object went"
+    assert cluster.route("pool-0", "m") is None and cluster.route("pool-1", "m") is None
