@@ -241,3 +241,32 @@ async def test_a_full_warm_candidate_queues_a_route_call_or_the_preferred_is_wok
     text = await door.metrics()
     assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="queued",
                   model="small") == 1.0
+
+
+async def test_a_held_route_call_takes_a_slot_that_comes_free_on_a_warm_candidate(
+        door: Door) -> None:
+    """small (in tolerance) runs one call at a time and has one in flight for 2 s; with no
+    latency seen yet its queue counts 30 s, so the route call is held for big's wake (12 s).
+    When small's call ends its slot is free: the held call takes it then, not at its next look
+    (``recheck_s``, 30 s here so that only the freed slot can wake it) nor when big is up."""
+    door.pool(SLEEPY)
+    await door.start(recheck_s=30)
+    door.write("chat", route("chat", tolerance=10))
+    door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
+                               args={"--sim-wake-seconds": "12"}))
+    door.write("small", labelled("small", {"family": "qwen", "tier": "small"}, never_sleep=True,
+                                 args={"--max-num-seqs": "1", "--sim-request-seconds": "2"}))
+    await door.phase("big", "Sleeping", 60)
+    await door.phase("small", "Active", 60)
+    assert door.app is not None and door.app.door is not None
+    forwards = door.app.door.door.forwards
+    busy = asyncio.ensure_future(door.chat("small"))
+    await door.until("small busy", lambda: bool(forwards.in_flight(("default", "small"))))
+    started = time.monotonic()
+    status, body, headers = await door.chat("chat")
+    assert status == 200, body
+    assert (await busy)[0] == 200
+    assert (headers["x-route-model"], headers["x-route-choice"],
+            headers["x-route-rechosen-from"]) == ("small", "warm", "default/big")
+    assert time.monotonic() - started < 10.0  # small's 2 s and its own 2 s, not big's 12 s wake
+    await door.until("big woke", lambda: door.wakes("big") == 1, 30)  # its wake went on

@@ -297,6 +297,8 @@ class Door:
                 ended = self.w.clock.now()
                 forwards.end(fwd.claim, started, ended, answered)
                 self.b.tracker.busy(fwd.agent, model, ended)
+                if self.ledger.any_held():  # a slot came free: a held route call may take it
+                    self.changes.bump()  # now, not at its next look (recheck_s)
             tried.add(fwd.claim)
             other = plan.another(keys, fwd.claim, tried, self.decide) if outcome.unreached \
                 else None

@@ -75,6 +75,10 @@ class Ledger:
     def release(self, model: str) -> None:
         _down(self._held, model)
 
+    def any_held(self) -> bool:
+        """Whether some request is held (for any model): it may choose again on a change."""
+        return bool(self._held)
+
     def models(self) -> list[str]:
         return sorted(self._in_flight.keys() | self._held.keys())
 
