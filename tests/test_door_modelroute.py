@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.door.forwards import Forwards
 from tests.test_door_integration import CHAT, SLEEPY, Door, claim, door, metric
 
 __all__ = ["door"]  # the fixture, imported for pytest
@@ -204,30 +205,42 @@ async def test_a_held_route_call_is_served_by_a_candidate_woken_meanwhile_before
     await door.until("big woke", lambda: door.wakes("big") == 1, 30)
 
 
+async def big_and_one_slot_small(door: Door, big_wakes_s: str, **settings: Any) -> Forwards:
+    """The route ``chat`` over ``big`` (preferred, asleep, waking in ``big_wakes_s``) and
+    ``small`` (awake for good, one call at a time, 2 s each); the door's forwards book."""
+    door.pool(SLEEPY)
+    await door.start(**settings)
+    door.write("chat", route("chat", tolerance=10))
+    door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
+                               args={"--sim-wake-seconds": big_wakes_s}))
+    door.write("small", labelled("small", {"family": "qwen", "tier": "small"}, never_sleep=True,
+                                 args={"--max-num-seqs": "1", "--sim-request-seconds": "2"}))
+    await door.phase("big", "Sleeping", 60)
+    await door.phase("small", "Active", 60)
+    assert door.app is not None and door.app.door is not None
+    return door.app.door.door.forwards
+
+
+async def beside_a_call_on(door: Door, forwards: Forwards, model: str) -> tuple[int, Any, Any]:
+    """A call to the route ``chat`` sent while a direct call to ``model`` is in flight (it
+    answers 200 too)."""
+    busy = asyncio.ensure_future(door.chat(model))
+    await door.until(f"{model} busy", lambda: bool(forwards.in_flight(("default", model))))
+    answer = await door.chat("chat")
+    assert (await busy)[0] == 200
+    return answer
+
+
 async def test_a_full_warm_candidate_queues_a_route_call_or_the_preferred_is_woken_by_the_figures(
         door: Door) -> None:
     """small (in tolerance) runs one call at a time, 2 s each, and has one in flight; big (the
     preferred, asleep) would take 3 s to wake by its footprint at 1 GiB/s. With no latency seen
     yet small's call counts 30 s (the seed's), so big is woken; once the door has seen small's
     2 s calls, the call queues at small instead."""
-    door.pool(SLEEPY)
-    await door.start()
-    door.write("chat", route("chat", tolerance=10))
-    door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
-                               args={"--sim-wake-seconds": "0.3"}))
-    door.write("small", labelled("small", {"family": "qwen", "tier": "small"}, never_sleep=True,
-                                 args={"--max-num-seqs": "1", "--sim-request-seconds": "2"}))
-    await door.phase("big", "Sleeping", 60)
-    await door.phase("small", "Active", 60)
-    assert door.app is not None and door.app.door is not None
-    forwards = door.app.door.door.forwards
+    forwards = await big_and_one_slot_small(door, big_wakes_s="0.3")
 
     async def beside_a_call_in_flight_on_small() -> tuple[int, Any, Any]:
-        busy = asyncio.ensure_future(door.chat("small"))
-        await door.until("small busy", lambda: bool(forwards.in_flight(("default", "small"))))
-        answer = await door.chat("chat")
-        assert (await busy)[0] == 200
-        return answer
+        return await beside_a_call_on(door, forwards, "small")
 
     status, body, headers = await beside_a_call_in_flight_on_small()
     assert status == 200, body
@@ -249,23 +262,10 @@ async def test_a_held_route_call_takes_a_slot_that_comes_free_on_a_warm_candidat
     latency seen yet its queue counts 30 s, so the route call is held for big's wake (12 s).
     When small's call ends its slot is free: the held call takes it then, not at its next look
     (``recheck_s``, 30 s here so that only the freed slot can wake it) nor when big is up."""
-    door.pool(SLEEPY)
-    await door.start(recheck_s=30)
-    door.write("chat", route("chat", tolerance=10))
-    door.write("big", labelled("big", {"family": "qwen", "tier": "big"},
-                               args={"--sim-wake-seconds": "12"}))
-    door.write("small", labelled("small", {"family": "qwen", "tier": "small"}, never_sleep=True,
-                                 args={"--max-num-seqs": "1", "--sim-request-seconds": "2"}))
-    await door.phase("big", "Sleeping", 60)
-    await door.phase("small", "Active", 60)
-    assert door.app is not None and door.app.door is not None
-    forwards = door.app.door.door.forwards
-    busy = asyncio.ensure_future(door.chat("small"))
-    await door.until("small busy", lambda: bool(forwards.in_flight(("default", "small"))))
+    forwards = await big_and_one_slot_small(door, big_wakes_s="12", recheck_s=30)
     started = time.monotonic()
-    status, body, headers = await door.chat("chat")
+    status, body, headers = await beside_a_call_on(door, forwards, "small")
     assert status == 200, body
-    assert (await busy)[0] == 200
     assert (headers["x-route-model"], headers["x-route-choice"],
             headers["x-route-rechosen-from"]) == ("small", "warm", "default/big")
     assert time.monotonic() - started < 10.0  # small's 2 s and its own 2 s, not big's 12 s wake
