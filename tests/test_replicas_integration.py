@@ -93,6 +93,15 @@ class Pool(integration.Pool):
         await self.until(f"{name}: {replicas} replicas ready", lambda: self.status(name)
                          is not None and self.doc(name)["readyReplicas"] == replicas)
 
+    async def asleep(self, after_s: int) -> None:
+        """Claim ``m`` with two replicas, each put to sleep when idle ``after_s`` seconds."""
+        self.write_pool(f'{{"lifecycle": {{"sleepAfterSeconds": {after_s}}}}}')
+        self.write("m", replicated("m", 2))
+        await self.start()
+        await self.until("both replicas asleep", lambda: [
+            s.phase if s else None for s in (self.status("m"), self.status("m#1"))]
+            == ["Sleeping", "Sleeping"])
+
     def engines(self, model: str) -> dict[str, dict[str, Any]]:
         """The engines of ``model``, by agent (the agents' own snapshots)."""
         out = {}
@@ -242,18 +251,34 @@ async def test_a_replica_with_no_other_pod_to_go_to_says_so_and_the_claim_serves
 
 
 async def test_idle_replicas_sleep_each_and_a_request_wakes_the_claim(pool: Pool) -> None:
-    pool.write_pool('{"lifecycle": {"sleepAfterSeconds": 1}}')
-    pool.write("m", replicated("m", 2))
-    await pool.start()
-    await pool.until("both replicas asleep", lambda: [
-        s.phase if s else None for s in (pool.status("m"), pool.status("m#1"))]
-        == ["Sleeping", "Sleeping"])
+    await pool.asleep(1)
     assert pool.doc("m")["phase"] == "Sleeping"
     status, _ = await pool.chat("m-model")
     assert status == 200  # served once a replica woke for it
     st = pool.status("m")
     assert st is not None
     assert [e["reason"] for e in st.as_json()["events"]].count("Woken") >= 1
+
+
+async def test_a_burst_at_two_sleeping_replicas_wakes_one_of_them(pool: Pool) -> None:
+    """Each held request once counted as in flight on the replica it waited for, so the
+    next one of a burst picked the other sleeping replica (fewer "in flight") and asked a
+    wake for it too: a burst woke every replica. The cheapest to wake, replica 0, wakes."""
+    await pool.asleep(2)
+    answers = await asyncio.gather(*(pool.chat("m-model") for _ in range(8)))
+    assert [status for status, _ in answers] == [200] * 8
+    # replica 0 goes back to sleep when idle: by then a wake asked for replica 1 was taken
+    await pool.until("replica 0 asleep again", lambda: (s := pool.status("m")) is not None
+                     and s.phase == "Sleeping")
+    st = pool.status("m")
+    assert st is not None and st.instance is not None
+    events = st.as_json()["events"]
+    woken = [e["message"] for e in events if e["reason"] == "Woken"]
+    assert woken and not [m for m in woken if m.startswith("replica 1:")], events
+    one = pool.status("m#1")
+    assert one is not None and one.phase == "Sleeping"
+    await pool.until("8 access lines", lambda: len(pool.access()) >= 8)
+    assert {line["upstream"].split()[0] for line in pool.access()} == {st.instance.agent}
 
 
 async def test_a_restarted_reconciler_takes_both_replicas_back_without_touching_them(
