@@ -49,8 +49,9 @@ class Pool(integration.Pool):
         self.tmp = tmp
         self.http: aiohttp.ClientSession | None = None
 
-    async def start(self) -> ReconcilerApp:
-        settings = DoorSettings(port=0, access_log=str(self.tmp / "access.log"))
+    async def start(self, allow_release: bool = False) -> ReconcilerApp:
+        settings = DoorSettings(port=0, access_log=str(self.tmp / "access.log"),
+                                allow_release=allow_release)
         self.app = ReconcilerApp(Settings(self.dir, port=0, door=settings,
                                           timings=replace(Timings(), kv_resync=1.0)))
         await self.app.start()
@@ -279,6 +280,25 @@ async def test_a_burst_at_two_sleeping_replicas_wakes_one_of_them(pool: Pool) ->
     assert one is not None and one.phase == "Sleeping"
     await pool.until("8 access lines", lambda: len(pool.access()) >= 8)
     assert {line["upstream"].split()[0] for line in pool.access()} == {st.instance.agent}
+
+
+async def test_a_release_at_the_door_puts_every_serving_replica_to_sleep(pool: Pool) -> None:
+    """The release route once saw a two-replica claim as two claims (409), and a release
+    kept by model name was dropped by the first replica that slept: it is kept per replica."""
+    pool.write("m", replicated("m", 2))
+    await pool.start(allow_release=True)
+    await pool.serving("m", 2)
+    assert pool.http is not None
+    async with pool.http.post(pool.door + "/v1/models/m-model/release", json={}) as resp:
+        body = await resp.json()
+        assert resp.status == 200, body
+    assert body["released"] is True and body["claim"] == "default/m", body
+    assert [s.phase if s else None for s in (pool.status("m"), pool.status("m#1"))] \
+        == ["Sleeping", "Sleeping"]
+    assert [e["model_name"] for e in pool.engines("m-model").values()] == ["m-model"] * 2
+    async with pool.http.post(pool.door + "/v1/models/m-model/release", json={}) as resp:
+        again = await resp.json()
+    assert resp.status == 200 and again["released"] is False, again
 
 
 async def test_a_restarted_reconciler_takes_both_replicas_back_without_touching_them(
