@@ -180,19 +180,44 @@ async def test_concurrent_requests_through_the_door_are_spread_over_both_replica
     assert min(by_agent.values()) >= 16, by_agent
 
 
-async def test_a_modelroutes_calls_are_spread_over_the_chosen_claims_replicas(
-        pool: Pool) -> None:
-    text = replicated("m", 2, **{"--sim-request-seconds": "2"})
+async def routed(pool: Pool, **args: str) -> None:
+    """Claim ``m``, two replicas, both ready, the one candidate of ModelRoute ``chat``."""
+    text = replicated("m", 2, **args)
     pool.write("m", text.replace("  namespace: default\n",
                                  '  namespace: default\n  labels: {family: "qwen"}\n', 1))
     pool.write("chat", "apiVersion: model.aibrix.ai/v1alpha1\nkind: ModelRoute\n"
                "metadata: {name: chat}\nspec:\n  require: {matchLabels: {family: qwen}}\n")
     await pool.start()
     await pool.serving("m", 2)
+
+
+async def test_a_modelroutes_calls_are_spread_over_the_chosen_claims_replicas(
+        pool: Pool) -> None:
+    await routed(pool, **{"--sim-request-seconds": "2"})
     answers = await asyncio.gather(*(pool.chat("chat") for _ in range(16)))
     assert [status for status, _ in answers] == [200] * 16
     assert {h.get("x-route-claim") for _, h in answers} == {"default/m"}
     assert {h.get("x-route-agent") for _, h in answers} == {"agent-a", "agent-b"}
+
+
+async def test_a_route_reads_a_claim_whose_replica_0_sleeps_and_replica_1_serves_as_warm(
+        pool: Pool) -> None:
+    """The route's choice once read each claim by replica 0: asleep, so the call was
+    counted and answered as one that woke its claim (``woken``) though replica 1 served."""
+    await routed(pool)
+    assert pool.app is not None
+    pool.app.deps.books.ask_release("m-model", ("default", "m"))  # replica 0 only
+    await pool.until("replica 0 asleep, replica 1 serving", lambda: [
+        s.phase if s else None for s in (pool.status("m"), pool.status("m#1"))]
+        == ["Sleeping", "Active"])
+    one = pool.status("m#1")
+    assert one is not None and one.instance is not None
+    status, headers = await pool.chat("chat")
+    assert status == 200
+    assert (headers.get("x-route-choice"), headers.get("x-route-agent")) \
+        == ("warm", one.instance.agent)
+    zero = pool.status("m")
+    assert zero is not None and zero.phase == "Sleeping"  # nothing woke it
 
 
 async def test_a_killed_replicas_requests_go_to_the_other_and_none_is_lost(
