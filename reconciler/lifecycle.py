@@ -106,7 +106,7 @@ class Lifecycle:
         if claim.lifecycle is not None:
             policy = claim.lifecycle.applied_to(policy)
         model, named = claim.model_name, claim.route_name  # named: this replica's
-        released = self.b.releases.pending(model, self.w.clock.now())  # asked at the door
+        released = self.b.releases.pending(named, self.w.clock.now())  # asked at the door
         if not (policy.idle_sleep or released) or claim.engine != "vllm" \
                 or self.b.wakes.get(named):
             return Result()
@@ -136,7 +136,7 @@ class Lifecycle:
             now = self.w.wall()
             if reply.ok:
                 idle = resident.idle_for(world.now) or 0.0
-                self.b.releases.drop(model)
+                self.b.releases.drop(named)
                 st.event(now, "Sleeping", f"released at the front door; put to sleep on {agent}"
                          if released else f"idle for {idle:.0f} s; put to sleep on {agent}")
                 st.set(now, SLEEPING, ready=(False, ENGINE_SLEEPING,
@@ -146,7 +146,7 @@ class Lifecycle:
                 self.b.kick_claims(self.w.waiting_keys())
                 return Result()
             log.warning("claim %s: sleep on %s failed: %s", claim.key, agent, reply.message)
-            self.b.releases.failed(model, f"the agent did not put it to sleep: {reply.message}")
+            self.b.releases.failed(named, f"the agent did not put it to sleep: {reply.message}")
             return Result(requeue_after=retry_delay(0))
         finally:
             self.b.holds.release(named)

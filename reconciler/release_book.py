@@ -7,7 +7,9 @@ to sleep by the same path and the same last look as an idle sleep: off the route
 request running or waiting in the engine, none in flight through the door. A request lives
 ``ttl`` seconds (the door waits that long for the sleep): one the model never became idle for
 is forgotten, so a release cannot put a model to sleep minutes after the person gave up. A sleep
-the agent refused is kept with its message, for the door to answer.
+the agent refused is kept with its message, for the door to answer. Requests are kept by a
+replica's route name (``reconciler.replicas.route_name``: the model name for replica 0), so a
+claim's replicas are released each, and the first to sleep does not drop the others' request.
 """
 
 from __future__ import annotations

@@ -101,6 +101,25 @@ def test_placement_takes_the_cheapest_to_make_servable_when_none_is_awake() -> N
     assert choose(decisions[:2], lambda k: 0) == Hold(B, WAKE, wake=True)
 
 
+def test_a_burst_at_sleeping_replicas_asks_one_wake_the_lowest_replica_not_the_least_held(
+        ) -> None:
+    """Held calls count as in flight on the replica they wait for: choosing by that load
+    sent the next call of a burst to the other sleeping replica, and woke each."""
+    zero, two, ten = ("default", "m"), ("default", "m#2"), ("default", "m#10")
+    held = {zero: 5, two: 1, ten: 0}
+    decisions = [Hold(k, WAKE, wake=True) for k in (ten, two, zero)]
+    assert choose(decisions, held.__getitem__) == Hold(zero, WAKE, wake=True)
+    assert choose(decisions[:2], held.__getitem__) == Hold(two, WAKE, wake=True)  # not m#10
+
+
+def test_a_sleeping_replica_is_woken_when_replica_zero_failed_for_good() -> None:
+    one = ("default", "m#1")
+    decisions = [Refuse(KEY, "failed permanently", RETRY_AFTER[START]),
+                 Hold(one, WAKE, wake=True)]
+    assert choose(decisions, lambda k: 0) == Hold(one, WAKE, wake=True)
+    assert choose([Hold(KEY, ROOM, kick=True), decisions[1]], lambda k: 0) == decisions[1]
+
+
 def test_placement_refuses_only_when_every_claim_refuses() -> None:
     refusal = Refuse(A, "no", None)
     assert choose([refusal, Hold(B, MOVE)], lambda k: 0) == Hold(B, MOVE)

@@ -49,8 +49,9 @@ class Pool(integration.Pool):
         self.tmp = tmp
         self.http: aiohttp.ClientSession | None = None
 
-    async def start(self) -> ReconcilerApp:
-        settings = DoorSettings(port=0, access_log=str(self.tmp / "access.log"))
+    async def start(self, allow_release: bool = False) -> ReconcilerApp:
+        settings = DoorSettings(port=0, access_log=str(self.tmp / "access.log"),
+                                allow_release=allow_release)
         self.app = ReconcilerApp(Settings(self.dir, port=0, door=settings,
                                           timings=replace(Timings(), kv_resync=1.0)))
         await self.app.start()
@@ -92,6 +93,15 @@ class Pool(integration.Pool):
     async def serving(self, name: str, replicas: int) -> None:
         await self.until(f"{name}: {replicas} replicas ready", lambda: self.status(name)
                          is not None and self.doc(name)["readyReplicas"] == replicas)
+
+    async def asleep(self, after_s: int) -> None:
+        """Claim ``m`` with two replicas, each put to sleep when idle ``after_s`` seconds."""
+        self.write_pool(f'{{"lifecycle": {{"sleepAfterSeconds": {after_s}}}}}')
+        self.write("m", replicated("m", 2))
+        await self.start()
+        await self.until("both replicas asleep", lambda: [
+            s.phase if s else None for s in (self.status("m"), self.status("m#1"))]
+            == ["Sleeping", "Sleeping"])
 
     def engines(self, model: str) -> dict[str, dict[str, Any]]:
         """The engines of ``model``, by agent (the agents' own snapshots)."""
@@ -170,19 +180,44 @@ async def test_concurrent_requests_through_the_door_are_spread_over_both_replica
     assert min(by_agent.values()) >= 16, by_agent
 
 
-async def test_a_modelroutes_calls_are_spread_over_the_chosen_claims_replicas(
-        pool: Pool) -> None:
-    text = replicated("m", 2, **{"--sim-request-seconds": "2"})
+async def routed(pool: Pool, **args: str) -> None:
+    """Claim ``m``, two replicas, both ready, the one candidate of ModelRoute ``chat``."""
+    text = replicated("m", 2, **args)
     pool.write("m", text.replace("  namespace: default\n",
                                  '  namespace: default\n  labels: {family: "qwen"}\n', 1))
     pool.write("chat", "apiVersion: model.aibrix.ai/v1alpha1\nkind: ModelRoute\n"
                "metadata: {name: chat}\nspec:\n  require: {matchLabels: {family: qwen}}\n")
     await pool.start()
     await pool.serving("m", 2)
+
+
+async def test_a_modelroutes_calls_are_spread_over_the_chosen_claims_replicas(
+        pool: Pool) -> None:
+    await routed(pool, **{"--sim-request-seconds": "2"})
     answers = await asyncio.gather(*(pool.chat("chat") for _ in range(16)))
     assert [status for status, _ in answers] == [200] * 16
     assert {h.get("x-route-claim") for _, h in answers} == {"default/m"}
     assert {h.get("x-route-agent") for _, h in answers} == {"agent-a", "agent-b"}
+
+
+async def test_a_route_reads_a_claim_whose_replica_0_sleeps_and_replica_1_serves_as_warm(
+        pool: Pool) -> None:
+    """The route's choice once read each claim by replica 0: asleep, so the call was
+    counted and answered as one that woke its claim (``woken``) though replica 1 served."""
+    await routed(pool)
+    assert pool.app is not None
+    pool.app.deps.books.ask_release("m-model", ("default", "m"))  # replica 0 only
+    await pool.until("replica 0 asleep, replica 1 serving", lambda: [
+        s.phase if s else None for s in (pool.status("m"), pool.status("m#1"))]
+        == ["Sleeping", "Active"])
+    one = pool.status("m#1")
+    assert one is not None and one.instance is not None
+    status, headers = await pool.chat("chat")
+    assert status == 200
+    assert (headers.get("x-route-choice"), headers.get("x-route-agent")) \
+        == ("warm", one.instance.agent)
+    zero = pool.status("m")
+    assert zero is not None and zero.phase == "Sleeping"  # nothing woke it
 
 
 async def test_a_killed_replicas_requests_go_to_the_other_and_none_is_lost(
@@ -242,18 +277,53 @@ async def test_a_replica_with_no_other_pod_to_go_to_says_so_and_the_claim_serves
 
 
 async def test_idle_replicas_sleep_each_and_a_request_wakes_the_claim(pool: Pool) -> None:
-    pool.write_pool('{"lifecycle": {"sleepAfterSeconds": 1}}')
-    pool.write("m", replicated("m", 2))
-    await pool.start()
-    await pool.until("both replicas asleep", lambda: [
-        s.phase if s else None for s in (pool.status("m"), pool.status("m#1"))]
-        == ["Sleeping", "Sleeping"])
+    await pool.asleep(1)
     assert pool.doc("m")["phase"] == "Sleeping"
     status, _ = await pool.chat("m-model")
     assert status == 200  # served once a replica woke for it
     st = pool.status("m")
     assert st is not None
     assert [e["reason"] for e in st.as_json()["events"]].count("Woken") >= 1
+
+
+async def test_a_burst_at_two_sleeping_replicas_wakes_one_of_them(pool: Pool) -> None:
+    """Each held request once counted as in flight on the replica it waited for, so the
+    next one of a burst picked the other sleeping replica (fewer "in flight") and asked a
+    wake for it too: a burst woke every replica. The cheapest to wake, replica 0, wakes."""
+    await pool.asleep(2)
+    answers = await asyncio.gather(*(pool.chat("m-model") for _ in range(8)))
+    assert [status for status, _ in answers] == [200] * 8
+    # replica 0 goes back to sleep when idle: by then a wake asked for replica 1 was taken
+    await pool.until("replica 0 asleep again", lambda: (s := pool.status("m")) is not None
+                     and s.phase == "Sleeping")
+    st = pool.status("m")
+    assert st is not None and st.instance is not None
+    events = st.as_json()["events"]
+    woken = [e["message"] for e in events if e["reason"] == "Woken"]
+    assert woken and not [m for m in woken if m.startswith("replica 1:")], events
+    one = pool.status("m#1")
+    assert one is not None and one.phase == "Sleeping"
+    await pool.until("8 access lines", lambda: len(pool.access()) >= 8)
+    assert {line["upstream"].split()[0] for line in pool.access()} == {st.instance.agent}
+
+
+async def test_a_release_at_the_door_puts_every_serving_replica_to_sleep(pool: Pool) -> None:
+    """The release route once saw a two-replica claim as two claims (409), and a release
+    kept by model name was dropped by the first replica that slept: it is kept per replica."""
+    pool.write("m", replicated("m", 2))
+    await pool.start(allow_release=True)
+    await pool.serving("m", 2)
+    assert pool.http is not None
+    async with pool.http.post(pool.door + "/v1/models/m-model/release", json={}) as resp:
+        body = await resp.json()
+        assert resp.status == 200, body
+    assert body["released"] is True and body["claim"] == "default/m", body
+    assert [s.phase if s else None for s in (pool.status("m"), pool.status("m#1"))] \
+        == ["Sleeping", "Sleeping"]
+    assert [e["model_name"] for e in pool.engines("m-model").values()] == ["m-model"] * 2
+    async with pool.http.post(pool.door + "/v1/models/m-model/release", json={}) as resp:
+        again = await resp.json()
+    assert resp.status == 200 and again["released"] is False, again
 
 
 async def test_a_restarted_reconciler_takes_both_replicas_back_without_touching_them(

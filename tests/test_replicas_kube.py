@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.kube.api import CLAIMS, MERGE_PATCH
+from reconciler.kube.api import CLAIMS, DEPLOYMENTS, MERGE_PATCH, PODS
 from tests.harness import AgentProcess
 from tests.test_reconciler_kube import Cluster, agent_for, claim_obj, running_cluster
 
@@ -36,10 +36,14 @@ def status(cluster: Cluster, name: str) -> dict[str, Any]:
     return (cluster.claim(name) or {}).get("status") or {}
 
 
-async def two_ready(cluster: Cluster, factory: Callable[..., AgentProcess]) -> None:
-    """Two pool Pods and claim ``m`` with two replicas, both ready."""
+async def two_pods(cluster: Cluster, factory: Callable[..., AgentProcess]) -> None:
     await cluster.add_pod("pool-0", agent_for(factory))
     await cluster.add_pod("pool-1", agent_for(factory))
+
+
+async def two_ready(cluster: Cluster, factory: Callable[..., AgentProcess]) -> None:
+    """Two pool Pods and claim ``m`` with two replicas, both ready."""
+    await two_pods(cluster, factory)
     await cluster.start()
     await cluster.apply(replicated("m", 2))
     await cluster.until("both replicas ready", lambda: status(cluster, "m").get(
@@ -92,3 +96,32 @@ async def test_scaling_down_removes_a_copy_and_its_annotation_and_deleting_waits
     await cluster.until("the claim gone", lambda: cluster.claim("m") is None, 60)
     assert cluster.engines("m-model") == [], "every copy stopped before the object went"
     assert cluster.route("pool-0", "m") is None and cluster.route("pool-1", "m") is None
+
+
+async def test_the_gateways_wake_annotation_wakes_a_sleeping_replica_when_replica_0_cannot(
+        cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
+    """The wake annotation once asked replica 0 only: with replica 0 gone (its Pod deleted,
+    no other Pod for it) and replica 1 asleep, the gateway's wake woke nothing."""
+    await cluster.api.patch(DEPLOYMENTS, "default", "warm-runtime-pool", {"metadata": {
+        "annotations": {"claim.model.aibrix.ai/pool-policy":
+                        '{"lifecycle":{"sleepAfterSeconds":1}}'}}})
+    await two_pods(cluster, agent_factory)
+    await cluster.start()
+    await cluster.apply(replicated("m", 2))
+    await cluster.until("both replicas asleep", lambda: [
+        i["phase"] for i in status(cluster, "m").get("instances") or ()] == ["Sleeping"] * 2, 60)
+    zero = next(i["pod"] for i in status(cluster, "m")["instances"] if i["index"] == 0)
+    kept = "pool-1" if zero == "pool-0" else "pool-0"
+    await cluster.api.delete(PODS, "default", zero)
+    cluster.agents[zero].cleanup()  # the Pod's containers go with it
+    await cluster.until("replica 0 has nowhere to go", lambda: [
+        (i["index"], i["phase"]) for i in status(cluster, "m").get("instances") or ()]
+        == [(1, "Sleeping")], 60)
+    key = "wake.modelclaim.aibrix.ai/m"
+    await cluster.api.patch(PODS, "default", kept, {"metadata": {"annotations": {
+        key: "2026-01-01T00:00:00Z"}}})
+    await cluster.until("replica 1 woken", lambda: "Woken" in [
+        e["reason"] for e in cluster.server.all_of("events")
+        if e["involvedObject"]["name"] == "m"])
+    await cluster.until("the wake request removed", lambda: key not in (
+        cluster.pod(kept) or {})["metadata"].get("annotations", {}))

@@ -96,7 +96,7 @@ class Door:
         self.forwards = Forwards()  # the door's own forwards per claim (the route's queue)
         self.router = Router(self.w.desired, lambda k: self.catalog.context(k, self.model_of(k)),
                              lambda: self.catalog.version,
-                             lambda k: plan.decide(k, *self.status_and_route(k)),
+                             lambda k: self.decide(self.replicas(k)),  # its best replica
                              lambda m: (w := wakes.get(m)) is not None
                              and not wakes.expired(w, clock.now()), clock.now, self.forwards)
 
@@ -126,6 +126,11 @@ class Door:
                 or st.phase not in (ACTIVE, SLEEPING) or not route.host:
             return None
         return route.host, inst.port
+
+    def replicas(self, key: ClaimKey) -> tuple[ClaimKey, ...]:
+        """The claim's key and its replicas' (``reconciler.replicas``), replica 0 first."""
+        claim = self.catalog.claim(key)
+        return (key, *replica_keys(key, claim.replicas if claim is not None else 1))
 
     def model_of(self, key: ClaimKey) -> str:
         claim = self.w.desired.claim(key)
@@ -247,9 +252,7 @@ class Door:
             if key is not None and not self.allowed(key, name, keys):
                 raise Refused(errors.not_allowed(name, self.visible_names(key)), "forbidden")
         else:
-            chosen = self.catalog.claim(routed.claim)  # and its replicas: fewest in flight
-            name, keys = routed.model, (routed.claim, *replica_keys(
-                routed.claim, chosen.replicas if chosen is not None else 1))
+            name, keys = routed.model, self.replicas(routed.claim)  # fewest in flight
         kinds = endpoints.engines_for(request.path)
         first = self.catalog.claim(keys[0])
         if first is not None and first.engine not in kinds:  # before any wake is asked

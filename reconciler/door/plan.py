@@ -22,8 +22,10 @@ while it moves.
 
 ``choose`` is the per-call placement among the claims that serve a name (a claim's modelName is
 unique, but a LoRA adapter or a served name may be loaded by several): an awake one with the
-fewest requests in flight, else the cheapest to make servable (``COST``), ties by fewest in
-flight and then by claim.
+fewest requests in flight, else the cheapest to make servable (``COST``), ties by claim and
+then by replica index, never by load: a held call counts as in flight on the replica it waits
+for, so by load the next call of a burst would pick, and wake, another sleeping replica (one
+burst woke every replica of a claim; now it wakes replica 0, or the lowest that can wake).
 
 ``another`` is where a request goes whose engine refused the connection (it never reached it):
 another replica of the same claim that serves now (``reconciler.replicas``), if there is one.
@@ -35,7 +37,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from reconciler.desired import ClaimKey
-from reconciler.replicas import base_key
+from reconciler.replicas import base_key, index_of
 from reconciler.routes import Route
 from reconciler.status import (
     ACTIVATE_FAILED,
@@ -125,7 +127,7 @@ def decide(key: ClaimKey, st: ClaimStatus | None, route: Route | None) -> Decisi
 def choose(decisions: Sequence[Decision], in_flight: Callable[[ClaimKey], int]) -> Decision:
     """Per-call placement among the claims serving one name (``decisions`` is not empty): the
     awake claim with the fewest requests in flight, else the held one cheapest to make
-    servable; a refusal only when every claim refuses."""
+    servable (the lowest replica first); a refusal only when every claim refuses."""
     if len(decisions) == 1:
         return decisions[0]
 
@@ -136,8 +138,9 @@ def choose(decisions: Sequence[Decision], in_flight: Callable[[ClaimKey], int]) 
     if awake:
         return min(awake, key=load)
     held = [d for d in decisions if isinstance(d, Hold)]
-    if held:
-        return min(held, key=lambda d: (COST[d.cause], *load(d)))
+    if held:  # not by load: a held call counts as in flight on the one it waits for, so the
+        # next call of a burst would pick (and wake) another sleeping replica, and each
+        return min(held, key=lambda d: (COST[d.cause], base_key(d.claim), index_of(d.claim)))
     return min(decisions, key=lambda d: d.claim)
 
 

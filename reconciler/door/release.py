@@ -14,7 +14,10 @@ The pool's rules hold, each refusal a 409 that says why:
 * a model still busy when the release expires (``RELEASE_TTL_S``) is left awake, and a sleep the
   agent refused is answered with the agent's message.
 
-A model asleep already answers 200 at once. The answer: ``{"model", "claim", "state":
+A claim with several replicas (``reconciler.replicas``) is released whole: each replica that
+serves is asked to sleep (a release is kept per replica's route name, as a wake is), and the
+answer comes once none of them serves. A model asleep already (no replica serves, one sleeps)
+answers 200 at once. The answer: ``{"model", "claim", "state":
 "sleeping", "released": true|false, "seconds"}``.
 """
 
@@ -28,6 +31,7 @@ from reconciler.door import errors
 from reconciler.door.door import Door
 from reconciler.door.http1 import Answer, json_answer
 from reconciler.door.keys import Key
+from reconciler.replicas import base_key, route_name, summary_phase
 from reconciler.status import ACTIVE, SLEEPING
 
 SUFFIX = "/release"
@@ -48,44 +52,51 @@ async def release(door: Door, name: str, key: Key | None) -> Answer:
         return errors.unknown_model(name, door.visible_names(key))
     if key is not None and not door.allowed(key, name, keys):
         return errors.not_allowed(name, door.visible_names(key))
-    if len(keys) != 1:
-        return conflict(f"`{name}` is served by {len(keys)} claims; release one by its model "
-                        "name.")
-    ckey = keys[0]
+    claims = list(dict.fromkeys(base_key(k) for k in keys))  # a claim and its replicas
+    if len(claims) != 1:
+        return conflict(f"`{name}` is served by {len(claims)} claims; release one by its "
+                        "model name.")
+    ckey = claims[0]
     claim = door.catalog.claim(ckey)
-    st = door.w.store.get(ckey)
-    if claim is None or st is None:
+    members = [(k, st) for k in keys if (st := door.w.store.get(k)) is not None]
+    if claim is None or not members:
         return errors.unknown_model(name, door.visible_names(key))
     model = claim.model_name
     answer = {"model": model, "claim": key_text(ckey), "state": "sleeping"}
-    if st.phase == SLEEPING:
+    serving = [k for k, st in members if st.phase == ACTIVE]  # each is released
+    if not serving and any(st.phase == SLEEPING for _, st in members):
         return json_answer({**answer, "released": False, "seconds": 0.0})
     if claim.engine != "vllm":
         return conflict(f"Only vLLM engines sleep in this pool; `{model}` runs on "
                         f"{claim.engine} and stays loaded until its claim is deleted.")
-    if st.phase != ACTIVE:
-        return conflict(f"`{model}` is {st.phase}; only an Active model can be released.")
-    waiting = door.ledger.held(model)
-    if waiting or door.b.wakes.get(model) is not None:
+    if not serving:
+        phase = summary_phase([st.phase for _, st in members])
+        return conflict(f"`{model}` is {phase}; only an Active model can be released.")
+    named = {k: route_name(model, k) for k, _ in members}
+    waiting = sum(door.ledger.held(n) for n in named.values())
+    if waiting or any(door.b.wakes.get(n) is not None for n in named.values()):
         return conflict(f"{waiting} requests wait for `{model}` (a wake is asked); it is not "
                         "released under them.")
     started = time.monotonic()
-    req = door.b.ask_release(model, ckey)
+    reqs = {k: door.b.ask_release(named[k], k) for k in serving}  # per replica (lifecycle)
     deadline = started + door.b.releases.ttl
     while True:
         changed = door.changes.next()
-        st = door.w.store.get(ckey)
-        if st is None:
+        if door.w.store.get(ckey) is None:
             return errors.unknown_model(name, door.visible_names(key))
-        if st.phase == SLEEPING:
+        left_awake = [k for k in reqs if (st := door.w.store.get(k)) is not None
+                      and st.phase != SLEEPING]  # a replica drained meanwhile is let go
+        if not left_awake:
             return json_answer({**answer, "released": True,
                                 "seconds": round(time.monotonic() - started, 3)})
-        if req.error is not None:
-            return conflict(f"`{model}` was not released: {req.error}.")
+        failed = next((r.error for r in reqs.values() if r.error is not None), None)
+        if failed is not None:
+            return conflict(f"`{model}` was not released: {failed}.")
         left = deadline - time.monotonic()
-        if left <= 0 or door.b.releases.get(model) is not req:
-            door.b.releases.drop(model)
-            busy = door.ledger.in_flight(model)
+        if left <= 0 or any(door.b.releases.get(named[k]) is not reqs[k] for k in left_awake):
+            for k in reqs:
+                door.b.releases.drop(named[k])
+            busy = sum(door.ledger.in_flight(named[k]) for k in left_awake)
             return conflict(f"`{model}` stayed busy for {door.b.releases.ttl:g} s ({busy} "
                             "requests in flight here) and was left awake; try again.")
         try:

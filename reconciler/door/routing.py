@@ -43,6 +43,7 @@ from typing import Any
 from reconciler.desired import ClaimKey, Desired, key_text
 from reconciler.door import plan, window
 from reconciler.door.forwards import Forwards, slots
+from reconciler.replicas import route_name
 from reconciler.selection.candidates import Candidates, ClaimInfo, rank
 from reconciler.selection.choice import Choice, Kind, choose
 from reconciler.selection.refusals import Busy, PromptNeed, PromptTooLarge, Refusal, ZeroMatch
@@ -174,7 +175,7 @@ class Router:
         return View(self._now(), copies, gpus, room_unknown=True)
 
     def _copy(self, key: ClaimKey, name: str) -> Copy | None:
-        d = self._decide(key)
+        d = self._decide(key)  # the claim by its best replica (``plan.choose``)
         if isinstance(d, plan.Refuse):
             return None
         claim = self._desired.claim(key)
@@ -182,8 +183,8 @@ class Router:
             fw = self.forwards
             return Copy(name, d.agent, d.agent, CopyState.ACTIVE,
                         slots=slots(claim.engine, claim.engine_args) if claim else 1,
-                        in_flight=fw.in_flight(key), latency_s=fw.latency(key))
-        model = claim.model_name if claim is not None else key[1]
+                        in_flight=fw.in_flight(d.claim), latency_s=fw.latency(d.claim))
+        model = route_name(claim.model_name if claim is not None else key[1], d.claim)
         if d.cause in (plan.SETTLE, plan.MOVE) or d.cause == plan.START and not d.kick:
             state = CopyState.STARTING if d.cause != plan.SETTLE else CopyState.WAKING
         elif d.wake:

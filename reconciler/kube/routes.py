@@ -15,7 +15,9 @@ The gateway asks for a wake with ``wake.modelclaim.aibrix.ai/<claim>`` (the requ
 new value becomes a request in the ``WakeBook`` and the claim is reconciled; once the book no
 longer holds it (the model serves, the wake failed, or it expired after five minutes) the
 annotation is removed with a JSON patch that first tests its value, so a newer request written
-meanwhile is kept. A claim that already serves has its request removed at once.
+meanwhile is kept. A claim that already serves has its request removed at once. With several
+replicas, "serves" is any replica, and the request wakes one replica, not each: the lowest that
+sleeps (replica 0 when none does), by its route name (``reconciler.replicas.route_name``).
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ from reconciler.kube.desired import (
     PodAgent,
     pod_of,
 )
-from reconciler.replicas import base_key, model_of_route
+from reconciler.replicas import base_key, model_of_route, route_name
 from reconciler.routes import Route, route_of
 from reconciler.runtime.tasks import cancelled
-from reconciler.status import ACTIVE
+from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
 
 log = logging.getLogger("reconciler.kube.routes")
 
@@ -77,7 +79,8 @@ class RoutePublisher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._routes: dict[ClaimKey, set[PodKey]] = {}  # Pods that carry a claim's route
-        self._wakes: dict[ClaimKey, tuple[PodKey, str]] = {}  # requests taken, by claim
+        # requests taken, by claim: (Pod, value, the route name of the replica asked to wake)
+        self._wakes: dict[ClaimKey, tuple[PodKey, str, str | None]] = {}
         self.patches = 0
         desired.on_pod_changed(self.on_pod)
 
@@ -103,16 +106,26 @@ class RoutePublisher:
                 if where in pods:
                     self.mark(claim)
 
-    def _wake_requested(self, key: ClaimKey, pod: PodKey, value: str) -> None:
-        self._wakes[key] = (pod, value)
+    def _members(self, key: ClaimKey) -> list[ClaimStatus]:
+        """The statuses of the claim's replicas, replica 0 (the claim's own) first."""
         st = self.w.store.get(key)
+        return ([st] if st is not None else []) + self.w.store.replicas_of(key)
+
+    def _wake_requested(self, key: ClaimKey, pod: PodKey, value: str) -> None:
+        members = self._members(key)
         claim = self.desired.claim(key)
-        model = claim.model_name if claim is not None else st.model_name if st else None
-        if model is not None and (st is None or st.phase != ACTIVE):
-            _, new = self.b.wakes.request(model, key, self.clock.now(), self.clock.wall())
+        model = claim.model_name if claim is not None else \
+            members[0].model_name if members else None
+        woken: str | None = None
+        if model is not None and not any(m.phase == ACTIVE for m in members):
+            # one replica, not each: the lowest that sleeps, else replica 0 (as before)
+            which = next((m.key for m in members if m.phase == SLEEPING), key)
+            woken = route_name(model, which)
+            _, new = self.b.wakes.request(woken, which, self.clock.now(), self.clock.wall())
             if new:
-                log.info("claim %s: wake requested on %s/%s", key_text(key), *pod)
-                self.b.kick_claim(key)
+                log.info("claim %s: wake requested on %s/%s", key_text(which), *pod)
+                self.b.kick_claim(which)
+        self._wakes[key] = (pod, value, woken)
         self.mark(key)
 
     # ---- marking and publishing -------------------------------------------------------------
@@ -182,8 +195,7 @@ class RoutePublisher:
             return obs is not None and obs.ok
 
         targets: dict[PodKey, str] = {}
-        members = ([st] if st is not None else []) + self.w.store.replicas_of(key)
-        for member in members:
+        for member in self._members(key):
             route = route_of(member, urls, healthy, self.b.holds, self.b.wakes)
             if route is not None and member.instance is not None:
                 targets.setdefault(pod_of(member.instance.agent), route_value(route))
@@ -201,11 +213,10 @@ class RoutePublisher:
         taken = self._wakes.get(key)
         if taken is None:
             return
-        st = self.w.store.get(key)
-        if model is not None and self.b.wakes.get(model) is not None and (
-                st is None or st.phase != ACTIVE):
+        pod, value, woken = taken
+        if model is not None and woken is not None and self.b.wakes.get(woken) is not None \
+                and not any(m.phase == ACTIVE for m in self._members(key)):
             return
-        pod, value = taken
         path = _pointer(WAKE_PREFIX + key[1])
         try:
             await self.api.patch(PODS, pod[0], pod[1], [{"op": "test", "path": path,
