@@ -359,12 +359,12 @@ class ClaimStatus:
             out.conditions[c["type"]] = Condition(c["type"], c["status"], c["reason"],
                                                   c.get("message", ""),
                                                   _ts(c.get("lastTransitionTime")) or 0.0)
+        own = [i for i in st.get("instances") or ()
+               if int(i.get("index") or 0) == out.index]  # others: other replicas'
         out.instances = [Instance(str(i["agent"]), int(i.get("port") or 0), i.get("kvLimitBytes"),
-                                  tuple(i.get("devices") or ())) for i in st.get("instances") or ()
-                         if int(i.get("index") or 0) == out.index]  # others: other replicas'
+                                  tuple(i.get("devices") or ())) for i in own]
         out.desired_replicas = int(spec.get("replicas") or 1)
-        own = [i for i in st.get("instances") or () if "index" in i and i["index"] == out.index]
-        if own and isinstance(own[0].get("phase"), str):
+        if own and "index" in own[0] and isinstance(own[0].get("phase"), str):
             out.phase = own[0]["phase"]  # the claim's phase is the replicas' summary
         for e in doc.get("events") or ():
             if e.get("replica"):

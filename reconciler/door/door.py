@@ -187,9 +187,9 @@ class Door:
                     rechosen = _rechosen(again, isinstance(d, plan.Refuse))
                     if rechosen:
                         keys, d = rechosen, self.decide(rechosen)
-                model = self.model_of(d.claim)
-                ticket.enter(route_name(model, d.claim))  # no await since the decision: the
-                # idle check (of this replica) sees it
+                model, named = self.model_of(d.claim), self.route_of(d.claim)
+                ticket.enter(named)  # no await since the decision: this replica's idle check
+                # sees it
                 rec.model, rec.claim = model, key_text(d.claim)
                 if isinstance(d, plan.Forward):
                     if held_since is not None:
@@ -209,7 +209,7 @@ class Door:
                 if rec.held_for in (None, plan.SETTLE):
                     rec.held_for = d.cause
                 if d.wake:
-                    _, new = self.b.ask_wake(route_name(model, d.claim), d.claim)
+                    _, new = self.b.ask_wake(named, d.claim)
                     if new:
                         self.metrics.wake_requested(model)
                 if d.kick and d.claim not in kicked:

@@ -1,9 +1,9 @@
 """Requests the door holds or forwards, counted per model, and the signal that wakes held ones.
 
-``Ledger`` counts, per claim model (per replica: ``reconciler.replicas.route_name``, which is
-the model name for a claim of one replica): requests in flight (every request from the moment the door
-picks the model's claim until it has answered, held ones included) and requests held (waiting
-for a wake, for room, for a start). The reconciler reads the first count before it puts a model
+``Ledger`` counts requests in flight per replica (``reconciler.replicas.route_name``: the
+model name for a claim of one replica), every request from the moment the door picks the
+replica until it has answered, held ones included; and requests held per model (waiting for a
+wake, for room, for a start). The reconciler reads the first count before it puts a model
 to sleep (``WorldReader.in_flight``): a model with a request in flight through the door is busy,
 whatever its engine's own figures say yet. The second is bounded per model: past the bound a
 new request is answered 503 at once instead of joining the wait.

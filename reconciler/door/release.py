@@ -73,7 +73,7 @@ async def release(door: Door, name: str, key: Key | None) -> Answer:
         phase = summary_phase([st.phase for _, st in members])
         return conflict(f"`{model}` is {phase}; only an Active model can be released.")
     named = {k: route_name(model, k) for k, _ in members}
-    waiting = sum(door.ledger.held(n) for n in named.values())
+    waiting = door.ledger.held(model)  # held per model, whichever replica it waits for
     if waiting or any(door.b.wakes.get(n) is not None for n in named.values()):
         return conflict(f"{waiting} requests wait for `{model}` (a wake is asked); it is not "
                         "released under them.")

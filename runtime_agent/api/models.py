@@ -182,7 +182,7 @@ LOAD_ADAPTER = TypeAdapter(LoadLoraAdapterRuntimeRequest | LoadLoraAdapterReques
 UNLOAD_ADAPTER = TypeAdapter(UnloadLoraAdapterRuntimeRequest | UnloadLoraAdapterRequest)
 
 
-# ---- the weight cache ------------------------------------------------------------------------------
+# ---- the weight cache ----------------------------------------------------------------------------
 
 
 class DownloadRequest(BaseModel):
