@@ -39,8 +39,9 @@ class ActivateSpec:
     claim_namespace: str
     claim_name: str
     claim_uid: str
-    maximum_footprint_bytes: int
-    kv_floor_bytes: int
+    # None (both): no figures; the agent measures the engine, starting it alone on its GPUs
+    maximum_footprint_bytes: int | None
+    kv_floor_bytes: int | None
     kv_limit_bytes: int | None = None
 
     def body(self) -> dict[str, Any]:
@@ -49,9 +50,10 @@ class ActivateSpec:
             "engine": self.engine, "port": 0, "engine_config": {"args": dict(self.args)},
             "claim_ref": {"namespace": self.claim_namespace, "name": self.claim_name,
                           "uid": self.claim_uid},
-            "per_gpu": {"maximum_footprint_bytes": self.maximum_footprint_bytes,
-                        "kv_floor_bytes": self.kv_floor_bytes},
         }
+        if self.maximum_footprint_bytes is not None and self.kv_floor_bytes is not None:
+            body["per_gpu"] = {"maximum_footprint_bytes": self.maximum_footprint_bytes,
+                               "kv_floor_bytes": self.kv_floor_bytes}
         if self.kv_limit_bytes is not None:
             body["kv_limit_bytes"] = self.kv_limit_bytes
         return body

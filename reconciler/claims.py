@@ -34,7 +34,7 @@ from reconciler.footprints import Measured, measured_footprint
 from reconciler.lifecycle import Lifecycle, first_line
 from reconciler.model.manifests import ModelClaim
 from reconciler.observe import EngineObs, World
-from reconciler.placing import gpus_text
+from reconciler.planning.placement import gpus_text
 from reconciler.replicas import is_replica, replica_keys, surplus
 from reconciler.runtime.controller import Result
 from reconciler.status import (
@@ -53,6 +53,9 @@ from reconciler.status import (
 
 log = logging.getLogger("reconciler.claims")
 MEASURED_RECHECK_S = 0.05  # a claim whose figures were just measured is looked at again
+# An engine placed to be measured waits this long, ready, for its agent's first GPU sample
+# before it goes on the route unmeasured (an agent that reports no per-process HBM).
+MEASURE_WAIT_S = 30.0
 
 
 class ClaimReconciler:
@@ -63,6 +66,8 @@ class ClaimReconciler:
         self.life = Lifecycle(deps)
         self.placer = self.life.placer
         self.drain = Drain(deps)
+        # (claim, engine id) -> when its ready engine began to wait for its measurement
+        self._measuring: dict[tuple[ClaimKey, str], float] = {}
 
     async def reconcile(self, key: ClaimKey) -> Result:
         claim = self.w.desired.claim(key)
@@ -103,9 +108,10 @@ class ClaimReconciler:
             self.b.kick_claim(replica)
 
     def _measured(self, claim: ModelClaim, agent: str, engine: EngineObs) -> bool:
-        """A claim placed on estimated figures whose engine now runs: its measured footprint
-        recorded (``reconciler.footprints``); True when that changed the claim's figures."""
-        if claim.per_gpu is None or not claim.per_gpu.estimated:
+        """A claim placed on estimated figures, or placed to be measured, whose engine now runs:
+        its measured footprint recorded (``reconciler.footprints``); True when that changed the
+        claim's figures."""
+        if not (claim.unmeasured if claim.per_gpu is None else claim.per_gpu.estimated):
             return False
         footprint = measured_footprint(engine.hbm_peak, engine.kv_used,
                                        len(engine.devices) or claim.gpus_needed)
@@ -115,9 +121,29 @@ class ClaimReconciler:
                         engine.kv_used or 0)
         if not self.w.desired.measured(claim.artifact_url, claim.engine_args, seen):
             return False
+        was = claim.per_gpu.estimated.split(":")[0] if claim.per_gpu else "unmeasured"
         log.info("claim %s: measured at %d MiB per GPU on %s (was %s)", claim.key,
-                 footprint >> 20, agent, claim.per_gpu.estimated.split(":")[0])
+                 footprint >> 20, agent, was)
         return True
+
+    def _unmeasured(self, claim: ModelClaim, st: ClaimStatus, agent: str, engine: EngineObs,
+                    sched: tuple[bool, str, str]) -> Result | None:
+        """A ready engine placed to be measured stays off the route until it is: measured, its
+        figures give it a KV limit first, as any claim's. An agent that has no GPU sample of it
+        within ``MEASURE_WAIT_S`` lets it go on unmeasured (None: go on)."""
+        now, key = self.w.wall(), (claim_key(claim), engine.engine_id)
+        if self._measured(claim, agent, engine):
+            self._measuring.pop(key, None)
+            st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING, (
+                f"the engine was measured on {agent} and waits for its KV limit")))
+            self.b.kick_kv(agent)
+            return Result(requeue_after=MEASURED_RECHECK_S)
+        since = self._measuring.setdefault(key, self.w.clock.now())
+        if self.w.clock.now() - since >= MEASURE_WAIT_S:
+            return None
+        st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING, (
+            f"the engine is ready on {agent} and waits to be measured")))
+        return Result(requeue_after=self.w.timings.kv_gate_poll)
 
     def _held(self, claim: ModelClaim, st: ClaimStatus, hold: str) -> Result:
         message = next((p.message for p in claim.problems if p.reason == hold), hold)
@@ -181,7 +207,8 @@ class ClaimReconciler:
         now = self.w.wall()
         st.set_instance(agent, engine.port, engine.devices)
         st.set_attempts(0)
-        sched = (True, PLACED, f"placed on {agent} ({gpus_text(engine.devices)})")
+        measuring = ", to be measured there" if claim.per_gpu is None and claim.unmeasured else ""
+        sched = (True, PLACED, f"placed on {agent} ({gpus_text(engine.devices)}){measuring}")
         phase = engine.phase
         if phase in ("activating", "booting", "stopping"):
             st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING,
@@ -201,7 +228,12 @@ class ClaimReconciler:
             st.set(now, ACTIVATING, scheduled=sched,
                    ready=(False, ENGINE_STARTING, f"the engine is waking on {agent}"))
             return Result(requeue_after=self.w.timings.settle_poll)
-        if engine.kv_present and (engine.kv_applied is None or engine.kv_not_held):
+        if claim.per_gpu is None and claim.unmeasured:
+            held = self._unmeasured(claim, st, agent, engine, sched)
+            if held is not None:
+                return held
+        if engine.kv_present and claim.per_gpu is not None and (
+                engine.kv_applied is None or engine.kv_not_held):
             st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING, (
                 f"the engine is ready on {agent} and waits for its KV limit")))
             self.b.kick_kv(agent)

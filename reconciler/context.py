@@ -138,7 +138,7 @@ class WorldReader:
 
     def __post_init__(self) -> None:
         self.rooms = RoomBook(self.desired.agent, self.books.reservations.version,
-                              self._candidate, self.per_gpu)
+                              self._candidate, self.figures)
 
     def wall(self) -> float:
         """Seconds since the epoch on the clock: what statuses and events carry."""
@@ -157,6 +157,16 @@ class WorldReader:
             return PerGPU(*st.per_gpu)
         return None
 
+    def figures(self, key: ClaimKey) -> tuple[PerGPU | None, bool]:
+        """What an engine of the claim counts for in a candidate: its perGPU, and whether it
+        is being measured (the room book rebuilds an agent's entry when either changes)."""
+        return self.per_gpu(key), self.unmeasured(key)
+
+    def unmeasured(self, key: ClaimKey) -> bool:
+        """The claim was placed to be measured and has no figures yet."""
+        claim = self.desired.claim(key)
+        return claim is not None and claim.per_gpu is None and bool(claim.unmeasured)
+
     def make_room_after(self, key: ClaimKey) -> float | None:
         """A claim's own idle time before its engine may be slept for room (None: the pool's)."""
         claim = self.desired.claim(key)
@@ -173,7 +183,8 @@ class WorldReader:
         busy = self._last_busy_on(obs.name)
         key = (agent, pool, tuple(live),
                tuple((self.per_gpu(e.claim_ref), self.make_room_after(e.claim_ref),
-                      busy(e.model_name)) if e.claim_ref is not None else (None, None, None)
+                      busy(e.model_name), self.unmeasured(e.claim_ref))
+                     if e.claim_ref is not None else (None, None, None, False)
                      for e in obs.engines))
         cached = self._candidates.get(obs.name)
         if cached is not None and cached[1] == key and (cached[0] is obs or (
@@ -183,7 +194,8 @@ class WorldReader:
                 made = replace(made, observed_at=obs.fetched_at)
                 self._candidates[obs.name] = (obs, key, made)
             return made
-        made = candidate(obs, agent, pool, self.per_gpu, busy, live, self.make_room_after)
+        made = candidate(obs, agent, pool, self.per_gpu, busy, live, self.make_room_after,
+                         self.unmeasured)
         self._candidates[obs.name] = (obs, key, made)
         return made
 
@@ -194,7 +206,7 @@ class WorldReader:
         agent, pool = found
         live = self.books.reservations.live(obs) if reserved else ()
         return candidate(obs, agent, pool, self.per_gpu, self._last_busy_on(obs.name), live,
-                         self.make_room_after)
+                         self.make_room_after, self.unmeasured)
 
     async def world(self, max_age: float | None = None, fresh: bool = False,
                     focus: Collection[str] = (), placing: bool = False) -> World:

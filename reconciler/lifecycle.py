@@ -115,6 +115,11 @@ class Lifecycle:
         resident = cand.residents.get(model)
         if resident is None:
             return Result()
+        if released and resident.unmeasured:
+            # Its figures are unknown, so a wake could not count its room: it is never slept.
+            self.b.releases.failed(named, "it is not measured yet, and is never put to sleep "
+                                   "before it is")
+            return Result()
         if released and not (resident.can_sleep and resident.state is EngineState.AWAKE):
             return Result(requeue_after=RELEASE_RECHECK_S)  # starting or waking: soon
         if not released and not idle_to_sleep([resident], policy, world.now):

@@ -384,11 +384,14 @@ def candidate(obs: AgentObs, agent: AgentRef, pool: WarmPool,
               per_gpu: Callable[[ClaimKey], PerGPU | None],
               last_busy: Callable[[str], float | None],
               reservations: Sequence[Reservation] = (),
-              make_room_after: Callable[[ClaimKey], float | None] = lambda key: None
+              make_room_after: Callable[[ClaimKey], float | None] = lambda key: None,
+              unmeasured: Callable[[ClaimKey], bool] = lambda key: False
               ) -> Candidate:
     """The planners' view of one agent. ``per_gpu``: a claim's figures (None: unknown, so its
-    engine is foreign); ``last_busy``: by model name; ``make_room_after``: a claim's own idle
-    time before it may be slept for room (None: the pool's)."""
+    engine is foreign, unless ``unmeasured`` says its claim was placed to be measured: then it
+    holds its GPUs whole, ``state.Gpu.room``); ``last_busy``: by model name;
+    ``make_room_after``: a claim's own idle time before it may be slept for room (None: the
+    pool's)."""
     placed: dict[int, list[Resident]] = {g.index: [] for g in obs.gpus}
     other = {g.index: g.other for g in obs.gpus}
     foreign: list[str] = []
@@ -398,15 +401,19 @@ def candidate(obs: AgentObs, agent: AgentRef, pool: WarmPool,
             continue
         figures = per_gpu(e.claim_ref) if e.claim_ref is not None else None
         devices = [d for d in e.devices if d in placed] or list(placed)
-        if figures is None:
+        to_measure = figures is None and e.claim_ref is not None and unmeasured(e.claim_ref)
+        if figures is None and not to_measure:
             foreign.append(e.model_name)
             for d in devices:
                 other[d] += e.hbm_bytes or 0
             continue
-        resident = Resident(e.model_name, figures.maximum_footprint, figures.kv_floor, state,
+        footprint, kv_floor = (figures.maximum_footprint, figures.kv_floor) if figures \
+            else ((e.hbm_bytes or 0) // max(1, len(devices)), 0)
+        resident = Resident(e.model_name, footprint, kv_floor, state,
                             e.running, e.waiting, last_busy(e.model_name), e.kv_used,
                             e.kv_requested, e.sleeping_footprint, e.engine == "vllm",
-                            make_room_after(e.claim_ref) if e.claim_ref is not None else None)
+                            make_room_after(e.claim_ref) if e.claim_ref is not None else None,
+                            unmeasured=to_measure)
         for d in devices:
             placed[d].append(resident)
     gpus = tuple(Gpu(g.index, g.usable, tuple(placed[g.index]), other[g.index]) for g in obs.gpus)

@@ -37,6 +37,7 @@ from reconciler.planning.placement import (
     ClaimNeed,
     Placed,
     Unplaced,
+    gpus_text,
     place,
     prestage_targets,
     retry_delay,
@@ -67,10 +68,6 @@ RACED_RETRY_S = 1.0  # an activation a concurrent deactivate stopped: placed aga
 PRE_STAGING = "PreStaging"
 REFRESH_TRIES = 8  # agents read again for one placement before every agent is read
 INF = float("inf")
-
-
-def gpus_text(devices: tuple[int, ...]) -> str:
-    return f"GPU{'s' if len(devices) != 1 else ''} {','.join(str(d) for d in devices)}"
 
 
 class Placer:
@@ -191,20 +188,29 @@ class Placer:
         return Result(requeue_after=self.w.timings.settle_poll)
 
     def _reserve(self, claim: ModelClaim, got: Placed, now: float) -> None:
-        assert claim.per_gpu is not None
-        resident = Resident(claim.model_name, claim.per_gpu.maximum_footprint,
-                            claim.per_gpu.kv_floor, EngineState.STARTING, last_busy=now)
+        """Hold the claim's room on the chosen GPUs until a snapshot shows its engine: its
+        perGPU, or for a claim placed to be measured the GPUs whole."""
+        per_gpu = claim.per_gpu
+        if per_gpu is None:
+            resident = Resident(claim.model_name, 0, 0, EngineState.STARTING, last_busy=now,
+                                unmeasured=True)
+        else:
+            resident = Resident(claim.model_name, per_gpu.maximum_footprint, per_gpu.kv_floor,
+                                EngineState.STARTING, last_busy=now)
         self.b.reservations.add(Reservation(got.agent, claim.model_name, resident, got.devices,
                                             "activate", now))
 
     async def activate(self, claim: ModelClaim, st: ClaimStatus, got: Placed) -> Result:
-        """Start the claim's engine on the chosen (and reserved) agent."""
-        assert claim.per_gpu is not None
+        """Start the claim's engine on the chosen (and reserved) agent: with its perGPU and a
+        first KV limit of its floor, or, placed to be measured, with neither (the agent then
+        gives the start its GPUs alone and measures it)."""
         agent, metrics = got.agent, self.b.metrics
+        per_gpu = claim.per_gpu
         spec = ActivateSpec(claim.model_name, claim.artifact_url, claim.engine,
                             dict(claim.engine_args), claim.namespace, claim.name, st.uid,
-                            claim.per_gpu.maximum_footprint, claim.per_gpu.kv_floor,
-                            kv_limit_bytes=claim.per_gpu.kv_floor)
+                            per_gpu.maximum_footprint if per_gpu else None,
+                            per_gpu.kv_floor if per_gpu else None,
+                            kv_limit_bytes=per_gpu.kv_floor if per_gpu else None)
         st.set_instance(agent, 0, got.devices)
         reply: Reply | None = None
         try:
@@ -218,8 +224,10 @@ class Placer:
             port = reply.body.get("port")
             st.set_instance(agent, port if isinstance(port, int) else 0, got.devices)
             st.set_attempts(0)
+            measured = "" if per_gpu else ", to be measured there"
             st.set(now, ACTIVATING,
-                   scheduled=(True, PLACED, f"placed on {agent} ({gpus_text(got.devices)})"),
+                   scheduled=(True, PLACED, f"placed on {agent} ({gpus_text(got.devices)})"
+                              f"{measured}"),
                    ready=(False, ENGINE_STARTING, f"the engine is starting on {agent}"))
             if metrics:
                 metrics.activation("success")

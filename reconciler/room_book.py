@@ -3,9 +3,10 @@
 An agent's entry is rebuilt only when something its candidate is made of changed: its snapshot
 (a new fetch, or an answer of "not modified", is a new ``AgentObs``), its agent or pool
 definition (the Pod's labels, the pool's policy), its reservations (``Reservations.version``),
-or the perGPU of a claim one of its engines answers to (``claim_changed``: every reconcile of a
-claim reports its figures). ``sync`` costs one identity check per agent, and a rebuild per
-agent that changed, instead of a candidate per agent per placement.
+or the figures of a claim one of its engines answers to (its perGPU, and whether it is being
+measured: ``claim_changed``, every reconcile of a claim reports them). ``sync`` costs one
+identity check per agent, and a rebuild per agent that changed, instead of a candidate per
+agent per placement.
 
 The entries are the candidates ``WorldReader.world`` would build from the same snapshots, so the
 index's choice is the exhaustive scan's over those snapshots (the property test in
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from reconciler.desired import ClaimKey
-from reconciler.model.manifests import AgentRef, PerGPU, WarmPool
+from reconciler.model.manifests import AgentRef, WarmPool
 from reconciler.observe import AgentObs
 from reconciler.planning.room_index import RoomIndex
 from reconciler.planning.state import Candidate
@@ -30,12 +31,14 @@ class RoomBook:
 
     def __init__(self, ref: Callable[[str], AgentDef | None], version: Callable[[str], int],
                  build: Callable[[AgentObs, AgentRef, WarmPool], Candidate],
-                 per_gpu: Callable[[ClaimKey], PerGPU | None]) -> None:
+                 per_gpu: Callable[[ClaimKey], object]) -> None:
         self.index = RoomIndex()
         self._ref, self._version, self._build, self._per_gpu = ref, version, build, per_gpu
         self._inputs: dict[str, tuple[AgentObs, AgentDef, int]] = {}
         self._hosts: dict[ClaimKey, set[str]] = {}  # claim -> agents with an engine of it
-        self._figures: dict[ClaimKey, PerGPU | None] = {}  # the perGPU the entries counted
+        # what the entries counted each claim's engines by (its perGPU, and whether it was
+        # being measured: ``WorldReader.figures``), compared for changes
+        self._figures: dict[ClaimKey, object] = {}
         self._dirty: set[str] = set()
         self.rebuilds = 0
 

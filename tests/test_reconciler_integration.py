@@ -4,6 +4,8 @@ the test process, driven through manifest files and its HTTP API, checked on the
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import threading
 import time
 import urllib.error
@@ -67,9 +69,10 @@ class Pool:
     def delete(self, name: str) -> None:
         (self.dir / f"{name}.yaml").unlink()
 
-    async def start(self) -> ReconcilerApp:
+    async def start(self, status_dir: Path | None = None) -> ReconcilerApp:
         timings = replace(Timings(), kv_resync=1.0)
-        self.app = ReconcilerApp(Settings(self.dir, port=0, timings=timings))
+        self.app = ReconcilerApp(Settings(self.dir, port=0, timings=timings,
+                                          status_dir=status_dir))
         await self.app.start()
         return self.app
 
@@ -174,6 +177,37 @@ async def test_a_claim_with_no_room_names_the_closest_agent_and_takes_a_deleted_
     await pool.phase("three", "Active")
     assert where(three) == freed and time.monotonic() - started < 8  # at once, not on retry
     assert pool.status("one") is None and pool.engine(freed, "one-model") is None
+
+
+async def test_claims_without_figures_are_measured_alone_then_placed_by_what_was_measured(
+        pool: Pool, tmp_path: Path) -> None:
+    """No perGPU and an artifact no one can read here (huggingface://): each is placed on an
+    agent no other engine uses, started with no figures, measured by its agent, and then
+    carries the measured footprint (recorded in observed-footprints.json); a third waits,
+    saying why, and a declared claim fits beside a measured one."""
+    strip = re.compile(r"  perGPU:\n    maximumFootprint: \S+\n    kvFloor: \S+\n")
+    for name in ("u1", "u2"):
+        pool.write(name, strip.sub("", sim_claim(name)))
+    (tmp_path / "state" / "status").mkdir(parents=True)
+    await pool.start(status_dir=tmp_path / "state" / "status")
+    u1, u2 = await pool.phase("u1", "Active"), await pool.phase("u2", "Active")
+    assert where(u1) != where(u2)
+    for st in (u1, u2):
+        assert st.reason("Scheduled") == "Placed"
+        await pool.until("measured", lambda st=st: "measured on" in (  # type: ignore[misc]
+            st.as_json()["spec"].get("perGPU", {}).get("estimated", "")))
+        engine = pool.engine(where(st), st.model_name)
+        assert engine is not None and engine["kv_limit_applied_bytes"] is not None
+        shown = st.as_json()["spec"]["perGPU"]
+        assert shown["kvFloor"] == GiB and 0 < shown["maximumFootprint"] <= 2 * GiB
+    book = json.loads((tmp_path / "state" / "observed-footprints.json").read_text())
+    assert len(book["footprints"]) == 2
+    pool.write("u3", strip.sub("", sim_claim("u3")))
+    pool.write("declared", sim_claim("declared", footprint="6Gi"))
+    await pool.phase("declared", "Active")
+    u3 = await pool.phase("u3", "Pending")
+    await pool.until("why", lambda: "measured on GPUs no other engine uses" in
+                     u3.conditions["Scheduled"].message)
 
 
 async def test_kv_limits_are_divided_confirmed_and_sum_within_each_card(pool: Pool) -> None:

@@ -28,7 +28,7 @@ from contract.reasons import INVALID_ENGINE_CONFIG, INVALID_PER_GPU
 from reconciler.desired import ClaimKey, Lookups, claim_key, key_text
 from reconciler.footprints import FootprintBook, Measured
 from reconciler.model.changes import take_change
-from reconciler.model.estimated import with_estimates
+from reconciler.model.estimated import re_estimate, with_estimates
 from reconciler.model.manifests import (
     CLAIM_KIND,
     DUPLICATE,
@@ -175,6 +175,8 @@ class DesiredState(Lookups):
         for key, claim in declared.items():
             taken = take_change(self.claims.get(key), claim)
             claims[key] = taken.claim
+            if taken.problem is not None:  # the running version kept: its own figures
+                claims[key] = re_estimate(taken.claim, self.footprints.lookup)
             if taken.problem is not None:
                 problems[key] = taken.problem
         for path, (reason, message) in self._unreadable.items():

@@ -3,10 +3,11 @@
 The guide: only ``perGPU`` may change after a claim is created; anything else is
 delete-and-recreate. This project lets ``replicas`` change too (issue 25: a claim scales from
 one engine to several and back; the seed says it must be 1). The CRD enforces it with CEL
-transition rules, and a manifest directory cannot, so both modes take every new version through ``take_change``: a change that touches
-nothing but ``perGPU`` takes effect; any other keeps the running spec (with the new perGPU, if
-that changed too, and its labels and own sleep policy, which are metadata) and says why, so the
-edit is refused visibly instead of silently ignored.
+transition rules, and a manifest directory cannot, so both modes take every new version
+through ``take_change``: a change that touches nothing but ``perGPU`` takes effect; any other
+keeps the running spec (with the new perGPU, if that changed too, and its labels and own sleep
+policy, which are metadata) and says why, so the edit is refused visibly instead of silently
+ignored.
 
 A version that cannot be read at all (broken YAML, a file caught half-written, a directory
 gone) never replaces a good one: ``unreadable`` keeps the last good version with the reason.
@@ -48,8 +49,9 @@ def take_change(running: ModelClaim | None, declared: ModelClaim) -> Taken:
     if not fields:
         return Taken(declared)
     per_gpu_problems = tuple(p for p in declared.problems if p.reason != "InvalidEngineConfig")
-    kept = replace(running, per_gpu=declared.per_gpu, replicas=declared.replicas,
-                   lifecycle=declared.lifecycle, lifecycle_problem=declared.lifecycle_problem, labels=declared.labels,
+    kept = replace(running, per_gpu=declared.per_gpu, unmeasured=declared.unmeasured,
+                   replicas=declared.replicas, lifecycle=declared.lifecycle,
+                   lifecycle_problem=declared.lifecycle_problem, labels=declared.labels,
                    problems=tuple(p for p in running.problems if p.reason == "InvalidEngineConfig")
                    + tuple(p for p in per_gpu_problems if p.reason == "InvalidPerGPU"))
     message = (f"{', '.join(fields)} cannot change after a claim is created (only spec.perGPU "

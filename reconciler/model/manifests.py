@@ -152,6 +152,9 @@ class ModelClaim:
     # What its model is (``metadata.labels``, an open vocabulary: ``family``, ``params``,
     # ``capability/<name>``...), for the routes that choose among claims (issue 24).
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # Not empty: no perGPU, and why no estimate could be made (``reconciler.model.estimated``);
+    # the claim is placed to be measured (``planning.placement.place_to_measure``).
+    unmeasured: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine_args", _frozen(self.engine_args))

@@ -16,7 +16,10 @@ The rule (the guide's, made exact):
    ``load`` is requests running + waiting and ``band`` is the largest power of two not above it
    (0 when idle or unknown; 1, 2, 4, 8, ...). So an engine with a request in flight weighs twice
    an idle one, and the busy ones get more.
-3. Each share is rounded down to a whole ``quantum`` (64 MiB), so the sum never passes the card;
+3. An engine not measured yet (``Resident.unmeasured``) gets no limit: its size is unknown, so
+   it is placed only on a GPU of its own (``placement``); if another engine shares its GPU, it
+   counts with what it was seen to hold, like a sleeping engine's charge.
+4. Each share is rounded down to a whole ``quantum`` (64 MiB), so the sum never passes the card;
    what rounding leaves (less than one quantum per engine) stays unassigned.
 
 Stability: the answer depends only on the input (no clock, no randomness). Load enters only
@@ -76,10 +79,11 @@ def divide(gpu_usable: int, engines: Sequence[Resident], policy: PoolPolicy = PO
     if quantum < 1:
         raise ValueError("quantum must be >= 1")
     _check_names(engines)
-    awake = [e for e in engines if not e.asleep]
-    limits: dict[str, int] = {e.name: e.kv_floor for e in engines
-                              if e.asleep and not holds_only_sleeping_footprint(e, policy)}
-    fixed = sum(e.footprint for e in awake) + sum(charge(e, policy) for e in engines if e.asleep)
+    awake = [e for e in engines if not e.asleep and not e.unmeasured]
+    limits: dict[str, int] = {e.name: e.kv_floor for e in engines if e.asleep
+                              and not e.unmeasured and not holds_only_sleeping_footprint(e, policy)}
+    fixed = sum(e.footprint for e in awake) + sum(charge(e, policy) for e in engines
+                                                  if e.asleep or e.unmeasured)
     if not awake:
         return limits
     if gpu_usable - fixed - sum(e.kv_floor for e in awake) <= 0:

@@ -11,6 +11,15 @@ Among the candidates with room: first one that has served the artifact before (i
 on the node), then the fewest models awake, then the most room (the least room among the GPUs
 it would use), then the name, so the answer is deterministic.
 
+A claim with no figures (``ClaimNeed.unmeasured``: no perGPU, and its artifact could not be read
+to estimate them) is placed where it can be measured safely: on GPUs that no other engine uses
+or has reserved (not even a sleeping one), with at least ``MEASURE_MIN_ROOM`` free. The engine
+sizes itself there alone (the agent gives it the card's exclusive start turn), no other engine's
+KV cache can be squeezed by it, and the agent's measurement of it (peak HBM less KV in use) is
+its own. Until that measurement gives the claim figures, it holds those GPUs whole
+(``state.Gpu.room``). Among such candidates: served the artifact first, then the most room, then
+the name.
+
 Answers: ``Placed(agent, devices)``, or ``Unplaced(reason, message)`` with the guide's reasons:
 ``InvalidPerGPU`` (no usable perGPU), ``TooLargeForAnyCard`` (larger than every GPU in the pool:
 waiting is useless), ``NoMatchingPods`` (nothing can take it now; the message names the
@@ -29,6 +38,7 @@ from reconciler.model.selector import LabelSelector
 from reconciler.planning.state import Candidate, has_served, is_staging
 
 NO_CANDIDATE = "no available candidate warm pod"
+MEASURE_MIN_ROOM = 1 << 30  # free bytes an unmeasured claim needs on each GPU to be tried there
 RETRY_DELAYS = (10.0, 20.0, 40.0)
 RETRY_EVERY = 60.0
 DEFAULT_MAX_SNAPSHOT_AGE = 30.0
@@ -53,6 +63,9 @@ class ClaimNeed:
     exclude: frozenset[str] = frozenset()
     # agents that run (or will run) another replica of the claim (``reconciler.replicas``)
     apart: frozenset[str] = frozenset()
+    # Not empty: the claim has no figures, and this says why they could not be estimated; it is
+    # placed to be measured (on GPUs of its own), not by room.
+    unmeasured: str = ""
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -76,7 +89,7 @@ class ClaimNeed:
                    kv_floor=per_gpu.kv_floor if per_gpu else None,
                    gpus=claim.gpus_needed, all_gpus=claim.engine != "ollama",
                    namespace=claim.namespace, artifact_url=claim.artifact_url, exclude=exclude,
-                   apart=apart)
+                   apart=apart, unmeasured=claim.unmeasured if per_gpu is None else "")
 
 
 @dataclass(frozen=True)
@@ -153,6 +166,8 @@ def place(need: ClaimNeed, candidates: Sequence[Candidate], now: float, *,
           max_snapshot_age: float = DEFAULT_MAX_SNAPSHOT_AGE) -> Placed | Unplaced:
     """Where the claim goes now, or why it cannot go anywhere. Pure."""
     room = need.room
+    if room is None and need.unmeasured:
+        return place_to_measure(need, candidates, now, max_snapshot_age=max_snapshot_age)
     if room is None or need.footprint is None or need.kv_floor is None:
         return Unplaced(INVALID_PER_GPU, "perGPU is missing or has a figure that is not "
                         "positive: declare maximumFootprint and kvFloor")
@@ -195,6 +210,64 @@ def place(need: ClaimNeed, candidates: Sequence[Candidate], now: float, *,
     others = len(blocked) - 1
     more = f"; {others} other candidate{'s' if others != 1 else ''} unavailable" if others else ""
     return Unplaced(NO_MATCHING_PODS, f"{NO_CANDIDATE}: {text}{more}", name)
+
+
+def place_to_measure(need: ClaimNeed, candidates: Sequence[Candidate], now: float, *,
+                     max_snapshot_age: float = DEFAULT_MAX_SNAPSHOT_AGE) -> Placed | Unplaced:
+    """Where a claim with no figures goes to be measured: GPUs no other engine uses or has
+    reserved, with ``MEASURE_MIN_ROOM`` free on each; or why none can take it. Pure."""
+    pool = selected(need, candidates)
+    if not pool:
+        return Unplaced(NO_MATCHING_PODS, f"{NO_CANDIDATE}: no agent in namespace "
+                        f"{need.namespace} matches the podSelector {need.selector.describe()}")
+    lead = (f"the claim has no perGPU and no estimate ({need.unmeasured}), so it is measured "
+            "on GPUs no other engine uses")
+    fits: list[tuple[tuple[bool, int, str], Placed]] = []
+    short: list[tuple[int, int, str, str]] = []  # (engines in the way, shortfall, name, text)
+    blocked: list[tuple[int, str, str]] = []
+    for candidate in pool:
+        why = unavailable(need, candidate, now, max_snapshot_age)
+        if why is not None:
+            blocked.append((why[0], candidate.name, why[1]))
+            continue
+        devices = _emptiest(need, candidate)
+        gpus = [g for g in candidate.gpus if g.index in devices]
+        users = sorted({e.name for g in gpus for e in g.engines})
+        least = min(g.usable - g.other for g in gpus)
+        if not users and least >= MEASURE_MIN_ROOM:
+            key = (not has_served(candidate, need.artifact_url), -least, candidate.name)
+            fits.append((key, Placed(candidate.name, devices, least)))
+        elif users:
+            short.append((len(users), 0, candidate.name,
+                          f"{candidate.name}: {gpus_text(devices)} "
+                          f"{'runs' if len(devices) == 1 else 'run'} {', '.join(users)}"))
+        else:
+            short.append((0, MEASURE_MIN_ROOM - least, candidate.name,
+                          f"{candidate.name}: {gib(max(0, least))} free on "
+                          f"{gpus_text(devices)}, under the {gib(MEASURE_MIN_ROOM)} a "
+                          "measured start needs"))
+    if fits:
+        return min(fits, key=lambda f: f[0])[1]
+    if short:
+        _, _, name, text = min(short)
+        return Unplaced(NO_MATCHING_PODS, f"{lead}: {text}", name)
+    rank, name, text = min(blocked)
+    others = len(blocked) - 1
+    more = f"; {others} other candidate{'s' if others != 1 else ''} unavailable" if others else ""
+    return Unplaced(NO_MATCHING_PODS, f"{NO_CANDIDATE}: {text}{more}", name)
+
+
+def _emptiest(need: ClaimNeed, candidate: Candidate) -> tuple[int, ...]:
+    """Every GPU for an all-GPU claim; otherwise the ``need.gpus`` GPUs with the fewest engines,
+    then the most memory free of other processes, then the lower index."""
+    if need.all_gpus:
+        return tuple(sorted(g.index for g in candidate.gpus))
+    order = sorted(candidate.gpus, key=lambda g: (len(g.engines), g.other - g.usable, g.index))
+    return tuple(sorted(g.index for g in order[:need.gpus]))
+
+
+def gpus_text(devices: Sequence[int]) -> str:
+    return f"GPU{'s' if len(devices) != 1 else ''} {','.join(str(d) for d in devices)}"
 
 
 def prestage_targets(need: ClaimNeed, candidates: Sequence[Candidate], now: float,

@@ -2,9 +2,9 @@
 
 * ``idle_to_sleep``: the awake engines idle (no request running or waiting) for at least the
   pool's ``sleepAfterSeconds``, longest idle first. Starting and sleeping engines, engines whose
-  request figures or last-busy time are unknown, and engines that cannot sleep (only vLLM
-  sleeps) are never chosen. The controller still takes each off the route and checks again that
-  no request is in progress before it sleeps it.
+  request figures or last-busy time are unknown, engines that cannot sleep (only vLLM
+  sleeps) and engines not measured yet are never chosen. The controller still takes each off
+  the route and checks again that no request is in progress before it sleeps it.
 * ``victims``: with ``noWakeReserveWhileAsleep``, the other models on a GPU to put to sleep so
   that a waking model (or a new claim) fits: only awake engines idle for at least
   ``sleepToMakeRoomAfterSeconds``, longest idle first, stopping as soon as the room is made.
@@ -58,7 +58,7 @@ def idle_to_sleep(engines: Sequence[Resident], policy: PoolPolicy, now: float) -
         return []
     picks: list[tuple[float, str]] = []
     for e in _unique(engines):
-        if e.state is not EngineState.AWAKE or not e.can_sleep:
+        if e.state is not EngineState.AWAKE or not e.can_sleep or e.unmeasured:
             continue
         idle = e.idle_for(now)
         if idle is not None and idle >= policy.sleep_after_seconds:
@@ -67,9 +67,9 @@ def idle_to_sleep(engines: Sequence[Resident], policy: PoolPolicy, now: float) -
 
 
 def may_sleep_for_room(engine: Resident, policy: PoolPolicy, now: float) -> bool:
-    """Awake (not starting), able to sleep, and idle ``sleepToMakeRoomAfterSeconds`` (its
-    claim's own, if it has one)."""
-    if engine.state is not EngineState.AWAKE or not engine.can_sleep:
+    """Awake (not starting), able to sleep, measured (what an unmeasured engine would free is
+    not known), and idle ``sleepToMakeRoomAfterSeconds`` (its claim's own, if it has one)."""
+    if engine.state is not EngineState.AWAKE or not engine.can_sleep or engine.unmeasured:
         return False
     idle = engine.idle_for(now)
     after = engine.make_room_after

@@ -8,7 +8,11 @@ on each of its GPUs (``charge``) is the guide's rule:
   use is not room);
 * asleep, by default: its whole room (footprint + KV floor), so it can wake where it is;
 * asleep with ``noWakeReserveWhileAsleep``: what it still holds (``sleeping_footprint``, measured
-  after each sleep), or its whole room while that is unknown.
+  after each sleep), or its whole room while that is unknown;
+* not measured yet (``unmeasured``: its claim has no figures, ``reconciler.model.estimated``):
+  the whole of every GPU it is on, whatever it holds so far, until its measurement gives its
+  claim figures. Nothing else is placed or grown there meanwhile (``Gpu.room`` is at most 0),
+  and its own KV cache is given no limit.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ class Resident:
     its last sleep, if it ever slept (an estimate for victim choice). ``kv_limit``: the KV limit
     it runs with now (None: not known or not set yet). ``can_sleep``: only vLLM engines sleep.
     ``make_room_after``: its claim's own idle time before it may be slept for room (inf: never;
-    None: the pool's).
+    None: the pool's). ``unmeasured``: its claim has no figures yet (``footprint`` is what it
+    was seen to hold, ``kv_floor`` 0): it holds its GPUs whole, and is never slept.
     """
 
     name: str
@@ -54,6 +59,7 @@ class Resident:
     sleeping_footprint: int | None = None
     can_sleep: bool = True
     make_room_after: float | None = None  # its claim's own sleepToMakeRoomAfterSeconds
+    unmeasured: bool = False
 
     @property
     def room(self) -> int:
@@ -86,7 +92,10 @@ def holds_only_sleeping_footprint(engine: Resident, policy: PoolPolicy) -> bool:
 
 
 def charge(engine: Resident, policy: PoolPolicy) -> int:
-    """Bytes ``engine`` counts for on each of its GPUs when looking for room."""
+    """Bytes ``engine`` counts for on each of its GPUs when looking for room (an unmeasured
+    engine: what it was seen to hold; ``Gpu.room`` gives it the rest of the GPU too)."""
+    if engine.unmeasured:
+        return engine.footprint
     if engine.asleep:
         if policy.no_wake_reserve_while_asleep and engine.sleeping_footprint is not None:
             return engine.sleeping_footprint
@@ -106,13 +115,17 @@ class Gpu:
 
     def room(self, policy: PoolPolicy, *, leave_out: str | None = None) -> int:
         """Free bytes for a newcomer; ``leave_out``: an engine whose charge does not count (a
-        waking engine, which needs its room again). Remembered per GPU value (it is frozen):
-        a placement over a fleet asks every GPU, and the same GPU values serve many."""
+        waking engine, which needs its room again). At most 0 while an unmeasured engine is
+        on it. Remembered per GPU value (it is frozen): a placement over a fleet asks every GPU,
+        and the same GPU values serve many."""
         memo: dict[tuple[PoolPolicy, str | None], int] = self.__dict__.setdefault("_rooms", {})
         got = memo.get((policy, leave_out))
         if got is None:
-            got = memo[(policy, leave_out)] = self.usable - self.other - sum(
-                charge(e, policy) for e in self.engines if e.name != leave_out)
+            counted = [e for e in self.engines if e.name != leave_out]
+            got = self.usable - self.other - sum(charge(e, policy) for e in counted)
+            if any(e.unmeasured for e in counted):
+                got = min(got, 0)
+            memo[(policy, leave_out)] = got
         return got
 
 
