@@ -22,7 +22,7 @@ from reconciler.footprints import book_key
 
 CLAIM_SECTION = "Claims by situation"
 CLAIM_COLUMNS = ("declared", "neverSleep", "sleepAfterSeconds", "invalid lifecycle",
-                 "estimated", "measured", "invalid edit")
+                 "estimated", "measured", "invalid edit", "unmeasured")
 ROUTE_SECTION = "ModelRoutes by situation"
 ROUTE_COLUMNS = ("matched", "unmatched", "exact name", "streamed")
 MiB = 1 << 20
@@ -207,6 +207,7 @@ CLAIM_ROWS: dict[str, Callable[[str, ClaimMoment], str | None]] = {
     "status.phase": _phase,
     "status.readyReplicas": _ready,
     "status.instances[].index": _indexes,
+    "condition Scheduled": _conditioned("Scheduled"),
     "LifecycleApplied": _conditioned("LifecycleApplied"),
     "event InvalidLifecycle": _warned("InvalidLifecycle", "LifecycleApplied"),
     "condition SpecApplied": _conditioned("SpecApplied"),

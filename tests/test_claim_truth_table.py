@@ -249,6 +249,10 @@ async def test_every_cell_of_the_claims_and_routes_tables_holds_on_real_processe
     await door.until("est placed", lambda: phase("est") == "Activating", 30)
     await walk.column(claims, "estimated", lambda: walk.claim_moment("est"), claim_check,
                       still=lambda: phase("est") == "Activating")
+    # unmeasured: no figures and no file to estimate them from, while every GPU has engines
+    door.write("remote", without_per_gpu(claim("remote")))
+    walk.asked["remote"] = Asked("huggingface://t/remote", args, pool_idle=POOL_IDLE)
+    await walk.column(claims, "unmeasured", lambda: walk.claim_moment("remote"), claim_check)
     for name in ("quick", "plain", "typo", "keep"):
         column = LIFECYCLES[name][0]
         if name != "keep":
