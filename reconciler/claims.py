@@ -228,7 +228,8 @@ class ClaimReconciler:
             st.set(now, ACTIVATING, scheduled=sched,
                    ready=(False, ENGINE_STARTING, f"the engine is waking on {agent}"))
             return Result(requeue_after=self.w.timings.settle_poll)
-        if claim.per_gpu is None and claim.unmeasured:
+        if claim.per_gpu is None and claim.unmeasured and st.phase != ACTIVE:
+            # (an Active one, found again by a restarted reconciler, is measured below)
             held = self._unmeasured(claim, st, agent, engine, sched)
             if held is not None:
                 return held

@@ -116,8 +116,8 @@ class Lookups:
         return self._spec_problems.get(base_key(key))
 
     def measured(self, artifact: str, args: Mapping[str, str], measured: Measured) -> bool:
-        """Only the claims directory estimates figures (``reconciler.local.desired``); nothing to
-        do."""
+        """Both run modes keep a footprint book and override this (``reconciler.local.desired``,
+        ``reconciler.kube.desired``); a desired state without one has nothing to do."""
         return False
 
     def agents(self) -> list[tuple[AgentRef, WarmPool]]:

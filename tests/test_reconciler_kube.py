@@ -208,6 +208,41 @@ async def test_the_seeds_sample_claims_become_active_with_finalizers_and_conditi
                for e in events)
 
 
+async def test_claims_without_per_gpu_are_measured_alone_on_kubernetes_too(
+        cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
+    """No perGPU on Kubernetes (the reconciler reads no artifact there): placed on a Pod of its
+    own, measured, given a KV limit by the measured figures; a declared claim goes to the
+    other Pod (the fewest awake), and a second claim without perGPU then waits, saying why."""
+    for pod in ("pool-0", "pool-1"):
+        await cluster.add_pod(pod, agent_for(agent_factory))
+    await cluster.start()
+
+    def unmeasured(name: str) -> dict[str, Any]:
+        obj = claim_obj(name)
+        del obj["spec"]["perGPU"]
+        return obj
+
+    await cluster.apply(unmeasured("u1"))
+    await cluster.until("u1 Active", lambda: cluster.phase("u1") == "Active")
+    ((first, engine),) = cluster.engines("u1-model")
+    assert engine["kv_limit_applied_bytes"] is not None  # set from its measured figures
+    await cluster.apply(claim_obj("d"))
+    await cluster.until("d Active", lambda: cluster.phase("d") == "Active")
+    ((second, _),) = cluster.engines("d-model")
+    assert second != first
+    await cluster.apply(unmeasured("u2"))
+
+    def waits() -> bool:
+        status = (cluster.claim("u2") or {}).get("status") or {}
+        scheduled: dict[str, Any] = next((c for c in status.get("conditions", [])
+                          if c["type"] == "Scheduled"), {})
+        return status.get("phase") == "Pending" and "measured on GPUs no other engine uses" \
+            in scheduled.get("message", "")
+
+    await cluster.until("u2 waits to be measured", waits)
+    assert cluster.engines("u2-model") == []
+
+
 async def test_a_claim_is_written_active_only_once_its_route_is_active(
         cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
     """The gateway routes by the Pod annotation: whoever waits for Active and then sends a

@@ -31,7 +31,9 @@ from reconciler.desired import ClaimKey, Lookups
 from reconciler.kube.api import Obj
 from reconciler.kube.informer import ObjKey, meta, namespaced_key, obj_key, only_status
 from reconciler.kube.route_objects import RouteObjects
+from reconciler.footprints import FootprintBook, Measured
 from reconciler.model.changes import Taken, take_change, unreadable
+from reconciler.model.estimated import re_estimate, with_estimate
 from reconciler.model.manifests import (
     CLAIM_KIND,
     POOL_LABEL,
@@ -112,6 +114,9 @@ class KubeDesired(Lookups):
         self._route_problems: tuple[Problem, ...] = ()
         self._routes_due = False  # the routes are to be taken again at the loop's next turn
         self._route_listeners: list[Callable[[], None]] = []
+        # footprints measured on engines of claims without perGPU (in memory: the reconciler's
+        # Pod keeps no state directory; a restarted one measures the running engines again)
+        self.footprints = FootprintBook(None)
 
     # ---- more listeners ---------------------------------------------------------------------
 
@@ -169,7 +174,12 @@ class KubeDesired(Lookups):
 
     def _take(self, running: ModelClaim | None, obj: Obj) -> Taken | None:
         try:
-            return take_change(running, claim_from_object(obj))
+            declared = with_estimate(claim_from_object(obj), self.footprints.lookup, read=False)
+            taken = take_change(running, declared)
+            if taken.problem is not None:  # the running version kept: its own figures
+                taken = Taken(re_estimate(taken.claim, self.footprints.lookup, read=False),
+                              taken.problem)
+            return taken
         except ManifestError as bad:
             key = obj_key(obj)
             log.warning("claim %s/%s: %s: %s", key[0], key[1], bad.reason, bad)
@@ -178,6 +188,18 @@ class KubeDesired(Lookups):
                     CLAIM_KIND, key[1], bad.reason, str(bad), key[0])
                 return None
             return unreadable(running, bad.reason, str(bad))
+
+    def measured(self, artifact: str, args: Mapping[str, str], measured: Measured) -> bool:
+        """An engine of a claim without perGPU was measured: every claim of the same artifact
+        and arguments carries the figure from now on (True: figures changed)."""
+        if not self.footprints.observe(artifact, args, measured):
+            return False
+        for key, claim in list(self.claims.items()):
+            if claim.artifact_url == artifact and dict(claim.engine_args) == dict(args):
+                self._set_claim(key, re_estimate(claim, self.footprints.lookup, read=False))
+                for listener in self._claim_listeners:
+                    listener(key)
+        return True
 
     def _set_claim(self, key: ClaimKey, claim: ModelClaim | None) -> None:
         old = self.claims.pop(key, None)

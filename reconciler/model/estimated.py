@@ -22,8 +22,10 @@ Rules:
   the seed's samples' 1 GiB), and its ``estimated`` text says so and how to declare it.
 * Ollama claims are not estimated (Ollama pulls its own files, and its engines report no KV
   cache in use to measure against): without perGPU they stay ``InvalidPerGPU``.
-* Kubernetes mode does not estimate: the reconciler's Pod does not hold the agents' files, so
-  a path in a claim names nothing it can read (and reading it would probe its own disk).
+* Kubernetes mode reads no artifact (``read=False``): the reconciler's Pod does not hold the
+  agents' files, so a path in a claim names nothing it can read (and reading it would probe
+  its own disk). Every claim without perGPU there is placed to be measured, and its
+  measurement is kept in memory (a restarted reconciler measures its running engines again).
 """
 
 from __future__ import annotations
@@ -54,7 +56,12 @@ def _none(artifact: str, args: Mapping[str, str]) -> tuple[int, str] | None:
     return None
 
 
-def with_estimate(claim: ModelClaim, measured: Measured = _none) -> ModelClaim:
+NOT_READ = ("on Kubernetes the reconciler reads no artifact: its Pod does not hold the "
+            "agents' files")
+
+
+def with_estimate(claim: ModelClaim, measured: Measured = _none, *,
+                  read: bool = True) -> ModelClaim:
     """``claim`` with estimated figures when it declares no perGPU and its artifact can be
     read; with measured figures when it cannot but an engine of it was measured; else marked
     ``unmeasured`` (saying why no estimate was made). ``measured``: the footprint an engine of
@@ -66,6 +73,8 @@ def with_estimate(claim: ModelClaim, measured: Measured = _none) -> ModelClaim:
         return claim
     args: Mapping[str, str] = claim.engine_args
     try:
+        if not read:
+            raise FootprintError(NOT_READ)
         if not is_local_artifact(claim.artifact_url):
             raise FootprintError(f"{claim.artifact_url} is not a local directory this "
                                  "reconciler can read")
@@ -90,7 +99,8 @@ def with_estimate(claim: ModelClaim, measured: Measured = _none) -> ModelClaim:
                    problems=tuple(p for p in claim.problems if p is not missing[0]))
 
 
-def re_estimate(claim: ModelClaim, measured: Measured = _none) -> ModelClaim:
+def re_estimate(claim: ModelClaim, measured: Measured = _none, *,
+                read: bool = True) -> ModelClaim:
     """``claim``'s figures made again when they were not declared (estimated, measured or
     unmeasured): for a running version kept over an edit (``model.changes``), whose figures
     must be its own artifact's and arguments', not the edited version's."""
@@ -100,7 +110,7 @@ def re_estimate(claim: ModelClaim, measured: Measured = _none) -> ModelClaim:
         return claim
     missing = Problem(CLAIM_KIND, claim.name, INVALID_PER_GPU, PER_GPU_MISSING, claim.namespace)
     return with_estimate(replace(claim, per_gpu=None, unmeasured="",
-                                 problems=(*claim.problems, missing)), measured)
+                                 problems=(*claim.problems, missing)), measured, read=read)
 
 
 def with_estimates(result: ParseResult, measured: Measured = _none) -> ParseResult:
