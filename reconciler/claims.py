@@ -111,7 +111,7 @@ class ClaimReconciler:
         """A claim placed on estimated figures, or placed to be measured, whose engine now runs:
         its measured footprint recorded (``reconciler.footprints``); True when that changed the
         claim's figures."""
-        if not (claim.unmeasured if claim.per_gpu is None else claim.per_gpu.estimated):
+        if not claim.figures_found:
             return False
         footprint = measured_footprint(engine.hbm_peak, engine.kv_used,
                                        len(engine.devices) or claim.gpus_needed)
@@ -140,6 +140,7 @@ class ClaimReconciler:
             return Result(requeue_after=MEASURED_RECHECK_S)
         since = self._measuring.setdefault(key, self.w.clock.now())
         if self.w.clock.now() - since >= MEASURE_WAIT_S:
+            del self._measuring[key]  # it goes Active now, and an Active one waits no more
             return None
         st.set(now, ACTIVATING, scheduled=sched, ready=(False, ENGINE_STARTING, (
             f"the engine is ready on {agent} and waits to be measured")))
@@ -207,7 +208,7 @@ class ClaimReconciler:
         now = self.w.wall()
         st.set_instance(agent, engine.port, engine.devices)
         st.set_attempts(0)
-        measuring = ", to be measured there" if claim.per_gpu is None and claim.unmeasured else ""
+        measuring = ", to be measured there" if claim.to_measure else ""
         sched = (True, PLACED, f"placed on {agent} ({gpus_text(engine.devices)}){measuring}")
         phase = engine.phase
         if phase in ("activating", "booting", "stopping"):
@@ -228,7 +229,7 @@ class ClaimReconciler:
             st.set(now, ACTIVATING, scheduled=sched,
                    ready=(False, ENGINE_STARTING, f"the engine is waking on {agent}"))
             return Result(requeue_after=self.w.timings.settle_poll)
-        if claim.per_gpu is None and claim.unmeasured and st.phase != ACTIVE:
+        if claim.to_measure and st.phase != ACTIVE:
             # (an Active one, found again by a restarted reconciler, is measured below)
             held = self._unmeasured(claim, st, agent, engine, sched)
             if held is not None:

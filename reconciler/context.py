@@ -165,7 +165,7 @@ class WorldReader:
     def unmeasured(self, key: ClaimKey) -> bool:
         """The claim was placed to be measured and has no figures yet."""
         claim = self.desired.claim(key)
-        return claim is not None and claim.per_gpu is None and bool(claim.unmeasured)
+        return claim is not None and claim.to_measure
 
     def make_room_after(self, key: ClaimKey) -> float | None:
         """A claim's own idle time before its engine may be slept for room (None: the pool's)."""

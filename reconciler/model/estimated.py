@@ -104,9 +104,7 @@ def re_estimate(claim: ModelClaim, measured: Measured = _none, *,
     """``claim``'s figures made again when they were not declared (estimated, measured or
     unmeasured): for a running version kept over an edit (``model.changes``), whose figures
     must be its own artifact's and arguments', not the edited version's."""
-    if claim.per_gpu is not None and not claim.per_gpu.estimated:
-        return claim
-    if claim.per_gpu is None and not claim.unmeasured:
+    if not claim.figures_found:
         return claim
     missing = Problem(CLAIM_KIND, claim.name, INVALID_PER_GPU, PER_GPU_MISSING, claim.namespace)
     return with_estimate(replace(claim, per_gpu=None, unmeasured="",

@@ -165,6 +165,17 @@ class ModelClaim:
         return f"{self.namespace}/{self.name}"
 
     @property
+    def to_measure(self) -> bool:
+        """No figures, declared or estimated: placed to be measured."""
+        return self.per_gpu is None and bool(self.unmeasured)
+
+    @property
+    def figures_found(self) -> bool:
+        """Its figures are the reconciler's to find (estimated, measured, or to be measured),
+        not declared."""
+        return self.to_measure or (self.per_gpu is not None and bool(self.per_gpu.estimated))
+
+    @property
     def route_name(self) -> str:
         """What route holds, in-flight counts and wake requests call this claim's engine: the
         model name, or ``model#i`` for replica ``i`` >= 1 (``reconciler.replicas``)."""

@@ -89,7 +89,7 @@ class ClaimNeed:
                    kv_floor=per_gpu.kv_floor if per_gpu else None,
                    gpus=claim.gpus_needed, all_gpus=claim.engine != "ollama",
                    namespace=claim.namespace, artifact_url=claim.artifact_url, exclude=exclude,
-                   apart=apart, unmeasured=claim.unmeasured if per_gpu is None else "")
+                   apart=apart, unmeasured=claim.unmeasured if claim.to_measure else "")
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,7 @@ def place(need: ClaimNeed, candidates: Sequence[Candidate], now: float, *,
                         "positive: declare maximumFootprint and kvFloor")
     pool = selected(need, candidates)
     if not pool:
-        return Unplaced(NO_MATCHING_PODS, f"{NO_CANDIDATE}: no agent in namespace "
-                        f"{need.namespace} matches the podSelector {need.selector.describe()}")
+        return _no_pool(need)
     cards = [g.usable for c in pool for g in c.gpus]
     if cards and room > max(cards):
         return Unplaced(TOO_LARGE, f"needs {gib(room)} on a GPU (maximumFootprint "
@@ -206,10 +205,7 @@ def place(need: ClaimNeed, candidates: Sequence[Candidate], now: float, *,
     if short:
         _, name, text = min(short)
         return Unplaced(NO_MATCHING_PODS, text, name)
-    rank, name, text = min(blocked)
-    others = len(blocked) - 1
-    more = f"; {others} other candidate{'s' if others != 1 else ''} unavailable" if others else ""
-    return Unplaced(NO_MATCHING_PODS, f"{NO_CANDIDATE}: {text}{more}", name)
+    return _all_unavailable(blocked)
 
 
 def place_to_measure(need: ClaimNeed, candidates: Sequence[Candidate], now: float, *,
@@ -218,8 +214,7 @@ def place_to_measure(need: ClaimNeed, candidates: Sequence[Candidate], now: floa
     reserved, with ``MEASURE_MIN_ROOM`` free on each; or why none can take it. Pure."""
     pool = selected(need, candidates)
     if not pool:
-        return Unplaced(NO_MATCHING_PODS, f"{NO_CANDIDATE}: no agent in namespace "
-                        f"{need.namespace} matches the podSelector {need.selector.describe()}")
+        return _no_pool(need)
     lead = (f"the claim has no perGPU and no estimate ({need.unmeasured}), so it is measured "
             "on GPUs no other engine uses")
     fits: list[tuple[tuple[bool, int, str], Placed]] = []
@@ -251,6 +246,16 @@ def place_to_measure(need: ClaimNeed, candidates: Sequence[Candidate], now: floa
     if short:
         _, _, name, text = min(short)
         return Unplaced(NO_MATCHING_PODS, f"{lead}: {text}", name)
+    return _all_unavailable(blocked)
+
+
+def _no_pool(need: ClaimNeed) -> Unplaced:
+    return Unplaced(NO_MATCHING_PODS, f"{NO_CANDIDATE}: no agent in namespace "
+                    f"{need.namespace} matches the podSelector {need.selector.describe()}")
+
+
+def _all_unavailable(blocked: list[tuple[int, str, str]]) -> Unplaced:
+    """Every candidate unavailable: the closest one (lowest rank), and how many others."""
     rank, name, text = min(blocked)
     others = len(blocked) - 1
     more = f"; {others} other candidate{'s' if others != 1 else ''} unavailable" if others else ""
