@@ -97,11 +97,15 @@ class Books:
     # on Kubernetes the Pod's route annotation is patched first.
     routes_out: Callable[[str], Awaitable[bool]] = _routes_read_live
 
-    def ask_wake(self, model: str, key: ClaimKey) -> tuple[WakeRequest, bool]:
+    def ask_wake(self, model: str, key: ClaimKey, victims: tuple[str, ...] = ()
+                 ) -> tuple[WakeRequest, bool]:
         """Record a wake request for ``model`` (repeats collapse into the first) and look at its
-        claim now if it is new; (the request, whether it is new)."""
-        req, new = self.wakes.request(model, key, self.clock.now(), self.clock.wall())
-        if new:
+        claim now if it is new or now names ``victims`` (models to sleep first for its room);
+        (the request, whether it is new)."""
+        old = self.wakes.get(model)
+        named = old.victims if old is not None else ()
+        req, new = self.wakes.request(model, key, self.clock.now(), self.clock.wall(), victims)
+        if new or req.victims != named:
             self.kick_claim(key)
         return req, new
 
@@ -198,6 +202,13 @@ class WorldReader:
                          self.unmeasured)
         self._candidates[obs.name] = (obs, key, made)
         return made
+
+    def planned_view(self, obs: AgentObs) -> Candidate | None:
+        """The planners' candidate for the agent ``obs`` observed, with the live reservations
+        (the one a reconcile builds, reused while nothing it reads changed); None for an agent
+        of no pool. What the door reads when it weighs making room (``door.room``)."""
+        found = self.desired.agent(obs.name)
+        return None if found is None else self._candidate(obs, *found)
 
     def candidate_of(self, obs: AgentObs, reserved: bool = True) -> Candidate | None:
         found = self.desired.agent(obs.name)

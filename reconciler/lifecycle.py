@@ -328,13 +328,15 @@ class Lifecycle:
         return None
 
     def _victims(self, world: World, cand: Candidate, engine: EngineObs,
-                 room: int) -> list[str] | None:
+                 room: int, first: tuple[str, ...] = ()) -> list[str] | None:
+        """Whom to sleep for ``engine``'s wake, in order; ``first``: the door's choice
+        (``WakeRequest.victims``), taken first where they may be slept."""
         cand = self.sleepable(world, cand)
         gpus = [g for g in cand.gpus if g.index in engine.devices] or list(cand.gpus)
         chosen: list[str] = []
         for gpu in gpus:
             picked = victims(gpu.usable, room, gpu.engines, cand.policy, world.now,
-                             waking=engine.model_name, other=gpu.other)
+                             waking=engine.model_name, other=gpu.other, first=first)
             if picked is None:
                 return None
             chosen.extend(v for v in picked if v not in chosen)
@@ -348,7 +350,7 @@ class Lifecycle:
             return Result(requeue_after=1.0)
         key = claim_key(claim)
         shortfall = self._refused.get(key, (0, 0))[1]
-        plan = self._victims(world, cand, engine, per_gpu.room + shortfall)
+        plan = self._victims(world, cand, engine, per_gpu.room + shortfall, req.victims)
         why = f"no room on {agent} to wake"
         if plan == []:
             reply = await self._call_wake(claim, st, agent, engine, per_gpu.room, world.now)

@@ -46,6 +46,9 @@ class WakeRequest:
     wall: float  # wall time of the first request
     waking: bool = False  # the agent was asked to wake the engine
     repeats: int = 0
+    # models on its agent to put to sleep first for its room, when they may be (a route's
+    # made-room choice, ``reconciler.door.routing``); () : the reconciler's own order
+    victims: tuple[str, ...] = ()
 
 
 class WakeBook:
@@ -55,14 +58,17 @@ class WakeBook:
         self.ttl = ttl
         self._by_model: dict[str, WakeRequest] = {}
 
-    def request(self, model: str, key: ClaimKey, now: float, wall: float) -> tuple[WakeRequest,
-                                                                                    bool]:
-        """Record a wake request; (the request, True when it is new)."""
+    def request(self, model: str, key: ClaimKey, now: float, wall: float,
+                victims: tuple[str, ...] = ()) -> tuple[WakeRequest, bool]:
+        """Record a wake request; (the request, True when it is new). A repeat that names
+        victims gives them to a request that named none."""
         old = self._by_model.get(model)
         if old is not None and not self.expired(old, now):
             old.repeats += 1
+            if victims and not old.victims:
+                old.victims = victims
             return old, False
-        req = self._by_model[model] = WakeRequest(model, key, now, wall)
+        req = self._by_model[model] = WakeRequest(model, key, now, wall, victims=victims)
         return req, True
 
     def get(self, model: str) -> WakeRequest | None:

@@ -231,12 +231,13 @@ async def beside_a_call_on(door: Door, forwards: Forwards, model: str) -> tuple[
     return answer
 
 
-async def test_a_full_warm_candidate_queues_a_route_call_or_the_preferred_is_woken_by_the_figures(
+async def test_a_full_warm_candidate_does_not_keep_the_preferred_asleep_while_its_room_is_free(
         door: Door) -> None:
     """small (in tolerance) runs one call at a time, 2 s each, and has one in flight; big (the
-    preferred, asleep) would take 3 s to wake by its footprint at 1 GiB/s. With no latency seen
-    yet small's call counts 30 s (the seed's), so big is woken; once the door has seen small's
-    2 s calls, the call queues at small instead."""
+    preferred) sleeps in a pool that keeps a sleeping model's room, so the door's view knows
+    it can wake now: it is woken, before and after the door has seen small's 2 s calls (the
+    seed's order: free room is used before queueing is weighed against making room; that
+    weighing is ``tests.test_door_made_room``'s)."""
     forwards = await big_and_one_slot_small(door, big_wakes_s="0.3")
 
     async def beside_a_call_in_flight_on_small() -> tuple[int, Any, Any]:
@@ -245,15 +246,16 @@ async def test_a_full_warm_candidate_queues_a_route_call_or_the_preferred_is_wok
     status, body, headers = await beside_a_call_in_flight_on_small()
     assert status == 200, body
     assert (headers["x-route-model"], headers["x-route-choice"]) == ("big", "woken")
+    assert "x-route-slept" not in headers
     assert 1.9 < (forwards.latency(("default", "small")) or 0) < 3.0
     await door.phase("big", "Sleeping", 30)  # idle again
     status, body, headers = await beside_a_call_in_flight_on_small()
     assert status == 200, body
-    assert (headers["x-route-model"], headers["x-route-choice"]) == ("small", "queued")
-    assert door.wakes("big") == 1 and getattr(door.status("big"), "phase", None) == "Sleeping"
+    assert (headers["x-route-model"], headers["x-route-choice"]) == ("big", "woken")
+    assert door.wakes("big") == 2
     text = await door.metrics()
-    assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="queued",
-                  model="small") == 1.0
+    assert metric(text, "aibrix:door_route_choices_total", route="chat", kind="woken",
+                  model="big") == 2.0
 
 
 async def test_a_held_route_call_takes_a_slot_that_comes_free_on_a_warm_candidate(

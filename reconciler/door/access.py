@@ -10,7 +10,7 @@ A line says who asked for what, where it went and how it went (``duration_ms`` l
      "held_ms": 402.2,
      "held_for": "wake", "prompt_tokens": 12, "completion_tokens": 16, "bytes": 2431,
      "error": null, "key": "sha256:1a2b3c4d", "route": null, "route_choice": null,
-     "route_rechosen_from": null}
+     "route_rechosen_from": null, "route_slept": null}
 
 Lines are written in batches, at most ``FLUSH_S`` after the request ended (one write for many
 requests: the logging module's lock, record and flush per line cost the door more than a fifth
@@ -55,6 +55,7 @@ class AccessRecord:
     route: str | None = None  # the ModelRoute asked for (``model`` is the claim's that served)
     route_choice: str | None = None  # warm, converged, woken, started, queued, made-room, held
     route_rechosen_from: str | None = None  # a held call's first choice, when another served
+    route_slept: str | None = None  # made-room: the models the door chose to sleep for it
 
 
 class AccessLog:

@@ -43,10 +43,12 @@ from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
 from reconciler.door.ledger import Changes, Ledger, Ticket
 from reconciler.door.metrics import DoorMetrics
+from reconciler.door.room import Room, room_for
 from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.door.settings import DoorSettings
-from reconciler.replicas import replica_keys, route_name
+from reconciler.replicas import base_key, replica_keys, route_name
 from reconciler.routes import Route, route_of
+from reconciler.selection.delay import Demand
 from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
 
@@ -98,7 +100,8 @@ class Door:
                              lambda: self.catalog.version,
                              lambda k: self.decide(self.replicas(k)),  # its best replica
                              lambda m: (w := wakes.get(m)) is not None
-                             and not wakes.expired(w, clock.now()), clock.now, self.forwards)
+                             and not wakes.expired(w, clock.now()), clock.now, self.forwards,
+                             self.dormant_room, settings.max_wait_s)
 
     # ---- the reconciler's view ------------------------------------------------------------
 
@@ -126,6 +129,32 @@ class Door:
                 or st.phase not in (ACTIVE, SLEEPING) or not route.host:
             return None
         return route.host, inst.port
+
+    def dormant_room(self, key: ClaimKey, model: str) -> Room | None:
+        """A sleeping claim's GPU as the door sees it (``door.room``), for a route's choice:
+        None unless its engine is on one GPU of an agent whose last snapshot answered and its
+        figures are known."""
+        st = self.w.store.get(key)
+        inst = st.instance if st is not None else None
+        if inst is None or not inst.agent or len(inst.devices) != 1:
+            return None
+        obs = self.w.cache.last(inst.agent)
+        cand = self.w.planned_view(obs) if obs is not None and obs.ok else None
+        per_gpu = self.w.per_gpu(base_key(key))
+        if obs is None or cand is None or per_gpu is None:
+            return None
+        claims = {e.model_name: e.claim_ref for e in obs.engines if e.claim_ref is not None}
+        now, ledger, agent = self.w.clock.now(), self.ledger, inst.agent
+
+        def usage(name: str) -> tuple[int, Demand]:
+            ref = claims.get(name)
+            return ledger.in_flight(name), Demand(
+                ledger.held(name), self.router.book.intents(key_text(ref)) if ref else 0,
+                self.forwards.recent_use(ref, now) if ref else 0.0,
+                last_used=self.b.tracker.last_busy(agent, name))
+
+        return room_for(cand, inst.devices[0], model, per_gpu.room, now, usage,
+                        lambda name: key_text(claims[name]) if name in claims else name)
 
     def replicas(self, key: ClaimKey) -> tuple[ClaimKey, ...]:
         """The claim's key and its replicas' (``reconciler.replicas``), replica 0 first."""
@@ -208,8 +237,10 @@ class Door:
                     held_since = time.monotonic()
                 if rec.held_for in (None, plan.SETTLE):
                     rec.held_for = d.cause
-                if d.wake:
-                    _, new = self.b.ask_wake(named, d.claim)
+                if d.wake:  # a route's made-room choice names whom to sleep for it
+                    victims = again.routed.victims if again is not None \
+                        and base_key(d.claim) == again.routed.claim else ()
+                    _, new = self.b.ask_wake(named, d.claim, victims)
                     if new:
                         self.metrics.wake_requested(model)
                 if d.kick and d.claim not in kicked:
@@ -261,9 +292,13 @@ class Door:
                 f"{name!r} runs on {endpoints.kinds_text(frozenset((first.engine,)))}.",
                 "model"), "wrong_engine")
         again = None if routed is None else self._rechoice(routed, endpoint, doc, body, kinds)
-        checked = len(keys) == 1 and await self.check_context(  # before it may wake or start
-            endpoint, doc, body, keys[0], name, lambda: self.endpoint(keys[0]))
-        fwd = await self.admit(name, keys, ticket, rec, key, again)
+        try:
+            checked = len(keys) == 1 and await self.check_context(  # before it may wake
+                endpoint, doc, body, keys[0], name, lambda: self.endpoint(keys[0]))
+            fwd = await self.admit(name, keys, ticket, rec, key, again)
+        finally:  # admitted (its model serves: the snapshot holds its load) or refused
+            if again is not None:
+                self.router.release(again.routed.plan_id)
         claim = self.catalog.claim(fwd.claim)
         assert claim is not None  # admit looked, with no await since
         model = claim.model_name
@@ -272,6 +307,7 @@ class Door:
             if fwd.claim != keys[0]:
                 name, checked = routed.model, False
             rec.route_choice = routed.kind
+            rec.route_slept = ",".join(routed.victims) or None
             if routed.rechosen_from is not None:
                 rec.route_rechosen_from = key_text(routed.rechosen_from)
             self.metrics.route_chose(routed.route, routed.kind, routed.model)
@@ -328,7 +364,11 @@ class Door:
         if not isinstance(got, Routed):
             raise Refused(errors.route_refused(got), got.code)
         rec.route_choice = got.kind  # counted once forwarded (``serve``): it may be replaced
-        return await self.serve(request, endpoint, doc, body, key, ticket, rec, outcome, got)
+        try:
+            return await self.serve(request, endpoint, doc, body, key, ticket, rec, outcome,
+                                    got)
+        finally:  # ``serve`` releases it once admitted; here too when refused before
+            self.router.release(got.plan_id)
 
     def _rechoice(self, routed: Routed, endpoint: str, doc: Mapping[str, Any], body: bytes,
                   kinds: frozenset[str]) -> Rechoice | None:

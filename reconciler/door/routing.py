@@ -17,16 +17,28 @@ reads: each candidate claim's ``plan.decide`` (status and route) says what its c
 | ``Hold`` with a kick (pending, not placed yet, activation failed) | ``stopped`` |
 | ``Refuse`` | none |
 
-Memory is the reconciler's: every dormant copy needs 0 bytes in the door's view
-(``View.room_unknown``), so bringing a dormant preferred claim up (its footprint at 1 GiB/s,
-the seed's) is weighed against the queue at the soonest full warm copy in tolerance: ``queued``
-when that queue is no longer, else ``woken`` or ``started``, and the reconciler's own wake and
-placement make room if there is none (by its own victim rule). The door then carries the choice
-out through ``Door.admit`` for the chosen claim alone: forward at once (warm, queued: the
-engine queues it), or hold and ask the wake book (one wake for many requests) or kick the
-claim. Not carried out yet: ``made-room`` with the door's planned victims (the reservation book
-is not shared with the reconciler). A held call chooses again on each change of the door's
-view (``Rechoice``): a candidate that became warm takes it over.
+Memory is read in two passes. The first view knows none: every dormant copy needs 0 bytes
+(``View.room_unknown``), which is all a warm or converging choice needs. When the first pass
+brings a claim up or queues (anything but warm or converged) and some dormant copy sleeps on
+one GPU of an agent that answered, the second pass (``room``: ``reconciler.door.room``) gives
+those copies their GPU as the agent's candidate has it: its free bytes, the wake's needs, and
+the awake models that could be slept there with their demand. ``woken`` then means it fits
+now, and ``made-room`` names the victims by the door's rule (least needed first: fewer held
+calls, fewer intents, less recent use, least recently used), not the reconciler's (longest
+idle). A ``woken`` or ``made-room`` choice over known room claims a plan in the router's
+reservation book first (``reservations.Book``: two calls never spend one victim's memory; a
+refused claim holds the call for the preferred claim instead) and releases it once the call is
+admitted to its engine or ends (``release``), or when it expires (the door's hold bound). The victims ride on the wake
+request (``WakeRequest.victims``): the reconciler sleeps those first, one at a time, where
+they may still be slept, and the answer names them (``x-route-slept``). Copies whose room is
+not known (stopped ones, engines on several GPUs, an agent not answering) keep the first
+pass's rule: their bring-up is weighed against the queue at the soonest full warm copy in
+tolerance (``queued`` when that queue is no longer, else ``woken`` or ``started``), and the
+reconciler's own wake and placement make room if there is none. The door then carries the
+choice out through ``Door.admit`` for the chosen claim alone: forward at once (warm, queued:
+the engine queues it), or hold and ask the wake book (one wake for many requests) or kick the
+claim. A held call chooses again on each change of the door's view (``Rechoice``): a
+candidate that became warm takes it over.
 
 The prompt is estimated (3.5 characters per token) only when the body is larger than the
 narrowest known context of the candidates, so a candidate that cannot hold it is passed over; a
@@ -36,6 +48,7 @@ refusal on the estimate alone is never given: the chosen claim's engine counts e
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,16 +56,20 @@ from typing import Any
 from reconciler.desired import ClaimKey, Desired, key_text
 from reconciler.door import plan, window
 from reconciler.door.forwards import Forwards, slots
+from reconciler.door.room import Room
 from reconciler.replicas import route_name
 from reconciler.selection.candidates import Candidates, ClaimInfo, rank
-from reconciler.selection.choice import Choice, Kind, choose
+from reconciler.selection.choice import Choice, Kind, choose, plan_for
 from reconciler.selection.refusals import Busy, PromptNeed, PromptTooLarge, Refusal, ZeroMatch
+from reconciler.selection.reservations import Book
 from reconciler.selection.route_spec import Route
 from reconciler.selection.view import Copy, CopyState, GpuView, View
 
 FAILED_SCHEDULING = "FailedScheduling"
 NO_MATCHING_MODEL = "NoMatchingModel"
 HELD = "held"
+PLAN_TTL_S = 300.0  # a plan no call released lasts this long (the door passes its hold bound)
+_FIRST_PASS = frozenset((Kind.WARM, Kind.CONVERGED))  # choices the room pass cannot change
 
 
 def claim_infos(desired: Desired, context: Callable[[ClaimKey], int | None]
@@ -108,6 +125,8 @@ class Routed:
     claim: ClaimKey
     model: str
     rechosen_from: ClaimKey | None = None  # the claim a held call was first choosing
+    victims: tuple[str, ...] = ()  # made-room: models to sleep first (names on their agent)
+    plan_id: str | None = None  # the plan claimed in the router's book (release it)
 
     def headers(self, agent: str) -> dict[str, str]:
         out = {"x-route": self.route, "x-route-claim": key_text(self.claim),
@@ -115,6 +134,8 @@ class Routed:
                "x-route-choice": self.kind}
         if self.rechosen_from is not None:
             out["x-route-rechosen-from"] = key_text(self.rechosen_from)
+        if self.victims:
+            out["x-route-slept"] = ",".join(self.victims)
         return out
 
 
@@ -124,7 +145,9 @@ class Router:
     def __init__(self, desired: Desired, context: Callable[[ClaimKey], int | None],
                  version: Callable[[], int], decide: Callable[[ClaimKey], plan.Decision],
                  wake_pending: Callable[[str], bool], now: Callable[[], float],
-                 forwards: Forwards | None = None) -> None:
+                 forwards: Forwards | None = None,
+                 room: Callable[[ClaimKey, str], Room | None] = lambda key, model: None,
+                 plan_ttl_s: float = PLAN_TTL_S) -> None:
         self._desired = desired
         self.forwards = forwards if forwards is not None else Forwards()
         self._context = context
@@ -132,6 +155,10 @@ class Router:
         self._decide = decide
         self._wake_pending = wake_pending
         self._now = now
+        self._room = room  # a sleeping claim's GPU as the door sees it (``door.room``)
+        self._plan_ttl = plan_ttl_s
+        self.book = Book()  # the plans of woken and made-room choices over known room
+        self._plan_ids = itertools.count(1)
         self._ranked: dict[str, tuple[int, int, Route, Candidates, int | None]] = {}
 
     def candidates(self, route: Route) -> tuple[Candidates, int | None]:
@@ -164,17 +191,38 @@ class Router:
                         "candidates": shown["candidates"], "conditions": shown["conditions"]})
         return out
 
-    def view(self, cands: Candidates, names: tuple[str, ...]) -> View:
+    def view(self, cands: Candidates, names: tuple[str, ...], room: bool = False) -> View:
+        """The view of ``names``' copies; ``room``: with the GPUs of sleeping copies where the
+        door can read them (the second pass)."""
+        return self._view(names, room)[0]
+
+    def _view(self, names: tuple[str, ...], room: bool) -> tuple[View, dict[str, str]]:
+        """``view``, and each occupant's model name on its agent by its name in the view."""
         copies: dict[str, tuple[Copy, ...]] = {}
         gpus: dict[str, GpuView] = {}
+        models: dict[str, str] = {}
+        unknown = False
         for name in names:
-            copy = self._copy(_key(name), name)
-            if copy is not None:
-                copies[name] = (copy,)
+            copy = self._copy(_key(name), name, room)
+            if copy is None:
+                continue
+            if isinstance(copy, tuple):  # a sleeping copy whose GPU is known
+                copy, known = copy
+                gpus[known.gpu.id] = known.gpu
+                models.update(known.models)
+            else:
+                unknown = unknown or copy.state not in (CopyState.ACTIVE, CopyState.WAKING,
+                                                        CopyState.STARTING)
                 gpus.setdefault(copy.gpu, GpuView(copy.gpu, None, 0))
-        return View(self._now(), copies, gpus, room_unknown=True)
+            copies[name] = (copy,)
+        now = self._now()
+        self.book = self.book.live(now)
+        # occupants carry their own idle thresholds (``door.room``): the view's is 0
+        return View(now, copies, gpus, self.book, idle_after_s=0.0,
+                    room_unknown=unknown or not room), models
 
-    def _copy(self, key: ClaimKey, name: str) -> Copy | None:
+    def _copy(self, key: ClaimKey, name: str, room: bool = False
+              ) -> Copy | tuple[Copy, Room] | None:
         d = self._decide(key)  # the claim by its best replica (``plan.choose``)
         if isinstance(d, plan.Refuse):
             return None
@@ -191,29 +239,72 @@ class Router:
             state = CopyState.WAKING if self._wake_pending(model) else CopyState.ASLEEP
         else:
             state = CopyState.STOPPED
-        # each dormant copy on its own budget of 0 bytes; its bring-up at 1 GiB/s of its footprint
+        # its bring-up at 1 GiB/s of its footprint
         size = claim.per_gpu.maximum_footprint if claim and claim.per_gpu else 0
+        known = self._room(d.claim, model) if room and state is CopyState.ASLEEP else None
+        if known is not None:
+            agent = known.gpu.id.rpartition("/")[0]
+            return Copy(name, agent, known.gpu.id, state, needs=known.needs, size=size), known
+        # each dormant copy on its own budget of 0 bytes
         return Copy(name, "", name, state, size=size)
 
-    def choose(self, route: Route, endpoint: str, doc: Mapping[str, Any], body: bytes
-               ) -> Routed | Refusal:
+    def choose(self, route: Route, endpoint: str, doc: Mapping[str, Any], body: bytes,
+               book: bool = True) -> Routed | Refusal:
+        """The choice for one call. ``book``: claim the plan a woken or made-room choice over
+        known room needs (the caller then ``release``s ``Routed.plan_id``); without it such a
+        choice is only looked at."""
         cands, narrowest = self.candidates(route)
         prompt = _prompt(endpoint, doc, len(body), narrowest)
         names = cands.names if prompt is not None else cands.names[:max(1, cands.tolerance_end)]
-        view = self.view(cands, names)
-        got = choose(route, cands, view, prompt)
-        if isinstance(got, PromptTooLarge):  # an estimate never refuses: the engine counts
-            got = choose(route, cands, view, None)
+        got, view, models = self._choose(route, cands, names, prompt, False)
+        if isinstance(got, Busy) or isinstance(got, Choice) and got.kind not in _FIRST_PASS:
+            got, view, models = self._choose(route, cands, names, prompt, True)
         if isinstance(got, Busy):  # hold for the preferred claim: its own path says why
             return self._routed(route, HELD, got.model)
         if not isinstance(got, Choice):
             return got
-        return self._routed(route, str(got.kind), got.candidate)
+        if got.needs <= 0 or got.kind not in (Kind.WOKEN, Kind.MADE_ROOM):
+            return self._routed(route, str(got.kind), got.candidate)
+        if not book:
+            return self._routed(route, str(got.kind), got.candidate,
+                                tuple(models[v] for v in got.victim_names))
+        return self._claim(route, got, view, models)
 
-    def _routed(self, route: Route, kind: str, name: str) -> Routed:
+    def _choose(self, route: Route, cands: Candidates, names: tuple[str, ...],
+                prompt: PromptNeed | None, room: bool
+                ) -> tuple[Choice | Refusal, View, dict[str, str]]:
+        view, models = self._view(names, room)
+        got = choose(route, cands, view, prompt)
+        if isinstance(got, PromptTooLarge):  # an estimate never refuses: the engine counts
+            got = choose(route, cands, view, None)
+        return got, view, models
+
+    def _claim(self, route: Route, got: Choice, view: View, models: Mapping[str, str]
+               ) -> Routed:
+        """Claim first, then release: the plan joins the book, or the call is held for the
+        preferred claim (another call's plan spent the room; it converges on that wake)."""
+        gpu = view.gpus[got.gpu]
+        plan = plan_for(got, f"door-{next(self._plan_ids)}", view.now + self._plan_ttl)
+        assert plan is not None
+        busy = {o.name for o in gpu.occupants if o.in_flight or o.demand.waiters}
+        booked = self.book.claim(plan, gpu.free, gpu.resident, busy)
+        if booked is None:
+            return self._routed(route, HELD, got.candidate)
+        self.book = booked
+        return self._routed(route, str(got.kind), got.candidate,
+                            tuple(models[v] for v in got.victim_names), plan.id)
+
+    def release(self, plan_id: str | None) -> None:
+        """The call a plan was claimed for ended: its room is no longer held for it."""
+        if plan_id is not None:
+            self.book = self.book.release(plan_id)
+
+    def _routed(self, route: Route, kind: str, name: str, victims: tuple[str, ...] = (),
+                plan_id: str | None = None) -> Routed:
         key = _key(name)
         claim = self._desired.claim(key)
-        return Routed(route.name, kind, key, claim.model_name if claim is not None else key[1])
+        return Routed(route.name, kind, key, claim.model_name if claim is not None else key[1],
+                      victims=victims, plan_id=plan_id)
 
 
 class Rechoice:
@@ -237,13 +328,17 @@ class Rechoice:
 
     def again(self, lost: bool) -> Routed | Refusal | None:
         """The new choice, when it replaces the current one (None: keep waiting for it)."""
-        got = self._router.choose(self._route, self._endpoint, self._doc, self._body)
+        got = self._router.choose(self._route, self._endpoint, self._doc, self._body,
+                                  book=lost)
         if not isinstance(got, Routed):
             return got if lost else None
         if got.claim == self.routed.claim or not self._usable(got.claim) \
                 or not lost and got.kind != str(Kind.WARM):
+            self._router.release(got.plan_id)
             return None
-        self.routed = Routed(got.route, got.kind, got.claim, got.model, self._first.claim)
+        self._router.release(self.routed.plan_id)  # the first choice's room is not needed
+        self.routed = Routed(got.route, got.kind, got.claim, got.model, self._first.claim,
+                             got.victims, got.plan_id)
         return self.routed
 
 

@@ -7,7 +7,8 @@
   the route and checks again that no request is in progress before it sleeps it.
 * ``victims``: with ``noWakeReserveWhileAsleep``, the other models on a GPU to put to sleep so
   that a waking model (or a new claim) fits: only awake engines idle for at least
-  ``sleepToMakeRoomAfterSeconds``, longest idle first, stopping as soon as the room is made.
+  ``sleepToMakeRoomAfterSeconds``, longest idle first (``first``: the ones a route's choice
+  named, before the rest), stopping as soon as the room is made.
   None when even all of them would not make room. The controller sleeps them one at a time:
   the first, then (once the agent has measured what it still holds) it asks again.
 * ``make_room``: the same for a new claim that no agent has room for: the agent where the
@@ -87,31 +88,37 @@ def expected_freed(engine: Resident, policy: PoolPolicy,
 
 
 def sleep_order(engines: Sequence[Resident], policy: PoolPolicy, now: float, *,
-                waking: str | None = None) -> list[Resident]:
-    """The engines that may be put to sleep to make room, longest idle first (then by name)."""
+                waking: str | None = None, first: Sequence[str] = ()) -> list[Resident]:
+    """The engines that may be put to sleep to make room: those named in ``first`` in that
+    order, then the others longest idle first (then by name)."""
     if not policy.no_wake_reserve_while_asleep:
         return []
     out = [e for e in _unique(engines) if e.name != waking and may_sleep_for_room(e, policy, now)]
-    return sorted(out, key=lambda e: (-(e.idle_for(now) or 0.0), e.name))
+    named = {name: i for i, name in enumerate(first)}
+    return sorted(out, key=lambda e: (named.get(e.name, len(named)),
+                                      -(e.idle_for(now) or 0.0), e.name))
 
 
 def victims(gpu_usable: int, waking_need: int, engines: Sequence[Resident],
             policy: PoolPolicy, now: float, *, waking: str | None = None, other: int = 0,
-            unknown_sleeping_footprint: int = DEFAULT_UNKNOWN_SLEEPING_FOOTPRINT
-            ) -> list[str] | None:
+            unknown_sleeping_footprint: int = DEFAULT_UNKNOWN_SLEEPING_FOOTPRINT,
+            first: Sequence[str] = ()) -> list[str] | None:
     """Engines on one GPU to put to sleep, in order, so ``waking_need`` bytes fit.
 
     ``engines``: every engine on the GPU; ``waking``: the one that wakes, whose own charge makes
     way for ``waking_need`` and which is never a victim; ``other``: bytes held by processes that
-    are no engine's. [] when it fits already; None when no admissible set makes room (or the
-    policy keeps sleeping models' room, so sleeping others cannot help)."""
+    are no engine's; ``first``: engines to take before the longest idle, where admissible.
+    [] when it fits already; None when no admissible set makes room (or the policy keeps
+    sleeping models' room, so sleeping others cannot help)."""
     gpu = Gpu(0, gpu_usable, tuple(_unique(engines)), other)
-    return _victims_on((gpu,), waking_need, policy, now, waking, unknown_sleeping_footprint)
+    return _victims_on((gpu,), waking_need, policy, now, waking, unknown_sleeping_footprint,
+                       first)
 
 
 def _victims_on(gpus: Sequence[Gpu], need: int, policy: PoolPolicy, now: float,
-                waking: str | None, unknown_sleeping_footprint: int) -> list[str] | None:
-    """Greedy over several GPUs: longest idle first, taking an engine only if it frees memory
+                waking: str | None, unknown_sleeping_footprint: int,
+                first: Sequence[str] = ()) -> list[str] | None:
+    """Greedy over several GPUs in ``sleep_order``, taking an engine only if it frees memory
     on a GPU still short of room, until every GPU has ``need``."""
     deficit = {g.index: need - g.room(policy, leave_out=waking) for g in gpus}
     if all(d <= 0 for d in deficit.values()):
@@ -123,7 +130,8 @@ def _victims_on(gpus: Sequence[Gpu], need: int, policy: PoolPolicy, now: float,
         for e in g.engines:
             where.setdefault(e.name, []).append(g.index)
     chosen: list[str] = []
-    for e in sleep_order([e for g in gpus for e in g.engines], policy, now, waking=waking):
+    for e in sleep_order([e for g in gpus for e in g.engines], policy, now, waking=waking,
+                         first=first):
         freed = expected_freed(e, policy, unknown_sleeping_footprint)
         if freed <= 0 or not any(deficit[i] > 0 for i in where[e.name]):
             continue
