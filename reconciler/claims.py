@@ -37,6 +37,7 @@ from reconciler.observe import EngineObs, World
 from reconciler.planning.placement import gpus_text
 from reconciler.replicas import is_replica, replica_keys, surplus
 from reconciler.runtime.controller import Result
+from reconciler.scaler import Scaler
 from reconciler.status import (
     ACTIVATING,
     ACTIVE,
@@ -66,10 +67,17 @@ class ClaimReconciler:
         self.life = Lifecycle(deps)
         self.placer = self.life.placer
         self.drain = Drain(deps)
+        self.scaler = Scaler(deps, self.placer.could_place)  # copies by demand
         # (claim, engine id) -> when its ready engine began to wait for its measurement
         self._measuring: dict[tuple[ClaimKey, str], float] = {}
 
     async def reconcile(self, key: ClaimKey) -> Result:
+        if not is_replica(key):
+            self.scaler.adopt(key)  # the count a previous run chose, before its replicas
+        result = await self._reconcile(key)
+        return result if is_replica(key) else await self.scaler.look(key, result)
+
+    async def _reconcile(self, key: ClaimKey) -> Result:
         claim = self.w.desired.claim(key)
         if not is_replica(key):
             self._replicas(key, claim)

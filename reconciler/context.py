@@ -137,6 +137,9 @@ class WorldReader:
     timings: Timings = field(default_factory=Timings)
     # requests in flight through the front door, by model: such a model is busy (never slept)
     in_flight: Callable[[str], int] = lambda model: 0
+    # when a new call to a claim could start on one of its serving replicas, by the door's
+    # figures (seconds; None: none serves, or no door): copies by demand read it
+    queue_wait: Callable[[ClaimKey], float | None] = lambda key: None
     _candidates: dict[str, tuple[AgentObs, Any, Candidate]] = field(default_factory=dict)
     rooms: RoomBook = field(init=False)
 

@@ -116,6 +116,8 @@ class Core:
         self.port = settings.port
         self.door = FrontDoor(door, self.deps, self.registry, self.ledger, standby) \
             if door is not None else None
+        if self.door is not None:  # copies by demand weigh the door's queue
+            self.deps.reader.queue_wait = self.door.door.queue_wait
 
     # ---- agents -----------------------------------------------------------------------------
 

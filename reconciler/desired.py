@@ -51,6 +51,12 @@ class Desired(Protocol):
 
     def claim(self, key: ClaimKey) -> ModelClaim | None: ...
 
+    def scale(self, key: ClaimKey, count: int) -> bool:
+        """Run ``count`` engines of a claim with copies by demand (``planning.scaling``),
+        within its range, until the scaler says otherwise (a new version of the claim keeps
+        it, brought into its range); True when that changed the claim."""
+        ...
+
     def by_model(self, model_name: str) -> ClaimKey | None: ...
 
     def agents(self) -> list[tuple[AgentRef, WarmPool]]: ...
@@ -92,6 +98,7 @@ class Lookups:
         self._spec_problems: dict[ClaimKey, Problem] = {}
         self._pool_listeners: list[Callable[[], None]] = []
         self._replicas: dict[ClaimKey, tuple[ModelClaim, ModelClaim]] = {}
+        self._scaled: dict[ClaimKey, int] = {}  # copies by demand: the count chosen per claim
 
     def claim(self, key: ClaimKey) -> ModelClaim | None:
         """The claim, or for a replica key (``reconciler.replicas``) the claim as its replica
@@ -111,6 +118,28 @@ class Lookups:
 
     def by_model(self, model_name: str) -> ClaimKey | None:
         return self._by_model.get(model_name)
+
+    def scale(self, key: ClaimKey, count: int) -> bool:
+        claim = self.claims.get(key)
+        if claim is None or claim.replica_range is None:
+            return False
+        self._scaled[key] = count
+        scaled = self.scaled(key, claim)
+        if scaled == claim:
+            return False
+        self.claims[key] = scaled
+        self.claims_version += 1
+        return True
+
+    def scaled(self, key: ClaimKey, claim: ModelClaim) -> ModelClaim:
+        """``claim`` (a version just read) with the count copies by demand chose for it, in
+        its range; both run modes store every version they take through this."""
+        span = claim.replica_range
+        if span is None:
+            self._scaled.pop(key, None)
+            return claim
+        count = min(max(self._scaled.get(key, span[0]), span[0]), span[1])
+        return claim if claim.replicas == count else replace(claim, replicas=count)
 
     def spec_problem(self, key: ClaimKey) -> Problem | None:
         return self._spec_problems.get(base_key(key))

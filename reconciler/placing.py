@@ -108,6 +108,14 @@ class Placer:
                     f"(replicas of a claim go to different Pods): {got.message}"))
         return self.pending(st, got)
 
+    async def could_place(self, claim: ModelClaim) -> bool:
+        """Whether ``claim`` (a replica to add, say) would be placed now on free room, apart
+        from the claim's other replicas; nothing is reserved or slept for it."""
+        world = await self.w.world(placing=True)
+        need = ClaimNeed.from_claim(claim, apart=self.apart(claim, world))
+        return isinstance(place(need, world.candidate_list(), world.now,
+                                max_snapshot_age=self.w.timings.max_snapshot_age), Placed)
+
     def apart(self, claim: ModelClaim, world: World) -> frozenset[str]:
         """Agents that run, or have reserved, another replica of the claim (none for a claim
         of one replica): ``reconciler.replicas``."""

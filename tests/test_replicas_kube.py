@@ -7,15 +7,18 @@ copy and its annotation, and a deletion waits behind the finalizer for every cop
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reconciler.door.settings import DoorSettings
 from reconciler.kube.api import CLAIMS, DEPLOYMENTS, MERGE_PATCH, PODS
 from tests.harness import AgentProcess
 from tests.test_reconciler_kube import Cluster, agent_for, claim_obj, running_cluster
+from tests.test_reconciler_kube_door import chat, pod_agent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -125,3 +128,42 @@ async def test_the_gateways_wake_annotation_wakes_a_sleeping_replica_when_replic
         if e["involvedObject"]["name"] == "m"])
     await cluster.until("the wake request removed", lambda: key not in (
         cluster.pod(kept) or {})["metadata"].get("annotations", {}))
+
+
+async def test_a_sustained_burst_through_the_door_adds_a_copy_on_the_other_pod_and_idle_removes_it(
+        cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
+    """Copies by demand with the CRD's ``maxReplicas``: one call at a time per engine, 1 s
+    each, four callers in a loop through the door: a second copy starts on the other Pod with
+    the claim's route annotation there; idle, it sleeps after 1 s and is removed after 2 s."""
+    await cluster.api.patch(DEPLOYMENTS, "default", "warm-runtime-pool", {"metadata": {
+        "annotations": {"claim.model.aibrix.ai/pool-policy":
+                        '{"lifecycle":{"sleepAfterSeconds":1}}'}}})
+    await cluster.add_pod("pool-0", pod_agent(agent_factory))
+    await cluster.add_pod("pool-1", pod_agent(agent_factory))
+    app = await cluster.start(door=DoorSettings(port=0))
+    assert app.door is not None
+    obj = claim_obj("m", {"--max-num-seqs": "1", "--sim-request-seconds": "1"}, "2Gi")
+    obj["spec"]["maxReplicas"] = 2
+    await cluster.apply(obj)
+    await cluster.until("one copy ready", lambda: status(cluster, "m").get("readyReplicas") == 1,
+                        60)
+    answered: list[int] = []
+
+    async def caller(port: int) -> None:
+        while status(cluster, "m").get("readyReplicas") != 2 and len(answered) < 200:
+            answered.append((await chat(port, "m-model"))[0])
+
+    await asyncio.gather(*(caller(app.door.port) for _ in range(4)))
+    assert set(answered) == {200}
+    st = status(cluster, "m")
+    assert st["desiredReplicas"] == 2
+    assert sorted(i["pod"] for i in st["instances"]) == ["pool-0", "pool-1"]
+    await cluster.until("the route on pool-1", lambda: (cluster.route("pool-1", "m") or {})
+                        .get("state") == "active")
+    reasons = {e.get("reason") for e in cluster.server.all_of("events")
+               if e["involvedObject"]["name"] == "m"}
+    assert "ScaledUp" in reasons
+    await cluster.until("the copy removed", lambda: status(cluster, "m").get(
+        "desiredReplicas") == 1 and len(status(cluster, "m").get("instances") or []) == 1, 60)
+    await cluster.until("its annotation gone", lambda: cluster.route("pool-1", "m") is None)
+    assert [name for name, _ in cluster.engines("m-model")] == ["pool-0"]

@@ -38,7 +38,7 @@ from reconciler.desired import ClaimKey, key_text
 from reconciler.door import endpoints, errors, ollama, plan, proxy, usage, window
 from reconciler.door.access import AccessRecord
 from reconciler.door.catalog import Catalog
-from reconciler.door.forwards import Forwards
+from reconciler.door.forwards import Forwards, slots
 from reconciler.door.http1 import Answer, Request, Stream
 from reconciler.door.keys import Key
 from reconciler.door.ledger import Changes, Ledger, Ticket
@@ -48,7 +48,7 @@ from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.door.settings import DoorSettings
 from reconciler.replicas import base_key, replica_keys, route_name
 from reconciler.routes import Route, route_of
-from reconciler.selection.delay import Demand
+from reconciler.selection.delay import Demand, queue_wait
 from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
 
@@ -155,6 +155,20 @@ class Door:
 
         return room_for(cand, inst.devices[0], model, per_gpu.room, now, usage,
                         lambda name: key_text(claims[name]) if name in claims else name)
+
+    def queue_wait(self, key: ClaimKey) -> float | None:
+        """Seconds until a new call to the claim could start on one of its serving replicas
+        (the seed's queue wait over the door's forwards to each, its calls held for the model
+        spread across them); None while none serves. What copies by demand weigh."""
+        claim = self.catalog.claim(key)
+        if claim is None:
+            return None
+        serving = [k for k in self.replicas(key) if isinstance(self.decide((k,)), plan.Forward)]
+        if not serving:
+            return None
+        fw, now, per = self.forwards, self.w.clock.now(), slots(claim.engine, claim.engine_args)
+        held = -(-self.ledger.held(claim.model_name) // len(serving))
+        return min(queue_wait(fw.in_flight(k), held, per, fw.latency(k), now) for k in serving)
 
     def replicas(self, key: ClaimKey) -> tuple[ClaimKey, ...]:
         """The claim's key and its replicas' (``reconciler.replicas``), replica 0 first."""

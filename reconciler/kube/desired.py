@@ -202,6 +202,8 @@ class KubeDesired(Lookups):
         return True
 
     def _set_claim(self, key: ClaimKey, claim: ModelClaim | None) -> None:
+        if claim is not None:
+            claim = self.scaled(key, claim)  # copies by demand: the count chosen stays
         old = self.claims.pop(key, None)
         if old != claim:
             self.claims_version += 1

@@ -174,9 +174,9 @@ class DesiredState(Lookups):
         claims: dict[ClaimKey, ModelClaim] = {}
         for key, claim in declared.items():
             taken = take_change(self.claims.get(key), claim)
-            claims[key] = taken.claim
+            claims[key] = self.scaled(key, taken.claim)
             if taken.problem is not None:  # the running version kept: its own figures
-                claims[key] = re_estimate(taken.claim, self.footprints.lookup)
+                claims[key] = self.scaled(key, re_estimate(taken.claim, self.footprints.lookup))
             if taken.problem is not None:
                 problems[key] = taken.problem
         for path, (reason, message) in self._unreadable.items():

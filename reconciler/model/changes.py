@@ -50,7 +50,8 @@ def take_change(running: ModelClaim | None, declared: ModelClaim) -> Taken:
         return Taken(declared)
     per_gpu_problems = tuple(p for p in declared.problems if p.reason != "InvalidEngineConfig")
     kept = replace(running, per_gpu=declared.per_gpu, unmeasured=declared.unmeasured,
-                   replicas=declared.replicas, lifecycle=declared.lifecycle,
+                   replicas=declared.replicas, min_replicas=declared.min_replicas,
+                   max_replicas=declared.max_replicas, lifecycle=declared.lifecycle,
                    lifecycle_problem=declared.lifecycle_problem, labels=declared.labels,
                    problems=tuple(p for p in running.problems if p.reason == "InvalidEngineConfig")
                    + tuple(p for p in per_gpu_problems if p.reason == "InvalidPerGPU"))

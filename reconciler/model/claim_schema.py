@@ -31,6 +31,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from annotated_types import Ge, Le
 from pydantic_core import core_schema
 
 from contract.names import MAX_MODEL_NAME, MODEL_NAME_PATTERN
@@ -73,6 +74,7 @@ Engine = Literal["vllm", "sglang", "ollama"]  # contract.engines.CLAIM_ENGINES (
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 WholeInt = Annotated[int, BeforeValidator(_whole), Strict()]
 Str = Annotated[str, Strict()]
+ReplicaBound = Annotated[int, Ge(1), Le(MAX_REPLICAS), BeforeValidator(_whole), Strict()]
 Labels = dict[Str, Str]
 
 
@@ -127,6 +129,7 @@ class ClaimSpec(_Shape):
     artifactURL: Str = Field(min_length=1, pattern=r"^\S+$")
     engine: Engine = "vllm"
     replicas: WholeInt = Field(1, ge=1, le=MAX_REPLICAS)
+    maxReplicas: ReplicaBound | None = None  # copies by demand: at least replicas
     perGPU: PerGPUSpec | None = None
     engineConfig: EngineConfig | None = None
 

@@ -141,6 +141,8 @@ class ModelClaim:
     pod_selector: LabelSelector
     artifact_url: str
     engine: Engine = "vllm"
+    # Engines it runs now: spec.replicas, or with a range (``spec.maxReplicas`` above it) the
+    # count copies by demand chose in [min_replicas, max_replicas] (``planning.scaling``).
     replicas: int = 1
     per_gpu: PerGPU | None = None
     engine_args: Mapping[str, str] = field(default_factory=dict, hash=False)
@@ -155,6 +157,8 @@ class ModelClaim:
     # Not empty: no perGPU, and why no estimate could be made (``reconciler.model.estimated``);
     # the claim is placed to be measured (``planning.placement.place_to_measure``).
     unmeasured: str = ""
+    min_replicas: int = 0  # spec.replicas (0: ``replicas``)
+    max_replicas: int = 0  # spec.maxReplicas (0: no range)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine_args", _frozen(self.engine_args))
@@ -163,6 +167,12 @@ class ModelClaim:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def replica_range(self) -> tuple[int, int] | None:
+        """(fewest, most) engines, for a claim with copies by demand; None without a range."""
+        low = self.min_replicas or self.replicas
+        return (low, self.max_replicas) if self.max_replicas > low else None
 
     @property
     def to_measure(self) -> bool:
@@ -486,10 +496,18 @@ def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
             raise ManifestError(INVALID_REPLICAS, f"spec.replicas must be a whole number from 1 "
                                 f"to {MAX_REPLICAS} (engines of the claim), got "
                                 f"{cast(Mapping[str, Any], raw)['replicas']!r}") from None
+        if fields == {("maxReplicas",)}:
+            raise ManifestError(INVALID_REPLICAS, f"spec.maxReplicas must be a whole number "
+                                f"from 1 to {MAX_REPLICAS} (the most engines of the claim), got "
+                                f"{cast(Mapping[str, Any], raw)['maxReplicas']!r}") from None
         if fields == {("modelName",)}:  # the contract's wording, as the agent says it
             raise ManifestError(INVALID_SPEC, model_name_problem(
                 cast(Mapping[str, Any], raw)["modelName"]) or describe(exc, "spec")) from None
         raise ManifestError(INVALID_SPEC, describe(exc, "spec")) from None
+    if spec.maxReplicas is not None and spec.maxReplicas < spec.replicas:
+        raise ManifestError(INVALID_REPLICAS, f"spec.maxReplicas ({spec.maxReplicas}) must be "
+                            f"at least spec.replicas ({spec.replicas}), the fewest engines the "
+                            "claim runs")
     model_name = name if spec.modelName is None else spec.modelName
     problem = model_name_problem(model_name)
     if problem is not None:
@@ -507,7 +525,8 @@ def claim_from_object(obj: Mapping[str, Any]) -> ModelClaim:
     lifecycle, lifecycle_problem = lifecycle_of(obj["metadata"].get("annotations"))
     return ModelClaim(name, namespace, model_name, selector_from(spec.podSelector),
                       spec.artifactURL, spec.engine, spec.replicas, per_gpu, args,
-                      tuple(problems), lifecycle, lifecycle_problem, meta.labels)
+                      tuple(problems), lifecycle, lifecycle_problem, meta.labels,
+                      min_replicas=spec.replicas, max_replicas=spec.maxReplicas or 0)
 
 
 def model_name_problem(name: object) -> str | None:
