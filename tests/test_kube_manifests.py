@@ -5,6 +5,7 @@ the reconciler's own claim parser on every claim generated here."""
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,11 @@ def test_every_field_but_per_gpu_and_replicas_is_immutable_through_cel_rules() -
                          "x-kubernetes-validations"])
     fields = set(version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"])
     guarded = {f for f in fields if f"oldSelf.{f}" in rules}
-    assert guarded == fields - {"perGPU", "replicas"}
-    assert all(r["rule"].count("oldSelf") and r["message"].endswith("create it again")
-               for r in version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
-                   "x-kubernetes-validations"])
+    assert guarded == fields - {"perGPU", "replicas", "maxReplicas"}
+    transitions = [r for r in version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"] if "oldSelf" in r["rule"]]
+    assert len(transitions) == 5
+    assert all(r["message"].endswith("create it again") for r in transitions)
 
 
 def test_the_rbac_grants_only_what_the_reconciler_uses() -> None:
@@ -105,6 +107,9 @@ def test_the_rbac_grants_only_what_the_reconciler_uses() -> None:
 CEL_ON_CREATE = {
     "self.metadata.name.size() <= 63":
         lambda obj: len(obj["metadata"]["name"]) <= 63,
+    "!has(self.maxReplicas) || self.maxReplicas >= self.replicas":  # replicas defaults to 1
+        lambda spec: not all(map(_count, (spec.get("maxReplicas"), spec.get("replicas", 1))))
+        or spec["maxReplicas"] >= spec.get("replicas", 1),
     "!self.contains('..') && !self.contains('//') && !self.endsWith('/')":
         lambda name: ".." not in name and "//" not in name and not name.endswith("/"),
     "self.operator in ['In', 'NotIn'] ? has(self.values) && self.values.size() > 0 : "
@@ -112,6 +117,11 @@ CEL_ON_CREATE = {
         lambda e: bool(e.get("values")) if e.get("operator") in ("In", "NotIn")
         else not e.get("values"),
 }
+
+
+def _count(value: object) -> bool:
+    """A number the rule compares (other values are the schema's to refuse)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def strict(schema: Any) -> Any:
@@ -156,20 +166,30 @@ def without_nulls(obj: Any, schema: Any) -> Any:
     return obj
 
 
-def schema_accepts(obj: dict[str, Any]) -> bool:
+@functools.cache
+def _claim_schema() -> tuple[dict[str, Any], Any, list[tuple[str, str]]]:
+    """The CRD's schema, its validator and CEL rules, read once (a property test asks
+    hundreds of times; reading the YAML each time took it past its timeout on a loaded
+    machine)."""
     schema = version()["schema"]["openAPIV3Schema"]
+    checked = strict(schema)
+    validator = jsonschema.validators.validator_for(checked)
+    validator.check_schema(checked)
+    return schema, validator(checked), cel_rules(schema)
+
+
+def schema_accepts(obj: dict[str, Any]) -> bool:
+    schema, validator, rules = _claim_schema()
     obj = without_nulls(obj, schema)
-    try:
-        jsonschema.validate(obj, strict(schema))
-    except jsonschema.ValidationError:
+    if not validator.is_valid(obj):
         return False
-    rules = cel_rules(schema)
     assert {r for _, r in rules} == set(CEL_ON_CREATE), "a CEL rule this test does not know"
     spec = obj["spec"]
     checks = [CEL_ON_CREATE["self.metadata.name.size() <= 63"](obj)]
+    checks += [CEL_ON_CREATE[r](spec) for p, r in rules if p == "$.spec"]
     if "modelName" in spec:
-        checks.append(CEL_ON_CREATE[rules[1][1]](spec["modelName"]) if rules[1][0].endswith(
-            "modelName") else True)
+        checks += [CEL_ON_CREATE[r](spec["modelName"]) for p, r in rules
+                   if p.endswith("modelName")]
     for expr in (spec.get("podSelector") or {}).get("matchExpressions") or ():
         checks.append(CEL_ON_CREATE[[r for p, r in rules if p.endswith("matchExpressions[]")][0]](
             expr))
@@ -204,6 +224,7 @@ def claims(draw: st.DrawFn) -> dict[str, Any]:
         "artifactURL": st.sampled_from(["huggingface://Qwen/Qwen3-0.6B", "", "a b", 3]),
         "engine": st.sampled_from(["vllm", "sglang", "ollama", "tgi", 1]),
         "replicas": st.sampled_from([1, 2, 8, 9, 0, True, "1"]),
+        "maxReplicas": st.sampled_from([1, 2, 3.0, 8, 9, 0, True, "2"]),
         "perGPU": st.one_of(st.none(), st.text(max_size=3),
                             st.fixed_dictionaries({"maximumFootprint": QUANTITIES,
                                                    "kvFloor": QUANTITIES}),

@@ -197,6 +197,11 @@ def test_port_opens_on_ollama_host_only_after_the_startup_delay(launch: Launcher
         time.sleep(0.05)
     server.wait_ready()
     assert time.monotonic() - server.launched_at >= 1.0
+    # the line follows the bind (as Ollama's does): a connect can be answered by the kernel
+    # just before it is written, so it is awaited briefly
+    deadline = time.monotonic() + 5.0
+    while f"Listening on 127.0.0.1:{port}" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert f"Listening on 127.0.0.1:{port}" in server.log()
 
 
