@@ -33,6 +33,7 @@ from reconciler.drain import Drain
 from reconciler.footprints import Measured, measured_footprint
 from reconciler.lifecycle import Lifecycle, first_line
 from reconciler.model.manifests import ModelClaim
+from reconciler.moving import Mover
 from reconciler.observe import EngineObs, World
 from reconciler.planning.placement import gpus_text
 from reconciler.replicas import is_replica, replica_keys, surplus
@@ -68,6 +69,7 @@ class ClaimReconciler:
         self.placer = self.life.placer
         self.drain = Drain(deps)
         self.scaler = Scaler(deps, self.placer.could_place)  # copies by demand
+        self.mover = Mover(deps, self.placer)  # make before break, off a draining agent
         # (claim, engine id) -> when its ready engine began to wait for its measurement
         self._measuring: dict[tuple[ClaimKey, str], float] = {}
 
@@ -105,7 +107,14 @@ class ClaimReconciler:
                 return lost
             return await self.placer.place(claim, st, world)
         agent, engine = home
-        return await self._follow(claim, st, world, agent, engine)
+        switched, again = await self.mover.step(claim, st, world, agent, engine)
+        if switched:  # the new engine serves now: the next look follows it
+            return Result(requeue_after=again)
+        result = await self._follow(claim, st, world, agent, engine)
+        if again is None:
+            return result
+        known = result.requeue_after
+        return Result(requeue_after=again if known is None else min(known, again))
 
     def _replicas(self, key: ClaimKey, claim: ModelClaim | None) -> None:
         """A claim's replicas 1.. are looked at with it (``reconciler.replicas``): those it
@@ -175,7 +184,8 @@ class ClaimReconciler:
         if home is None and mine:
             home = next(((a, e) for a, e in mine if e.phase == "active"), mine[0])
         for agent, engine in found:
-            if (agent, engine) == home or not world.agents[agent].ok:
+            if (agent, engine) == home or not world.agents[agent].ok \
+                    or self.mover.keeps(claim, st, world, agent, engine):
                 continue
             log.warning("claim %s: stopping a second engine %s on %s", claim.key,
                         engine.model_name, agent)

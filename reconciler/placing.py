@@ -208,17 +208,46 @@ class Placer:
         self.b.reservations.add(Reservation(got.agent, claim.model_name, resident, got.devices,
                                             "activate", now))
 
+    @staticmethod
+    def _spec(claim: ModelClaim, st: ClaimStatus) -> ActivateSpec:
+        per_gpu = claim.per_gpu
+        return ActivateSpec(claim.model_name, claim.artifact_url, claim.engine,
+                            dict(claim.engine_args), claim.namespace, claim.name, st.uid,
+                            per_gpu.maximum_footprint if per_gpu else None,
+                            per_gpu.kv_floor if per_gpu else None,
+                            kv_limit_bytes=per_gpu.kv_floor if per_gpu else None)
+
+    async def start_elsewhere(self, claim: ModelClaim, st: ClaimStatus,
+                              away_from: str) -> tuple[Placed, int] | str:
+        """Start a second engine of the claim on another agent's free room, the claim's own
+        engine and status left as they are (a make-before-break move, ``reconciler.moving``):
+        where it went and its port, or why it could not."""
+        world = await self.w.world(placing=True, focus=(away_from,))
+        need = ClaimNeed.from_claim(claim, frozenset({away_from}), self.apart(claim, world))
+        got = place(need, world.candidate_list(), world.now,
+                    max_snapshot_age=self.w.timings.max_snapshot_age)
+        if not isinstance(got, Placed):
+            return got.message
+        self._reserve(claim, got, world.now)
+        try:
+            reply = await self.w.client(got.agent).activate(self._spec(claim, st))
+        except (AgentUnreachable, LookupError) as err:
+            reply = Reply(503, {"message": str(err)})
+        self.w.cache.invalidate(got.agent)
+        if not reply.ok:
+            self.b.reservations.drop(got.agent, claim.model_name)
+            return f"{got.agent} refused the start: {reply.message}"
+        self.b.kick_kv(got.agent)
+        port = reply.body.get("port")
+        return got, port if isinstance(port, int) else 0
+
     async def activate(self, claim: ModelClaim, st: ClaimStatus, got: Placed) -> Result:
         """Start the claim's engine on the chosen (and reserved) agent: with its perGPU and a
         first KV limit of its floor, or, placed to be measured, with neither (the agent then
         gives the start its GPUs alone and measures it)."""
         agent, metrics = got.agent, self.b.metrics
         per_gpu = claim.per_gpu
-        spec = ActivateSpec(claim.model_name, claim.artifact_url, claim.engine,
-                            dict(claim.engine_args), claim.namespace, claim.name, st.uid,
-                            per_gpu.maximum_footprint if per_gpu else None,
-                            per_gpu.kv_floor if per_gpu else None,
-                            kv_limit_bytes=per_gpu.kv_floor if per_gpu else None)
+        spec = self._spec(claim, st)
         st.set_instance(agent, 0, got.devices)
         reply: Reply | None = None
         try:

@@ -93,11 +93,13 @@ class Instance:
     port: int = 0
     kv_limit_bytes: int | None = None
     devices: tuple[int, ...] = ()
+    moving: bool = False  # the engine a make-before-break move brings up (``reconciler.moving``)
 
     def as_json(self) -> dict[str, Any]:
         # on Kubernetes an agent is named <namespace>/<pod>; the guide reads the Pod's name
-        return {"agent": self.agent, "pod": self.agent.rpartition("/")[2], "port": self.port,
-                "kvLimitBytes": self.kv_limit_bytes, "devices": list(self.devices)}
+        out = {"agent": self.agent, "pod": self.agent.rpartition("/")[2], "port": self.port,
+               "kvLimitBytes": self.kv_limit_bytes, "devices": list(self.devices)}
+        return {**out, "moving": True} if self.moving else out
 
 
 @dataclass
@@ -233,13 +235,25 @@ class ClaimStatus:
 
     def set_instance(self, agent: str | None, port: int = 0,
                      devices: tuple[int, ...] = ()) -> None:
-        """The claim's engine is on ``agent`` (None: nowhere); keeps a known KV limit."""
+        """The claim's engine is on ``agent`` (None: nowhere); keeps a known KV limit, and the
+        engine a move brings up elsewhere (``set_moving``) while there is one."""
         if agent is None:
             new: list[Instance] = []
         else:
             old = self.instance
             kv = old.kv_limit_bytes if old is not None and old.agent == agent else None
-            new = [Instance(agent, port, kv, devices or (old.devices if old else ()))]
+            new = [Instance(agent, port, kv, devices or (old.devices if old else ())),
+                   *(i for i in self.instances[1:] if i.moving and i.agent != agent)]
+        if new != self.instances:
+            self.instances = new
+            self.notify()
+
+    def set_moving(self, agent: str | None, port: int = 0,
+                   devices: tuple[int, ...] = ()) -> None:
+        """The engine a make-before-break move brings up on ``agent`` (None: no move), listed
+        after the claim's own while the claim's engine still serves."""
+        new = [*self.instances[:1], *([Instance(agent, port, None, devices, moving=True)]
+                                      if agent is not None and self.instances else [])]
         if new != self.instances:
             self.instances = new
             self.notify()
@@ -362,7 +376,8 @@ class ClaimStatus:
         own = [i for i in st.get("instances") or ()
                if int(i.get("index") or 0) == out.index]  # others: other replicas'
         out.instances = [Instance(str(i["agent"]), int(i.get("port") or 0), i.get("kvLimitBytes"),
-                                  tuple(i.get("devices") or ())) for i in own]
+                                  tuple(i.get("devices") or ()), bool(i.get("moving")))
+                         for i in own]
         out.desired_replicas = int(spec.get("replicas") or 1)
         if own and "index" in own[0] and isinstance(own[0].get("phase"), str):
             out.phase = own[0]["phase"]  # the claim's phase is the replicas' summary

@@ -79,6 +79,8 @@ POOL_KIND = "WarmPool"
 ROUTE_KIND = "ModelRoute"  # parsed by ``reconciler.selection.route_spec`` (both modes)
 POOL_LABEL = "claim.model.aibrix.ai/pool"
 ENABLED_LABEL = "claim.model.aibrix.ai/enabled"
+# ours: a Pod (agent) whose claims move away, make before break (``reconciler.moving``)
+DRAINING_LABEL = "claim.model.aibrix.ai/draining"
 GPU_RESOURCE = "nvidia.com/gpu"
 MAX_CLAIM_NAME = 63
 

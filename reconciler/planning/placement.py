@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from contract.quantity import gib
 from contract.reasons import INVALID_PER_GPU, NO_MATCHING_PODS, TOO_LARGE
-from reconciler.model.manifests import ENABLED_LABEL, ModelClaim
+from reconciler.model.manifests import DRAINING_LABEL, ENABLED_LABEL, ModelClaim
 from reconciler.model.selector import LabelSelector
 from reconciler.planning.state import Candidate, has_served, is_staging
 
@@ -140,6 +140,8 @@ def unavailable(need: ClaimNeed, candidate: Candidate, now: float,
                    f"the claim needs {wanted}")
     if not candidate.enabled:
         return 3, f"{candidate.name}: not enabled (label {ENABLED_LABEL} is not \"true\")"
+    if candidate.draining:
+        return 3, f"{candidate.name}: draining (label {DRAINING_LABEL}): its claims move away"
     if candidate.foreign_engines:
         return 2, (f"{candidate.name}: engine {', '.join(sorted(candidate.foreign_engines))} "
                    "answers to no claim")

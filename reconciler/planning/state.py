@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 
-from reconciler.model.manifests import ENABLED_LABEL
+from reconciler.model.manifests import DRAINING_LABEL, ENABLED_LABEL
 from reconciler.model.policy import POLICY_OFF, PoolPolicy
 
 
@@ -156,6 +156,12 @@ class Candidate:
     def enabled(self) -> bool:
         """The Pod has ``claim.model.aibrix.ai/enabled: "true"``."""
         return self.labels.get(ENABLED_LABEL) == "true"
+
+    @property
+    def draining(self) -> bool:
+        """The Pod has ``claim.model.aibrix.ai/draining: "true"`` (ours): nothing new is placed
+        on it, and its claims move away, make before break (``reconciler.moving``)."""
+        return self.labels.get(DRAINING_LABEL) == "true"
 
     @property
     def residents(self) -> dict[str, Resident]:
