@@ -92,7 +92,9 @@ class Mover:
             if not left:
                 self._switched.pop(key, None)
                 return False, None
-            return False, POLL_S  # the old engine still finishes its requests
+            for old in left:  # the old engine still finishes its requests: the next look
+                self.w.cache.invalidate(old)  # reads its agent again, not a cached snapshot
+            return False, POLL_S
         target = next(((a, e) for a, e in others if not self.draining(world, a)
                        and world.agents[a].ok), None)
         if target is None:

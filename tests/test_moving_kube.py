@@ -7,6 +7,7 @@ fails, and the claim's route annotation moves with it."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -68,3 +69,34 @@ async def test_a_draining_pod_s_claim_moves_to_the_other_pod_without_a_failed_re
     reasons = [e.get("reason") for e in cluster.server.all_of("events")
                if e["involvedObject"]["name"] == "m"]
     assert "Moving" in reasons and "Moved" in reasons
+
+
+async def test_a_pod_being_deleted_drains_its_claim_to_the_other_pod_before_it_goes(
+        cluster: Cluster, agent_factory: Callable[..., AgentProcess]) -> None:
+    """A rollout or a node drain deletes the Pod: during its grace period (a finalizer holds
+    it here, as the kubelet's preStop does in a cluster) it reads as draining, its claim moves
+    make before break, and its agent's ``wait-drained`` (the Pod's preStop) returns once no
+    engine runs there."""
+    await cluster.add_pod("pool-0", pod_agent(agent_factory))
+    await cluster.start()
+    await cluster.apply(claim_obj("m", footprint="2Gi"))
+    await cluster.until("m Active", lambda: cluster.phase("m") == "Active", 60)
+    await cluster.add_pod("pool-1", pod_agent(agent_factory))  # the rollout's new Pod
+    await cluster.api.patch(PODS, "default", "pool-0", {"metadata": {
+        "finalizers": ["test/held"]}})
+    await cluster.api.delete(PODS, "default", "pool-0")
+    assert (cluster.pod("pool-0") or {}).get("metadata", {}).get("deletionTimestamp")
+    waiter = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runtime_agent.cli", "wait-drained", "--timeout", "60",
+        "--url", cluster.agents["pool-0"].url, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    await cluster.until("the claim on pool-1", lambda: [
+        i["pod"] for i in ((cluster.claim("m") or {}).get("status") or {}).get("instances")
+        or ()] == ["pool-1"], 60)
+    out, _ = await asyncio.wait_for(waiter.communicate(), 60)
+    assert waiter.returncode == 0, out
+    assert b"1 engine(s) still run here: m-model" in out and b"no engine runs here" in out
+    assert [n for n, _ in cluster.engines("m-model")] == ["pool-1"]
+    reasons = [e.get("reason") for e in cluster.server.all_of("events")
+               if e["involvedObject"]["name"] == "m"]
+    assert "Moved" in reasons

@@ -331,3 +331,22 @@ def test_an_agent_command_pointed_at_the_door_says_so(agent_factory, tmp_path: P
     out = cli("snapshot", "--url", f"127.0.0.1:{door}")
     assert out.returncode == 1 and "is the front door (OpenAI-compatible)" in out.stderr
     assert "not a runtime agent" in out.stderr
+
+
+def test_wait_drained_waits_while_an_engine_runs_and_returns_once_none_does(
+        agent: AgentProcess) -> None:
+    env = {"RUNTIME_AGENT_URL": agent.url}
+    agent.activate_sim("qwen")
+    agent.wait_phase("qwen", "active")
+    out = cli("wait-drained", "--timeout", "1", env=env)
+    assert out.returncode == 1
+    assert out.stdout == "1 engine(s) still run here: qwen\n"
+    assert "1 s passed and 1 engine(s) still run here" in out.stderr
+    with subprocess.Popen([sys.executable, "-m", "runtime_agent.cli", "wait-drained",
+                           "--timeout", "30"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, **env}) as waiting:
+        assert waiting.stdout is not None
+        assert waiting.stdout.readline() == "1 engine(s) still run here: qwen\n"
+        assert cli("deactivate", "qwen", env=env).returncode == 0
+        assert waiting.wait(timeout=30) == 0
+        assert waiting.stdout.read() == "no engine runs here\n"

@@ -137,9 +137,12 @@ def test_a_pool_pod_is_an_agent_only_while_it_runs_with_an_ip() -> None:
     assert pod_agent(pod(), "pool-a").url == "http://10.0.0.5:8090"
     assert pod_agent(pod(port=None), "pool-a").url == "http://10.0.0.5:8080"
     assert pod_agent(pod(ip="fd00::5"), "pool-a").url == "http://[fd00::5]:8090"
-    for stopped in (pod(phase="Pending"), pod(ip=None), pod(deleting=True),
-                    pod(phase="Succeeded")):
+    for stopped in (pod(phase="Pending"), pod(ip=None), pod(phase="Succeeded")):
         assert pod_agent(stopped, "pool-a").url is None
+    deleting = pod_agent(pod(deleting=True), "pool-a")  # its grace period: it drains
+    assert deleting.url == "http://10.0.0.5:8090"
+    assert deleting.labels == {"a": "b", "claim.model.aibrix.ai/draining": "true"}
+    assert pod_agent(pod(), "pool-a").labels == {"a": "b"}
 
 
 async def test_the_route_publisher_stops_when_a_change_comes_with_the_stop(

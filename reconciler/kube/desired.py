@@ -36,6 +36,7 @@ from reconciler.model.changes import Taken, take_change, unreadable
 from reconciler.model.estimated import re_estimate, with_estimate
 from reconciler.model.manifests import (
     CLAIM_KIND,
+    DRAINING_LABEL,
     POOL_LABEL,
     AgentRef,
     ManifestError,
@@ -72,7 +73,7 @@ class PodAgent:
     name: str
     pool: str
     labels: Mapping[str, str]
-    url: str | None  # None: not running with an IP, or being deleted
+    url: str | None  # None: not running with an IP
     annotations: Mapping[str, str]
 
 
@@ -86,14 +87,21 @@ def runtime_port(pod: Obj, default: int = DEFAULT_RUNTIME_PORT) -> int:
 
 
 def pod_agent(pod: Obj, pool: str, default_port: int = DEFAULT_RUNTIME_PORT) -> PodAgent:
+    """A pool Pod as an agent while it runs with an IP. One being deleted (its grace period,
+    the agent's ``preStop`` waiting) drains: it reads as labelled
+    ``claim.model.aibrix.ai/draining: "true"``, so nothing new goes there and its claims move
+    away make before break (``reconciler.moving``) while it still serves."""
     m = meta(pod)
     status = pod.get("status") or {}
     ip = status.get("podIP")
-    running = status.get("phase") == "Running" and bool(ip) and not m.get("deletionTimestamp")
+    running = status.get("phase") == "Running" and bool(ip)
     host = f"[{ip}]" if ip and ":" in str(ip) else ip
     url = f"http://{host}:{runtime_port(pod, default_port)}" if running else None
+    labels = dict(m.get("labels") or {})
+    if m.get("deletionTimestamp"):
+        labels[DRAINING_LABEL] = "true"
     return PodAgent(str(m.get("namespace") or "default"), str(m.get("name") or ""), pool,
-                    dict(m.get("labels") or {}), url, dict(m.get("annotations") or {}))
+                    labels, url, dict(m.get("annotations") or {}))
 
 
 class KubeDesired(Lookups):

@@ -40,6 +40,8 @@ from runtime_agent.preflight import EXIT_UNREADABLE
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 8
+DRAIN_WAIT_S = 570.0  # wait-drained: deploy/warm-runtime-pool.yaml's grace of 600 s less 30
+DRAIN_POLL_S = 1.0
 DEFAULT_AGENT_URL = f"http://127.0.0.1:{AGENT_PORT}"
 DEFAULT_RECONCILER_URL = f"http://127.0.0.1:{RECONCILER_PORT}"
 MUTATING = ("activate", "deactivate", "sleep", "wake", "kv-limit")
@@ -130,6 +132,15 @@ def add_commands(sub: Any) -> None:
     c.add_argument("-f", "--follow", action="store_true", help="wait for new events")
     c.add_argument("-o", "--output", choices=("text", "json"), default="text",
                    help="text (default) or json: one JSON object per line")
+    c = command("wait-drained", "wait until the agent runs no engine (the Pod's preStop)",
+                "Wait until the agent runs no engine: while its Pod drains (labelled "
+                "claim.model.aibrix.ai/draining, or being deleted), the ModelClaim reconciler "
+                "moves its claims to other Pods, make before break, and stops the engines "
+                "here. Exits 0 once none runs; 1 at --timeout (the Pod then stops with what "
+                "still runs). Says what still runs whenever that changes.")
+    c.add_argument("--timeout", type=float, default=DRAIN_WAIT_S,
+                   help="seconds (default %(default)g: the pool's grace period, less the "
+                   "agent's own stop)")
 
 
 Body = Callable[[HttpAgentClient], Awaitable[int]]
@@ -223,6 +234,8 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
         return 0
     if args.command == "events":
         return await follow(client, args.follow, args.output == "json")
+    if args.command == "wait-drained":
+        return await wait_drained(client, args.timeout)
     if args.command == "logs":
         for line in ok_body(await client.logs(args.model, args.tail))["lines"]:
             print(line)
@@ -256,6 +269,27 @@ async def _dispatch(client: HttpAgentClient, args: argparse.Namespace) -> int:
 
 async def _models(client: HttpAgentClient) -> list[dict[str, Any]]:
     return list(ok_body(await client.snapshot_reply()).get("models", []))
+
+
+async def wait_drained(client: HttpAgentClient, timeout_s: float) -> int:
+    """``wait-drained``: the agent's engines looked at once a second (a failed or stopped
+    engine holds nothing) until none runs or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    said: list[str] | None = None
+    while True:
+        running = sorted(str(m.get("model_name")) for m in await _models(client)
+                         if m.get("phase") not in ("failed", "stopped"))
+        if not running:
+            print("no engine runs here", flush=True)
+            return 0
+        if running != said:
+            print(f"{len(running)} engine(s) still run here: {', '.join(running)}", flush=True)
+            said = running
+        if time.monotonic() >= deadline:
+            print(f"runtime-agent: {timeout_s:g} s passed and {len(running)} engine(s) still "
+                  "run here", file=sys.stderr)
+            return EXIT_REFUSED
+        await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 
