@@ -187,8 +187,12 @@ class ClaimReconciler:
             if (agent, engine) == home or not world.agents[agent].ok \
                     or self.mover.keeps(claim, st, world, agent, engine):
                 continue
-            log.warning("claim %s: stopping a second engine %s on %s", claim.key,
-                        engine.model_name, agent)
+            if self.mover.draining(world, agent):
+                log.info("claim %s: the engine on %s finished its requests after the move; "
+                         "stopping it", claim.key, agent)
+            else:
+                log.warning("claim %s: stopping a second engine %s on %s", claim.key,
+                            engine.model_name, agent)
             try:
                 await self.w.client(agent).deactivate(engine.model_name)
             except (AgentUnreachable, LookupError) as err:
