@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import psutil
 import pytest
 
 from tests.reconciler_fakes import claim_yaml
@@ -106,3 +107,44 @@ async def test_without_room_elsewhere_the_claim_stays_and_serves_saying_why(pool
     assert (await pool.chat("m-model"))[0] == 200
     assert [i["pod"] for i in pool.doc("m")["instances"]] == [old]
     assert "Moved" not in reasons()
+
+
+async def test_an_engine_that_fails_for_good_moves_stop_then_start_and_its_gap_is_measured(
+        pool: Pool) -> None:
+    """The old engine cannot serve (killed until its restart budget is spent): the claim moves
+    stop-then-start, as the seed's does; the gap in service under steady load through the door
+    is what it cost (the new engine takes 1.5 s to start)."""
+    pool.write("m", claim_yaml("m", "m-model", "2Gi", "1Gi",
+                               {**SIM, "--sim-request-seconds": "0.1",
+                                "--sim-startup-seconds": "1.5"}))
+    await pool.start()
+    await pool.serving("m", 1)
+    old = pool.doc("m")["instances"][0]["pod"]
+    new = next(n for n in pool.agents if n != old)
+    stop = asyncio.Event()
+    answers: list[tuple[float, int, str]] = []
+    callers = [asyncio.ensure_future(steady(pool, "m-model", stop, answers)) for _ in range(2)]
+    await pool.until("calls answered", lambda: len(answers) >= 10)
+    agent = pool.agents[old]
+    for _ in range(6):  # the first kill and five restarts: the budget is spent
+        engine = pool.engines("m-model").get(old)
+        if engine is None or engine["phase"] == "failed":
+            break
+        if engine["pid"] is not None:
+            psutil.Process(engine["pid"]).kill()
+        await pool.until("the engine back or failed", lambda pid=engine["pid"]: (
+            (e := pool.engines("m-model").get(old)) is None or e["phase"] == "failed"
+            or (e["pid"] not in (None, pid) and e["phase"] in ("booting", "active"))), 30)
+    await pool.until("the claim moved", lambda: [i["pod"] for i in pool.doc("m")["instances"]]
+                     == [new] and pool.doc("m")["phase"] == "Active", 60)
+    count = len(answers)
+    await pool.until("calls answered after the move", lambda: len(answers) >= count + 10)
+    stop.set()
+    await asyncio.gather(*callers)
+    good = sorted(t for t, status, _ in answers if status == 200)
+    gap = max(b - a for a, b in zip(good, good[1:], strict=False))
+    failed = sum(1 for _, status, _ in answers if status != 200)
+    print(f"{len(answers)} calls, {failed} failed, longest gap between answers "
+          f"{gap * 1000:.0f} ms (an engine killed 6 times, then moved)")
+    assert agent.proc is not None  # the agent itself was never touched
+    assert gap >= 1.5  # the new engine's start is in the path: nothing could serve meanwhile
