@@ -44,8 +44,11 @@ async def steady(pool: Pool, model: str, stop: asyncio.Event,
         answers.append((time.monotonic(), status, str(line)))
 
 
-async def test_a_draining_agent_s_claim_moves_make_before_break_under_steady_load(
-        pool: Pool) -> None:
+async def serving_under_load(pool: Pool, callers: int) -> tuple[
+        str, str, asyncio.Event, list[tuple[float, int, str]], list[asyncio.Future[None]]]:
+    """Claim ``m`` (0.1 s a call, 1.5 s to start) serving on one agent, ``callers`` calling it
+    through the door one call after another: (its agent, the other, the callers' stop, their
+    answers, the callers), once ten calls were answered."""
     pool.write("m", claim_yaml("m", "m-model", "2Gi", "1Gi",
                                {**SIM, "--sim-request-seconds": "0.1",
                                 "--sim-startup-seconds": "1.5"}))
@@ -55,8 +58,15 @@ async def test_a_draining_agent_s_claim_moves_make_before_break_under_steady_loa
     new = next(n for n in pool.agents if n != old)
     stop = asyncio.Event()
     answers: list[tuple[float, int, str]] = []
-    callers = [asyncio.ensure_future(steady(pool, "m-model", stop, answers)) for _ in range(3)]
+    tasks = [asyncio.ensure_future(steady(pool, "m-model", stop, answers))
+             for _ in range(callers)]
     await pool.until("calls answered", lambda: len(answers) >= 10)
+    return old, new, stop, answers, tasks
+
+
+async def test_a_draining_agent_s_claim_moves_make_before_break_under_steady_load(
+        pool: Pool) -> None:
+    old, new, stop, answers, callers = await serving_under_load(pool, callers=3)
     write_pool(pool, draining=old)
     seen_two: list[bool] = []
 
@@ -114,17 +124,7 @@ async def test_an_engine_that_fails_for_good_moves_stop_then_start_and_its_gap_i
     """The old engine cannot serve (killed until its restart budget is spent): the claim moves
     stop-then-start, as the seed's does; the gap in service under steady load through the door
     is what it cost (the new engine takes 1.5 s to start)."""
-    pool.write("m", claim_yaml("m", "m-model", "2Gi", "1Gi",
-                               {**SIM, "--sim-request-seconds": "0.1",
-                                "--sim-startup-seconds": "1.5"}))
-    await pool.start()
-    await pool.serving("m", 1)
-    old = pool.doc("m")["instances"][0]["pod"]
-    new = next(n for n in pool.agents if n != old)
-    stop = asyncio.Event()
-    answers: list[tuple[float, int, str]] = []
-    callers = [asyncio.ensure_future(steady(pool, "m-model", stop, answers)) for _ in range(2)]
-    await pool.until("calls answered", lambda: len(answers) >= 10)
+    old, new, stop, answers, callers = await serving_under_load(pool, callers=2)
     agent = pool.agents[old]
     for _ in range(6):  # the first kill and five restarts: the budget is spent
         engine = pool.engines("m-model").get(old)

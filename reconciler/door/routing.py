@@ -249,15 +249,17 @@ class Router:
         return Copy(name, "", name, state, size=size)
 
     def choose(self, route: Route, endpoint: str, doc: Mapping[str, Any], body: bytes,
-               book: bool = True) -> Routed | Refusal:
+               book: bool = True, room: bool = True) -> Routed | Refusal:
         """The choice for one call. ``book``: claim the plan a woken or made-room choice over
         known room needs (the caller then ``release``s ``Routed.plan_id``); without it such a
-        choice is only looked at."""
+        choice is only looked at. ``room``: look at memory too when the first pass finds
+        nothing warm (a held call that only takes a warm candidate need not)."""
         cands, narrowest = self.candidates(route)
         prompt = _prompt(endpoint, doc, len(body), narrowest)
         names = cands.names if prompt is not None else cands.names[:max(1, cands.tolerance_end)]
         got, view, models = self._choose(route, cands, names, prompt, False)
-        if isinstance(got, Busy) or isinstance(got, Choice) and got.kind not in _FIRST_PASS:
+        if room and (isinstance(got, Busy)
+                     or isinstance(got, Choice) and got.kind not in _FIRST_PASS):
             got, view, models = self._choose(route, cands, names, prompt, True)
         if isinstance(got, Busy):  # hold for the preferred claim: its own path says why
             return self._routed(route, HELD, got.model)
@@ -329,7 +331,7 @@ class Rechoice:
     def again(self, lost: bool) -> Routed | Refusal | None:
         """The new choice, when it replaces the current one (None: keep waiting for it)."""
         got = self._router.choose(self._route, self._endpoint, self._doc, self._body,
-                                  book=lost)
+                                  book=lost, room=lost)  # else only a warm one is taken
         if not isinstance(got, Routed):
             return got if lost else None
         if got.claim == self.routed.claim or not self._usable(got.claim) \
