@@ -148,3 +148,28 @@ async def test_an_engine_that_fails_for_good_moves_stop_then_start_and_its_gap_i
           f"{gap * 1000:.0f} ms (an engine killed 6 times, then moved)")
     assert agent.proc is not None  # the agent itself was never touched
     assert gap >= 1.5  # the new engine's start is in the path: nothing could serve meanwhile
+
+
+async def test_a_reconciler_restarted_mid_move_goes_on_with_it(pool: Pool) -> None:
+    """The steps are read from the world: a reconciler stopped while the new engine starts
+    (the status lists it as moving) and started again on the same state takes the same new
+    engine over, switches to it and stops the old one; the new engine is never stopped."""
+    pool.write("m", claim_yaml("m", "m-model", "2Gi", "1Gi",
+                               {**SIM, "--sim-startup-seconds": "3"}))
+    await pool.start()
+    await pool.serving("m", 1)
+    old = pool.doc("m")["instances"][0]["pod"]
+    new = next(n for n in pool.agents if n != old)
+    write_pool(pool, draining=old)
+    await pool.until("the new engine starting", lambda: any(
+        i.get("moving") for i in pool.doc("m")["instances"]))
+    started = pool.engines("m-model")[new]["engine_id"]
+    await pool.close()
+    pool.app = None
+    await pool.start()
+    await pool.until("moved after the restart", lambda: [
+        i["pod"] for i in pool.doc("m")["instances"]] == [new]
+        and old not in pool.engines("m-model"), 60)
+    assert pool.engines("m-model")[new]["engine_id"] == started  # the same engine, kept
+    assert pool.doc("m")["phase"] == "Active"
+    assert (await pool.chat("m-model"))[0] == 200
