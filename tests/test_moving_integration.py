@@ -54,12 +54,12 @@ async def serving_under_load(pool: Pool, callers: int) -> tuple[
                                 "--sim-startup-seconds": "1.5"}))
     await pool.start()
     await pool.serving("m", 1)
-    old = pool.doc("m")["instances"][0]["pod"]
+    old: str = pool.doc("m")["instances"][0]["pod"]
     new = next(n for n in pool.agents if n != old)
     stop = asyncio.Event()
     answers: list[tuple[float, int, str]] = []
-    tasks = [asyncio.ensure_future(steady(pool, "m-model", stop, answers))
-             for _ in range(callers)]
+    tasks: list[asyncio.Future[None]] = [
+        asyncio.ensure_future(steady(pool, "m-model", stop, answers)) for _ in range(callers)]
     await pool.until("calls answered", lambda: len(answers) >= 10)
     return old, new, stop, answers, tasks
 
