@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from msgspec import Struct
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_http.calls import MAX_ANSWER, call, get_json, post_json
@@ -34,8 +34,7 @@ class EngineCallError(RuntimeError):
         self.status = status
 
 
-@dataclass(frozen=True)
-class RequestFigures:
+class RequestFigures(Struct, frozen=True):
     """Request counts: whole numbers (Prometheus writes them as floats, e.g. ``3.0``)."""
 
     running: int

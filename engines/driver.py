@@ -10,15 +10,15 @@ decides, the driver carries it out. ("Adapter" in this codebase means a LoRA ada
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
+
+from msgspec import Struct, field
 
 if TYPE_CHECKING:
     from registry.record import EngineRecord
 
 
-@dataclass(frozen=True)
-class Observation:
+class Observation(Struct, frozen=True):
     """What an engine says about itself; None where it does not say."""
 
     running: int | None = None  # requests being served now
@@ -29,8 +29,7 @@ class Observation:
     sleep_level: int | None = None  # vLLM's vllm:engine_sleep_state: 0 awake, 1 or 2 asleep
 
 
-@dataclass(frozen=True)
-class LaunchContext:
+class LaunchContext(Struct, frozen=True):
     """Everything outside the record that decides how an engine is started."""
 
     command: tuple[str, ...]  # the executable prefix (e.g. ("vllm", "serve"))

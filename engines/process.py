@@ -19,9 +19,9 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from msgspec import Struct
 import psutil
 
 from engines.cgroups import EngineCgroups
@@ -29,8 +29,7 @@ from registry.identity import process_start_time, scan_engines
 from registry.env import ENV_ENGINE_ID
 
 
-@dataclass(frozen=True)
-class ExitInfo:
+class ExitInfo(Struct, frozen=True):
     """How an engine process ended. ``code``/``signal`` are None when unknown (not our child)."""
 
     code: int | None

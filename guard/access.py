@@ -33,10 +33,10 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from msgspec import Struct
 
 from guard.tokens import Credentials, Principal, TokenSource, watch
 
@@ -49,8 +49,7 @@ REFUSALS_PER_WINDOW = 50
 WINDOW_S = 10.0
 
 
-@dataclass(frozen=True)
-class Refusal:
+class Refusal(Struct, frozen=True):
     status: int  # 401 or 403
     message: str
     reason: str  # for the audit line: no_token, not_bearer, wrong_token, two_headers, ...
@@ -88,15 +87,17 @@ def forbidden(principal: Principal, thing: str, server: str) -> Refusal:
                    "not_allowed")
 
 
-@dataclass
 class Audit:
     """The audit lines of one server (``server``: agent, reconciler, door)."""
 
-    server: str
-    clock: Callable[[], float] = time.monotonic
-    _window: float = field(default=-1e18, init=False)
-    _logged: int = field(default=0, init=False)
-    _left_out: int = field(default=0, init=False)
+    __slots__ = ("server", "clock", "_window", "_logged", "_left_out")
+
+    def __init__(self, server: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.server = server
+        self.clock = clock
+        self._window = -1e18
+        self._logged = 0
+        self._left_out = 0
 
     def _line(self, method: str, path: str, client: str | None, principal: str | None,
               result: int, reason: str | None) -> None:
@@ -124,8 +125,7 @@ class Audit:
         self._line(method, path, client, principal, refusal.status, refusal.reason)
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(Struct, frozen=True):
     """One server's access rule. ``source`` None: no token is asked for (such a server listens
     on loopback unless its operator said ``--insecure-no-auth``)."""
 

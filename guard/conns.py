@@ -32,11 +32,11 @@ import resource
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import httptools
 from aiohttp import web
+from msgspec import Struct
 
 log = logging.getLogger("guard.conns")
 
@@ -53,8 +53,7 @@ def fd_share(fraction: int) -> int:
     return max(16, soft // fraction)
 
 
-@dataclass(frozen=True)
-class ConnLimits:
+class ConnLimits(Struct, frozen=True):
     """A server's limits. ``max_connections`` is what was configured: the cap in force is at
     most ``1/fd_fraction`` of the soft fd limit (``cap``). ``per_client`` 0: half the cap."""
 

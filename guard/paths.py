@@ -32,8 +32,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 FILE_SCHEME = "file://"
 MAX_PATH = 4096
@@ -43,8 +44,7 @@ HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
 _HUB_REPO_ID = re.compile(rf"{HUB_PART}(?:/{HUB_PART})?")
 
 
-@dataclass(frozen=True)
-class Allowed:
+class Allowed(Struct, frozen=True):
     """A local path that may be read: ``path`` as written (``file://`` removed), ``real`` with
     every symlink resolved (inside a root too)."""
 
@@ -52,8 +52,7 @@ class Allowed:
     real: str
 
 
-@dataclass(frozen=True)
-class Refused:
+class Refused(Struct, frozen=True):
     """Why the path may not be read: the HTTP status that says so, and what to do instead."""
 
     status: int

@@ -27,9 +27,10 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
+
+from msgspec import Struct, field
 
 log = logging.getLogger("guard.tokens")
 
@@ -41,8 +42,7 @@ class TokenError(ValueError):
     """A token source that cannot be used; ``str()`` is the one line to print."""
 
 
-@dataclass(frozen=True)
-class Principal:
+class Principal(Struct, frozen=True):
     """Who a token is: its id for logs, and what it may use (None: everything)."""
 
     id: str
@@ -60,8 +60,7 @@ def principal_id(token: str) -> str:
     return f"sha256:{digest(token)[:8]}"
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(Struct, frozen=True):
     """The tokens accepted now, by digest."""
 
     by_digest: Mapping[str, Principal] = field(default_factory=dict)

@@ -23,7 +23,8 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from registry.env import ENV_ENGINE_ID, ENV_STATE_DIR
 
@@ -51,8 +52,7 @@ class Verdict(enum.Enum):
     UNREADABLE = "unreadable"  # alive, but its environment cannot be read: do not adopt
 
 
-@dataclass(frozen=True)
-class StatFields:
+class StatFields(Struct, frozen=True):
     """The few fields of ``/proc/<pid>/stat`` the agent needs."""
 
     comm: str
@@ -75,8 +75,7 @@ class StatFields:
         return self.env_end == 0 and not self.is_kernel_thread
 
 
-@dataclass(frozen=True)
-class FoundEngine:
+class FoundEngine(Struct, frozen=True):
     pid: int
     start_time: int
     environ: dict[str, str]

@@ -29,10 +29,10 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
 from pydantic import ValidationError
 
 from guard.files import fsync_dir, write_atomically
@@ -46,8 +46,7 @@ _TMP_SUFFIX = ".tmp"
 _DIR_MODE = 0o700
 
 
-@dataclass(frozen=True)
-class Quarantined:
+class Quarantined(Struct, frozen=True):
     """A record file that could not be loaded and was moved aside."""
 
     original: Path
@@ -55,8 +54,7 @@ class Quarantined:
     reason: str
 
 
-@dataclass(frozen=True)
-class LoadResult:
+class LoadResult(Struct, frozen=True):
     records: list[EngineRecord]
     quarantined: list[Quarantined]
 

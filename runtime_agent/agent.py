@@ -17,11 +17,11 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
+from msgspec.structs import replace
 from prometheus_client import disable_created_metrics
 
 from contract.clock import LoopClock

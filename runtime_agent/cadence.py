@@ -21,14 +21,14 @@ watcher loop, waiting on the owner's injected clock (``contract.clock``). What t
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from contract.clock import Clock
 from runtime_agent.loops import wait_event
 
 
-@dataclass(frozen=True)
-class Cadence:
+class Cadence(Struct, frozen=True):
     """A watcher's intervals: ``floor_s`` after an event, times ``factor`` per quiet look, at
     most ``cap_s``."""
 

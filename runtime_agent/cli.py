@@ -16,9 +16,10 @@ import os
 import shutil
 import sys
 from collections.abc import Coroutine, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from msgspec.structs import replace
 
 from contract.numbers import whole_number
 from contract.quantity import size_type as _size

@@ -22,9 +22,10 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
+
+from msgspec import Struct, field
 
 from guard import listen
 from guard.tokens import TokenError, TokenSource, token_source
@@ -53,8 +54,7 @@ class StartupError(Exception):
         self.code = code
 
 
-@dataclass
-class Checked:
+class Checked(Struct):
     """What the checks found: the bound listening sockets and the warnings to log."""
 
     sockets: list[socket.socket] = field(default_factory=list)

@@ -6,10 +6,12 @@ Nothing below the CLI reads the environment or flags; tests build Settings direc
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from msgspec import Struct, field
+
 from contract.phases import DEFAULT_RESTART_DELAYS
+from guard.redact import repr_without
 from guard.tokens import TokenSource
 from runtime_agent.cadence import Cadence
 
@@ -17,10 +19,10 @@ DEFAULT_STATE_DIR = Path("/var/run/aibrix")
 SIM_ENGINE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "engines.sim", "serve")
 VLLM_ENGINE_COMMAND: tuple[str, ...] = ("vllm", "serve")
 SGLANG_ENGINE_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+_SECRETS = frozenset({"hf_token", "api_token"})
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(Struct, frozen=True):
     host: str = "0.0.0.0"
     port: int = 8080
     # The kubelet's probes on a port and process of their own (runtime_agent.api.probes); None:
@@ -79,7 +81,7 @@ class Settings:
     artifact_reserve_bytes: int = 1 << 30  # kept free on the cache's disk
     artifact_local_roots: tuple[Path, ...] = ()  # local paths the cache may copy from
     hf_endpoint: str | None = None  # HF_ENDPOINT
-    hf_token: str | None = field(default=None, repr=False)  # HF_TOKEN
+    hf_token: str | None = None  # HF_TOKEN (never in the repr)
     s3_endpoint_url: str | None = None  # an S3-compatible store (AWS_ENDPOINT_URL_S3)
     # kvcached segments: their directory, how often to look for a new one, how often to check it.
     kv_shm_dir: Path = Path("/dev/shm")
@@ -89,7 +91,7 @@ class Settings:
     # /ready waits this long at most for re-adopted engines to show their first state.
     settle_timeout_s: float = 60.0
     # Access: a bearer token for every call that changes something (and reads, if asked).
-    api_token: TokenSource | None = field(default=None, repr=False)  # guard.tokens
+    api_token: TokenSource | None = None  # guard.tokens (never in the repr)
     auth_reads: bool = False
     # --trust-remote-code runs a model repository's code on this node: off unless allowed.
     allow_trust_remote_code: bool = False
@@ -109,6 +111,9 @@ class Settings:
     scrape_interval_max_s: float = 20.0
     # The restart budget starts again after an engine served this long without a crash.
     budget_reset_s: float = 600.0
+
+    def __repr__(self) -> str:
+        return repr_without(self, _SECRETS)
 
     @property
     def health_cadence(self) -> Cadence:

@@ -242,7 +242,7 @@ async def test_a_steady_segment_is_read_less_often_and_a_moved_one_at_once_again
 
 # ---- every field of each decision (mutation testing showed which ones nothing checked) --------
 
-from dataclasses import replace  # noqa: E402
+from msgspec.structs import replace  # noqa: E402
 
 from runtime_agent.kv.segment import SegmentError, SegmentMissing, SegmentReplaced  # noqa: E402
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 
 import pytest
@@ -292,7 +292,7 @@ async def test_a_stop_answers_a_sleep_in_flight_and_later_callers(rig: OwnerRig)
 
 async def test_a_stop_during_the_backoff_cancels_the_restart(rig: OwnerRig) -> None:
     rig.settings = fast_settings(rig.settings.state_dir.parent, restart_delays=(30,))
-    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "settings": rig.settings})
+    rig.deps = replace(rig.deps, settings=rig.settings)
     await active(rig)
     rig.launcher.last.exit(code=1)
     await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.RESTARTING,
@@ -683,7 +683,7 @@ async def test_the_restart_budget_starts_again_after_a_healthy_while(tmp_path: P
 
 async def test_activating_a_failed_engine_again_starts_it_over(rig: OwnerRig) -> None:
     rig.settings = fast_settings(rig.settings.state_dir.parent, restart_delays=())
-    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "settings": rig.settings})
+    rig.deps = replace(rig.deps, settings=rig.settings)
     await active(rig)
     rig.launcher.last.exit(code=9)
     await rig.until(lambda: rig.owner is not None and rig.owner.view.phase is Phase.FAILED,
@@ -715,7 +715,7 @@ async def test_a_failed_engine_is_not_started_again_while_the_disk_refuses(rig: 
     from runtime_agent.supervision.messages import Revive
 
     rig.settings = fast_settings(rig.settings.state_dir.parent, restart_delays=())
-    rig.deps = rig.deps.__class__(**{**rig.deps.__dict__, "settings": rig.settings})
+    rig.deps = replace(rig.deps, settings=rig.settings)
     await active(rig)
     rig.store.fail = errno.ENOSPC
     rig.launcher.last.exit(code=9)

@@ -9,12 +9,12 @@ to start on, Ollama's load after the start, and what the agent log says about ea
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from contract.phases import Phase
 from engines.process import SpawnError
@@ -63,7 +63,7 @@ async def test_the_port_asked_about_is_the_engines_own_on_the_host_it_binds(
         asked.append((port, host))
         return True
 
-    rig.deps = dataclasses.replace(rig.deps, port_free=port_free)
+    rig.deps = replace(rig.deps, port_free=port_free)
     owner = rig.start(make_record(port=20123))
     await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
     assert asked == [(20123, rig.settings.engine_bind_host)]
@@ -245,7 +245,7 @@ async def hold_shared(rig: OwnerRig, devices: list[int], release: asyncio.Event,
 async def test_an_engine_waits_for_the_weight_cache_and_starts_on_its_copy(
         rig: OwnerRig) -> None:
     stager = FakeStager()
-    rig.deps = dataclasses.replace(rig.deps, stager=stager)  # type: ignore[arg-type]
+    rig.deps = replace(rig.deps, stager=stager)  # type: ignore[arg-type]
     stager.progress.done = 400
     owner = rig.start()
     await rig.until(lambda: "Staging" in owner.view.conditions, "staging")
@@ -266,7 +266,7 @@ async def test_an_engine_whose_artifact_is_cached_starts_on_the_copy_at_once(
         rig: OwnerRig) -> None:
     stager = FakeStager()
     stager.cached["hf://org/m"] = "/cache/ready"
-    rig.deps = dataclasses.replace(rig.deps, stager=stager)  # type: ignore[arg-type]
+    rig.deps = replace(rig.deps, stager=stager)  # type: ignore[arg-type]
     owner = rig.start()
     await rig.until(lambda: owner.view.phase is Phase.ACTIVE, "active")
     assert rig.launcher.argv == [["fake-engine", "/cache/ready"]]
@@ -277,7 +277,7 @@ async def test_an_engine_whose_staging_fails_fails_and_says_why(rig: OwnerRig) -
     stager = FakeStager()
     stager.error = "s3 answered 403"
     stager.staged.set()
-    rig.deps = dataclasses.replace(rig.deps, stager=stager)  # type: ignore[arg-type]
+    rig.deps = replace(rig.deps, stager=stager)  # type: ignore[arg-type]
     owner = rig.start()
     said = "staging hf://org/m failed: s3 answered 403"
     assert await asyncio.wait_for(owner.spawned, 5) == said
@@ -290,7 +290,7 @@ async def test_an_activation_whose_weights_are_still_staging_is_answered_while_i
         rig: OwnerRig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(life, "STAGING_ANSWER_S", 0.05)  # 2 s in the product
     stager = FakeStager()  # its staging does not end in this test
-    rig.deps = dataclasses.replace(rig.deps, stager=stager)  # type: ignore[arg-type]
+    rig.deps = replace(rig.deps, stager=stager)  # type: ignore[arg-type]
     owner = rig.start()
     assert await asyncio.wait_for(owner.answered, 5) is None  # `activating`, with Staging
     assert not owner.spawned.done() and rig.launcher.spawned == []

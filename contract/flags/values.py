@@ -23,16 +23,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
 
+from msgspec import Struct
+
 _DIR = Path(__file__).resolve().parent
 
 
-@dataclass(frozen=True)
-class ValueType:
+class ValueType(Struct, frozen=True):
     """One flag's value type: a word of the module docstring, optional or not, and choices."""
 
     word: str

@@ -14,9 +14,11 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
+
+from msgspec import Struct
+from msgspec.structs import asdict
 
 from contract.numbers import whole_number
 
@@ -24,8 +26,7 @@ CHANNEL_ENV = "AIBRIX_SIM_GPU_DIR"
 _FIELDS = ("weights_bytes", "kv_bytes", "context_bytes", "host_bytes")
 
 
-@dataclass(frozen=True)
-class GpuReport:
+class GpuReport(Struct, frozen=True):
     """One engine's memory: GPU bytes are weights + KV + CUDA context, split over ``devices``."""
 
     pid: int

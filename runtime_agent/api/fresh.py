@@ -20,8 +20,9 @@ last look asks for them fresh:
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from engines.driver import Observation
 from runtime_agent.api.errors import BadRequest

@@ -23,13 +23,13 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from msgspec import Struct
 
-@dataclass(frozen=True)
-class ProbeReport:
+
+class ProbeReport(Struct, frozen=True):
     """What the agent last said: when it arrived (monotonic), its health and readiness."""
 
     at: float

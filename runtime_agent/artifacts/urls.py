@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+
+from msgspec import Struct
 
 from guard.paths import Refused, judge_local_path
 
@@ -41,8 +42,7 @@ class ArtifactRequestError(Exception):
         self.status = status
 
 
-@dataclass(frozen=True)
-class ArtifactRef:
+class ArtifactRef(Struct, frozen=True):
     """One artifact: where it comes from and which cache entry holds it.
 
     ``location``: the Hub repo id, the S3 key or prefix, or the local path. ``revision``: the

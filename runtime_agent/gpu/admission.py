@@ -23,7 +23,8 @@ placement job across Pods, and ``TooLargeForAnyCard`` tells it when a Pod cannot
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from contract.quantity import gib
 from contract.reasons import INSUFFICIENT_GPU, INSUFFICIENT_HOST, TOO_LARGE
@@ -31,13 +32,11 @@ from runtime_agent.gpu.host_ledger import HostLedger, HostRefusal, host_reserve
 from runtime_agent.gpu.ledger import GpuLedger, LedgerRefusal, reserve
 
 
-@dataclass(frozen=True)
-class Admit:
+class Admit(Struct, frozen=True):
     devices: tuple[int, ...]  # ascending, as CUDA_VISIBLE_DEVICES lists them
 
 
-@dataclass(frozen=True)
-class Refuse:
+class Refuse(Struct, frozen=True):
     reason: str  # TooLargeForAnyCard | InsufficientGPUMemory | InsufficientHostMemory
     message: str
     needed: int  # bytes per device (GPU) or bytes (host)

@@ -11,13 +11,13 @@ holds no GPU memory.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from runtime_agent.gpu.model import GpuSample
 
 
-@dataclass(frozen=True)
-class EngineProcs:
+class EngineProcs(Struct, frozen=True):
     """An engine's whole process tree (local PIDs) and the devices it is pinned to, if known
     (``CUDA_VISIBLE_DEVICES`` with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so indices match NVML's)."""
 
@@ -25,8 +25,7 @@ class EngineProcs:
     devices: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True)
-class EngineMemory:
+class EngineMemory(Struct, frozen=True):
     """What an engine holds: in total, per device, and on which devices (pinned and observed)."""
 
     hbm_bytes: int | None

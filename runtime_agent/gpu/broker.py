@@ -20,9 +20,10 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
+from msgspec import Struct
+from msgspec.structs import replace
 import psutil
 
 from contract.clock import Clock, LoopClock
@@ -57,8 +58,7 @@ from runtime_agent.loops import Throttled, wait_event
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class EngineRef:
+class EngineRef(Struct, frozen=True):
     """What the broker needs to know of one engine at sampling time."""
 
     pid: int | None
@@ -68,8 +68,7 @@ class EngineRef:
     since: float | None = None  # its last transition: a ref equal after a sample saw no change
 
 
-@dataclass(frozen=True)
-class EngineHbm:
+class EngineHbm(Struct, frozen=True):
     hbm_bytes: int | None = None
     hbm_peak_bytes: int | None = None
     sleeping_footprint_bytes: int | None = None
@@ -77,8 +76,7 @@ class EngineHbm:
     per_device: Mapping[int, int | None] | None = None
 
 
-@dataclass(frozen=True)
-class _Taken:
+class _Taken(Struct, frozen=True):
     sample: GpuSample
     trees: dict[int, frozenset[int]]
     rss: dict[int, int]

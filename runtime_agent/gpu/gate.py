@@ -45,11 +45,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 
-@dataclass(eq=False)
-class Ticket:
+class Ticket(Struct, eq=False):
     """One turn asked for: its cards, whether it needs them alone, and whose it is."""
 
     devices: frozenset[int]
@@ -62,8 +62,7 @@ def conflict(a: Ticket, b: Ticket) -> bool:
     return bool(a.devices & b.devices) and (a.exclusive or b.exclusive)
 
 
-@dataclass
-class CardTurns:
+class CardTurns(Struct):
     """The gate's bookkeeping, pure: who holds, who waits. Each change returns the turns it granted,
     in the order they were asked."""
 

@@ -11,11 +11,12 @@ external + sum(holdings)``, and a claim that does not fit is refused. Pure value
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 
-@dataclass(frozen=True)
-class HostLedger:
+class HostLedger(Struct, frozen=True):
     total_bytes: int
     reserve_bytes: int = 0
     external_bytes: int = 0
@@ -44,8 +45,7 @@ class HostLedger:
                       key=lambda kb: (-kb[1], kb[0]))
 
 
-@dataclass(frozen=True)
-class HostRefusal:
+class HostRefusal(Struct, frozen=True):
     key: str
     needed: int
     free: int

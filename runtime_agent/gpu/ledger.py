@@ -21,14 +21,15 @@ Per card, ``usable = total - reserve`` and ``committed = external + sum(charges)
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from runtime_agent.gpu.attribution import EngineMemory
 from runtime_agent.gpu.model import Device
 
 
-@dataclass(frozen=True)
-class DeviceBudget:
+class DeviceBudget(Struct, frozen=True):
     index: int
     total_bytes: int
     reserve_bytes: int = 0
@@ -39,8 +40,7 @@ class DeviceBudget:
         return max(0, self.total_bytes - self.reserve_bytes)
 
 
-@dataclass(frozen=True)
-class Holding:
+class Holding(Struct, frozen=True):
     """One engine's hold on its cards; every figure is per device."""
 
     key: str
@@ -63,8 +63,7 @@ class Holding:
         return self.awake_bytes.get(device, self.declared_bytes)
 
 
-@dataclass(frozen=True)
-class GpuLedger:
+class GpuLedger(Struct, frozen=True):
     devices: Mapping[int, DeviceBudget]
     holdings: Mapping[str, Holding] = field(default_factory=dict)
 
@@ -90,15 +89,13 @@ class GpuLedger:
         return sorted(((k, b) for k, b in totals if b > 0), key=lambda kb: (-kb[1], kb[0]))
 
 
-@dataclass(frozen=True)
-class Reservation:
+class Reservation(Struct, frozen=True):
     key: str
     devices: tuple[int, ...]
     bytes_per_device: int
 
 
-@dataclass(frozen=True)
-class LedgerRefusal:
+class LedgerRefusal(Struct, frozen=True):
     """A claim that does not fit: on ``device`` it needs ``needed`` more bytes, ``free`` remain."""
 
     key: str

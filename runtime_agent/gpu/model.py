@@ -9,11 +9,11 @@ Unknown is kept apart from zero everywhere: a process whose usage NVML cannot re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 
-@dataclass(frozen=True)
-class Device:
+
+class Device(Struct, frozen=True):
     """One physical GPU as NVML numbers it (the index engines see with CUDA_DEVICE_ORDER=PCI_BUS_ID)."""
 
     index: int
@@ -25,8 +25,7 @@ class Device:
     mig_mode: bool | None  # None: the card has no MIG (NVML said "not supported")
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(Struct, frozen=True):
     """One process holding memory on one device; ``pid`` is in the agent's own PID namespace."""
 
     pid: int
@@ -34,8 +33,7 @@ class GpuProcess:
     used_bytes: int | None  # None: NVML said "not available" (unknown, never 0)
 
 
-@dataclass(frozen=True)
-class GpuSample:
+class GpuSample(Struct, frozen=True):
     """The result of one ``GpuBackend.sample()``.
 
     ``pid_mapping_ok`` is False when NVML reported a process whose PID cannot be placed in our PID

@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
+from msgspec import Struct
 
-@dataclass(frozen=True)
-class PidMap:
+
+class PidMap(Struct, frozen=True):
     host_to_local: Mapping[int, int]  # outermost visible PID -> PID in our namespace
     local_pids: frozenset[int]  # every PID of our namespace seen in the scan
     nested: bool  # the procfs showed an outer namespace level for our processes
 
 
-@dataclass(frozen=True)
-class Translation:
+class Translation(Struct, frozen=True):
     """NVML PIDs placed in our namespace; ``failed`` lists the ones that could not be placed."""
 
     local: Mapping[int, int]  # NVML pid -> local pid (only for processes in our namespace)

@@ -24,13 +24,14 @@ in force once the segment holds that whole capacity (the segment is never writte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from runtime_agent.kv.segment import SegmentInfo, clamp
 
 
-@dataclass(frozen=True)
-class KvState:
+class KvState(Struct, frozen=True):
     requested: int | None = None  # what the controller asked for
     target: int | None = None  # requested, clamped to capacity: what the agent writes
     applied: int | None = None  # what a read-back last confirmed the segment holds
@@ -88,8 +89,7 @@ def new_process(state: KvState) -> KvState:
                    restarted=state.restarted or state.inode is not None)
 
 
-@dataclass(frozen=True)
-class Write:
+class Write(Struct, frozen=True):
     value: int
     expected_inode: int
     reason: str  # "initial" | "restored" | "set_back" | "requested"

@@ -15,9 +15,10 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from msgspec.structs import replace
 
 from contract.clock import Clock, LoopClock
 from contract.reasons import KV_SEGMENT_MISSING

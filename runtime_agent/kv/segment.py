@@ -35,9 +35,10 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from msgspec import Struct
 
 from contract.names import ipc_name_problem
 
@@ -87,8 +88,7 @@ class SegmentReplaced(SegmentError):
         self.actual_inode = actual_inode
 
 
-@dataclass(frozen=True)
-class SegmentInfo:
+class SegmentInfo(Struct, frozen=True):
     """One consistent reading of a segment (taken under its lock) and the inode it was read from."""
 
     total_size: int

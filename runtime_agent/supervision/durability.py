@@ -16,14 +16,14 @@ This module holds what all owners share; each owner's writer is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from contract.reasons import STORAGE_UNAVAILABLE
 from runtime_agent.supervision.outcomes import Refusal, Refused
 
 
-@dataclass
-class StorageHealth:
+class StorageHealth(Struct):
     """The state directory as the owners last found it; one per agent, shared."""
 
     failing: dict[str, str] = field(default_factory=dict)  # engine id -> the last error

@@ -1,7 +1,7 @@
 """What reaches an engine's owner: intents from callers and events from its helpers, as types.
 
 An owner's inbox takes one message at a time, and each message says what it carries: a frozen
-dataclass per kind, dispatched with ``match``. Events from the engine's helpers carry the
+Struct per kind (msgspec), dispatched with ``match``. Events from the engine's helpers carry the
 generation of the process they were about; the owner drops those of a process that is gone.
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
 
 from engines.driver import Observation
 from engines.process import ExitInfo
@@ -44,42 +45,36 @@ class StartMode(enum.StrEnum):
 # ---- intents: what a caller asks of an engine ---------------------------------------------
 
 
-@dataclass(frozen=True)
-class Sleep:
+class Sleep(Struct, frozen=True):
     level: int = 1
     operation_id: str | None = None
     action: Action = Action.SLEEP
 
 
-@dataclass(frozen=True)
-class Wake:
+class Wake(Struct, frozen=True):
     operation_id: str | None = None
     action: Action = Action.WAKE
 
 
-@dataclass(frozen=True)
-class Stop:
+class Stop(Struct, frozen=True):
     operation_id: str | None = None
     action: Action = Action.STOP
 
 
-@dataclass(frozen=True)
-class Revive:
+class Revive(Struct, frozen=True):
     """Activate again with the same spec: a failed engine starts over with a fresh budget."""
 
     operation_id: str | None = None
     action: Action = Action.REVIVE
 
 
-@dataclass(frozen=True)
-class SetKvLimit:
+class SetKvLimit(Struct, frozen=True):
     limit_bytes: int
     operation_id: str | None = None
     action: Action = Action.KV_LIMIT
 
 
-@dataclass(frozen=True)
-class LoadAdapter:
+class LoadAdapter(Struct, frozen=True):
     name: str
     path: str
     artifact_url: str | None = None
@@ -87,8 +82,7 @@ class LoadAdapter:
     action: Action = Action.LOAD_ADAPTER
 
 
-@dataclass(frozen=True)
-class UnloadAdapter:
+class UnloadAdapter(Struct, frozen=True):
     name: str
     operation_id: str | None = None
     action: Action = Action.UNLOAD_ADAPTER
@@ -100,24 +94,21 @@ Intent = Sleep | Wake | Stop | Revive | SetKvLimit | LoadAdapter | UnloadAdapter
 # ---- the inbox ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(Struct, frozen=True):
     """An intent and the future its caller awaits."""
 
     intent: Intent
     reply: asyncio.Future[Outcome]
 
 
-@dataclass(frozen=True)
-class TurnGranted:
+class TurnGranted(Struct, frozen=True):
     """The device gate gave this engine its turn to start on its cards."""
 
     token: int
     reason: str
 
 
-@dataclass(frozen=True)
-class StagingProgress:
+class StagingProgress(Struct, frozen=True):
     """The weight cache's progress on the artifact this engine waits for (``token``: which
     wait)."""
 
@@ -125,8 +116,7 @@ class StagingProgress:
     view: StagingView
 
 
-@dataclass(frozen=True)
-class Staged:
+class Staged(Struct, frozen=True):
     """The wait for the weight cache ended: the local path to start on, or why it failed."""
 
     token: int
@@ -135,34 +125,29 @@ class Staged:
     error: str | None
 
 
-@dataclass(frozen=True)
-class FromProcess:
+class FromProcess(Struct, frozen=True):
     """An event about one process of the engine: ``gen`` names which."""
 
     gen: int
 
 
-@dataclass(frozen=True)
-class Exited(FromProcess):
+class Exited(FromProcess, frozen=True):
     info: ExitInfo
 
 
-@dataclass(frozen=True)
-class Unusable(FromProcess):
+class Unusable(FromProcess, frozen=True):
     """Stuck, unloadable or unresponsive: end this process; its exit decides what follows."""
 
     why: str
 
 
-@dataclass(frozen=True)
-class Ready(FromProcess):
+class Ready(FromProcess, frozen=True):
     """The engine answered its health endpoint; ``sleeping`` is its own word, if it gave one."""
 
     sleeping: bool | None
 
 
-@dataclass(frozen=True)
-class Health(FromProcess):
+class Health(FromProcess, frozen=True):
     """One periodic probe: did the engine answer, and what did it say about sleep."""
 
     answered: bool
@@ -170,19 +155,16 @@ class Health(FromProcess):
     failures: int  # consecutive probes without an answer, this one included
 
 
-@dataclass(frozen=True)
-class KvReading(FromProcess):
+class KvReading(FromProcess, frozen=True):
     info: SegmentInfo | None
     writes: int | None = None  # the agent's own writes finished before it was read
 
 
-@dataclass(frozen=True)
-class Figures(FromProcess):
+class Figures(FromProcess, frozen=True):
     observation: Observation
 
 
-@dataclass(frozen=True)
-class OpDone(FromProcess):
+class OpDone(FromProcess, frozen=True):
     """A sleep or wake call returned (or failed); ``sleeping`` is the engine's word after it."""
 
     action: Action
@@ -193,8 +175,7 @@ class OpDone(FromProcess):
     seconds: float
 
 
-@dataclass(frozen=True)
-class AdapterDone(FromProcess):
+class AdapterDone(FromProcess, frozen=True):
     """A LoRA load or unload returned: ``error`` and the engine's ``status`` when it failed."""
 
     action: Action
@@ -204,26 +185,22 @@ class AdapterDone(FromProcess):
     request: Request | None
 
 
-@dataclass(frozen=True)
-class AdaptersSynced(FromProcess):
+class AdaptersSynced(FromProcess, frozen=True):
     """After a start or a re-adoption: what the engine serves now, and what failed to load."""
 
     loaded: frozenset[str]
     failed: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
-class RestartDue(FromProcess):
+class RestartDue(FromProcess, frozen=True):
     """The backoff delay before a restart has passed."""
 
 
-@dataclass(frozen=True)
-class PersistDue:
+class PersistDue(Struct, frozen=True):
     """Time to try a record write that failed again."""
 
 
-@dataclass(frozen=True)
-class SpawnRetry(FromProcess):
+class SpawnRetry(FromProcess, frozen=True):
     """Try a start again (its port was held by another process); no restart is counted."""
 
     reason: str

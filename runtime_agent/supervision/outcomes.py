@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from contract.phases import Phase
 
@@ -25,8 +26,7 @@ class Refusal(enum.StrEnum):
     UNAVAILABLE = "unavailable"  # the agent cannot do it now (no port, storage, executable)
 
 
-@dataclass(frozen=True)
-class Done:
+class Done(Struct, frozen=True):
     """The intent is in force. ``changed`` is False when this call changed nothing: already
     so, or an operation id answered before."""
 
@@ -37,8 +37,7 @@ class Done:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Refused:
+class Refused(Struct, frozen=True):
     kind: Refusal
     message: str
     reason: str | None = None  # a contract reason name (InsufficientGPUMemory, ...)
@@ -48,14 +47,12 @@ class Refused:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class NotFound:
+class NotFound(Struct, frozen=True):
     model_name: str
     message: str
 
 
-@dataclass(frozen=True)
-class EngineFailed:
+class EngineFailed(Struct, frozen=True):
     """The engine was asked and failed, or did not answer within the call's bound."""
 
     model_name: str

@@ -15,8 +15,10 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from contract.engines import lora_enabled
 from contract.names import ipc_name_for
@@ -29,6 +31,7 @@ from contract.reasons import (
     START_QUEUED,
     STOPPED_MEANWHILE,
 )
+from guard.redact import repr_without
 from runtime_agent.gpu.admission import Admit, Refuse
 from runtime_agent.kv.ownership import NameTaken, claim, holds, release
 from runtime_agent.supervision.engine_kinds import (
@@ -82,8 +85,7 @@ def _stopped_meanwhile(name: str) -> Refused:
                    reason=STOPPED_MEANWHILE, model_name=name, phase=Phase.STOPPED)
 
 
-@dataclass(frozen=True)
-class Activation:
+class Activation(Struct, frozen=True):
     """What an activation asks for, whoever asked (the API builds it from its request)."""
 
     spec: EngineSpec
@@ -91,7 +93,10 @@ class Activation:
     kv_limit_bytes: int | None = None
     per_gpu: PerGpu | None = None
     wait_seconds: float = 0.0  # wait this long for GPU memory instead of refusing at once
-    credentials: dict[str, str] = field(default_factory=dict, repr=False)  # the engine's env
+    credentials: dict[str, str] = field(default_factory=dict)  # the engine's env (no repr)
+
+    def __repr__(self) -> str:
+        return repr_without(self, ("credentials",))
 
 
 class EnginePool:

@@ -27,10 +27,10 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
 from pydantic import ValidationError
 
 from contract.phases import Phase
@@ -46,8 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(Struct, frozen=True):
     record: EngineRecord
     mode: StartMode
     pid: int | None

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct, field
 
 from contract.phases import Phase
 from runtime_agent.kv.hold import KvState
@@ -13,8 +14,7 @@ if TYPE_CHECKING:
     from runtime_agent.artifacts.staging import StagingView
 
 
-@dataclass(frozen=True)
-class EngineView:
+class EngineView(Struct, frozen=True):
     """What one engine looks like right now; replaced (never changed) on every change."""
 
     engine_id: str
@@ -50,8 +50,7 @@ class EngineView:
     simulated: bool = False  # the process is the simulator (python -m engines.sim), not the engine
 
 
-@dataclass(frozen=True)
-class EngineEvent:
+class EngineEvent(Struct, frozen=True):
     """One thing that happened to an engine (a phase transition or a notable act)."""
 
     at: float

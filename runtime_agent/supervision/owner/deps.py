@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from msgspec import Struct, field
 
 from contract.clock import Clock, LoopClock
 from engines.driver import EngineDriver
@@ -25,8 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runtime_agent.supervision.owner")
 
 
-@dataclass(frozen=True)
-class OwnerDeps:
+class OwnerDeps(Struct, frozen=True):
     settings: Settings
     store: RegistryStore
     launcher: ProcessLauncher

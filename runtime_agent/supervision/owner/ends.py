@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 from contract.clock import Timer
 from contract.phases import Phase
@@ -36,8 +37,7 @@ from runtime_agent.supervision.owner.turns import TurnSlot
 from runtime_agent.supervision.ports import lost_its_port
 
 
-@dataclass(frozen=True)
-class EndParts:
+class EndParts(Struct, frozen=True):
     """The owner's parts an end touches."""
 
     procs: ProcessSlot

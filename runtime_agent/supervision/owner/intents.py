@@ -12,8 +12,9 @@ the process) and never reach here.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from contract.phases import Phase
 from contract.reasons import SLEEP_FAILED, STORAGE_UNAVAILABLE, WAKE_FAILED

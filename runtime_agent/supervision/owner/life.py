@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 from contract.phases import Phase
 from contract.reasons import PORT_HELD, START_FAILED, START_QUEUED, STORAGE_UNAVAILABLE
@@ -55,8 +56,7 @@ log = logging.getLogger(__name__)
 STAGING_ANSWER_S = 2.0
 
 
-@dataclass(frozen=True)
-class Parts:
+class Parts(Struct, frozen=True):
     """The owner's parts a process's life uses."""
 
     procs: ProcessSlot

@@ -8,11 +8,11 @@ booting one is the start-stall watch's business. The loop carries the verdict ou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 
-@dataclass(frozen=True)
-class Verdict:
+
+class Verdict(Struct, frozen=True):
     event: str | None = None  # became unresponsive: the event's message
     kill: str | None = None  # unresponsive too long: why it is killed
 

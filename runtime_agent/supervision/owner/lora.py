@@ -14,8 +14,9 @@ tell, the answer, the engine call to make), which ``carry_out`` makes through ``
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
 
 from contract.engines import adapter_name_problem, lora_enabled
 from contract.phases import Phase
@@ -40,8 +41,7 @@ if TYPE_CHECKING:
     from registry.record import LoraAdapter
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(Struct, frozen=True):
     """An engine call to make as the operation in flight."""
 
     action: Action
@@ -49,8 +49,7 @@ class Call:
     path: str
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Struct, frozen=True):
     """What a LoRA decision comes to, made in this order by ``carry_out``."""
 
     adapters: list[LoraAdapter] | None = None  # the record's adapters become these, written

@@ -12,8 +12,9 @@ whose fields other than the phase a part may set before it asks for a write.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from msgspec import Struct
 
 from contract.clock import Clock, Timer
 from contract.phases import Phase
@@ -67,8 +68,7 @@ def post_later(loop: OwnerLoop, delay_s: float, message: Message) -> Timer:
     return loop.clock.later(delay_s, Posted(message, loop.post))
 
 
-@dataclass(frozen=True)
-class Posted:
+class Posted(Struct, frozen=True):
     """A timer's callback that posts ``message`` to an owner's inbox: what a fake clock shows
     a test when it lists what an owner scheduled."""
 

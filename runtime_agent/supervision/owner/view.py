@@ -5,8 +5,9 @@ A pure function: the loop calls it on every change and publishes the value when 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
 
 from contract.reasons import (
     ENGINE_UNRESPONSIVE,
@@ -25,8 +26,7 @@ if TYPE_CHECKING:
     from runtime_agent.artifacts.staging import StagingView
 
 
-@dataclass(frozen=True)
-class Seen:
+class Seen(Struct, frozen=True):
     """What the owner's parts know beyond the record, at the moment of a view."""
 
     alive: bool

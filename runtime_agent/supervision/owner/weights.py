@@ -12,8 +12,9 @@ an answer (start, fail, or nothing) is a plan it returns.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct
 
 from runtime_agent.supervision.messages import Message, Staged, StagingProgress
 
@@ -24,15 +25,13 @@ if TYPE_CHECKING:
 STAGING_FAILED = "StagingFailed"
 
 
-@dataclass(frozen=True)
-class StartOn:
+class StartOn(Struct, frozen=True):
     """Staged: start the engine (on the slot's ``model_path``)."""
 
     reason: str
 
 
-@dataclass(frozen=True)
-class FailWith:
+class FailWith(Struct, frozen=True):
     """The staging failed: the engine fails with this error."""
 
     error: str
