@@ -17,6 +17,7 @@ import contextlib
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ from msgspec import Struct
 import psutil
 
 from engines.cgroups import EngineCgroups
-from registry.identity import process_start_time, scan_engines
+from registry.identity import StatFields, live_processes, process_start_time, scan_engines
 from registry.env import ENV_ENGINE_ID
 
 
@@ -152,13 +153,45 @@ class EngineProcess:
 
 def group_workers(leader: int) -> list[tuple[int, str]]:
     """The descendants of ``leader`` in its process group (blocking /proc reads: call in a
-    thread): its workers, as (pid, name). Helpers that left the group are not workers."""
+    thread): its workers, as (pid, name). Helpers that left the group are not workers.
+
+    The process table is ``_TABLE``'s: 32 engines re-adopted or started at once share one or
+    two scans of every process instead of making 32 (issue 26)."""
+    table = _TABLE.read(time.monotonic())
+    children: dict[int, list[int]] = {}
+    for pid, fields in table.items():
+        children.setdefault(fields.ppid, []).append(pid)
     found = []
-    for proc in _descendants(leader):
-        with contextlib.suppress(psutil.Error, OSError):
-            if os.getpgid(proc.pid) == leader:
-                found.append((proc.pid, proc.name()))
-    return found
+    todo = list(children.get(leader, ()))
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        if table[pid].pgrp == leader:
+            found.append((pid, table[pid].comm))
+    return sorted(found)
+
+
+class _SharedScan:
+    """Every live process's stat fields, one scan shared by the threads that ask at once.
+
+    A caller gets a scan that began after it asked (``asked``, monotonic), never an older one,
+    so every process that existed when it asked is in its answer. Callers that queue while a
+    scan runs share the next one: a burst of N callers costs two scans, not N."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._began = -1.0
+        self._table: dict[int, StatFields] = {}
+
+    def read(self, asked: float) -> dict[int, StatFields]:
+        with self._lock:
+            if self._began < asked:
+                self._began = time.monotonic()
+                self._table = live_processes()
+            return self._table
+
+
+_TABLE = _SharedScan()
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

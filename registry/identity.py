@@ -238,6 +238,23 @@ def verify(pid: int, start_time: int, engine_id: str) -> Verdict:
         return Verdict.MATCH
 
 
+def live_processes() -> dict[int, StatFields]:
+    """The stat fields of every live process (kernel threads and zombies left out), one read
+    of ``/proc/<pid>/stat`` each; processes that vanish or cannot be read are skipped."""
+    found: dict[int, StatFields] = {}
+    for name in os.listdir("/proc"):
+        if not (name.isascii() and name.isdigit()):
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = parse_stat(os.fsdecode(fh.read()))
+        except (OSError, ValueError):
+            continue
+        if fields.state not in _DEAD_STATES and not fields.is_kernel_thread:
+            found[int(name)] = fields
+    return found
+
+
 def scan_engines(state_dir: str | os.PathLike[str], *, every: bool = False
                  ) -> list[FoundEngine]:
     """Every live engine top process started by the agent owning ``state_dir``, by PID.

@@ -37,6 +37,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import psutil  # noqa: E402
+import pytest  # noqa: E402
 
 from engines.process import ProcessLauncher, group_workers  # noqa: E402
 from registry.identity import process_start_time  # noqa: E402
@@ -341,3 +342,49 @@ def test_a_descendant_that_cannot_be_killed_does_not_spare_the_others() -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_burst_of_worker_lookups_shares_two_scans_and_none_misses_an_older_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 engines re-adopted at once each look for their workers: they share the process
+    table's scans (two for a burst, not 32), yet each is given a scan that began after it
+    asked, so a process that existed by then is in its answer."""
+    import threading
+
+    from engines import process
+    from registry import identity
+
+    scans: list[float] = []
+
+    def counted() -> dict[int, identity.StatFields]:
+        scans.append(time.monotonic())
+        time.sleep(0.05)  # a scan long enough for the whole burst to queue behind it
+        return identity.live_processes()
+
+    monkeypatch.setattr(process, "live_processes", counted)
+    table = process._SharedScan()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        start = threading.Barrier(16)
+        answers: list[tuple[float, dict[int, identity.StatFields]]] = []
+
+        def ask() -> None:
+            start.wait()
+            asked = time.monotonic()
+            answers.append((asked, table.read(asked)))
+
+        threads = [threading.Thread(target=ask) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(answers) == 16 and 1 <= len(scans) <= 2
+        assert all(child.pid in got for _, got in answers)
+        # each answer comes from a scan that began at or after its own question
+        assert all(any(asked <= began for began in scans) for asked, _ in answers)
+        later = time.monotonic()
+        assert child.pid in table.read(later) and len(scans) <= 3  # a later ask scans again
+        assert scans[-1] >= later
+    finally:
+        child.kill()
+        child.wait()
