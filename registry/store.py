@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 from msgspec import Struct
-from pydantic import ValidationError
 
 from guard.files import fsync_dir, write_atomically
 
@@ -92,7 +92,7 @@ class RegistryStore:
     def save(self, record: EngineRecord) -> None:
         """Atomically and durably replace the record file of ``record.engine_id``."""
         final = self.path_for(record.engine_id)
-        data = record.model_dump_json().encode()
+        data = msgspec.json.encode(record)
         if self._on_disk.get(record.engine_id) == data:
             return
         self._on_disk.pop(record.engine_id, None)  # until this save has ended well
@@ -156,15 +156,11 @@ class RegistryStore:
         from registry.record import EngineRecord  # loaded with the first record, not at start
 
         try:
-            record = EngineRecord.model_validate_json(data)
-        except ValidationError as e:
-            first = e.errors()[0]
-            if first["type"] == "json_invalid":
-                return None, f"not valid JSON: {first['msg']}", data
-            where = ".".join(str(part) for part in first["loc"]) or "<root>"
-            count = e.error_count()
-            return None, (f"invalid record ({count} error(s)), first at {where}: "
-                          f"{first['msg']}"), data
+            record = msgspec.json.decode(data, type=EngineRecord)
+        except msgspec.ValidationError as e:  # its message names the first field, as `$.spec.port`
+            return None, f"invalid record: {e}", data
+        except msgspec.DecodeError as e:
+            return None, f"not valid JSON: {e}", data
         if record.engine_id != expected_id:
             return None, f"engine_id {record.engine_id!r} does not match file name", data
         return record, "", data

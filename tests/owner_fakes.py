@@ -13,6 +13,7 @@ schedules for its own inbox listed and posted at once.
 from __future__ import annotations
 
 import asyncio
+import copy
 import errno
 from typing import Any
 import signal
@@ -208,7 +209,7 @@ class FakeStore:
         if self.fail is not None:
             raise OSError(self.fail, errno.errorcode.get(self.fail, "error"))
         self.saves += 1
-        self.records[record.engine_id] = record.model_copy(deep=True)
+        self.records[record.engine_id] = copy.deepcopy(record)
 
     def delete(self, engine_id: str) -> None:
         if self.fail_delete is not None:

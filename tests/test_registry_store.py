@@ -8,9 +8,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from contract.phases import Phase
 from registry.record import MAX_OPERATIONS, ClaimRef, EngineRecord, EngineSpec
@@ -102,7 +104,7 @@ def test_a_bad_engine_id_is_rejected_everywhere(store: RegistryStore, engine_id:
         store.path_for(engine_id)
     with pytest.raises(ValueError):
         store.delete(engine_id)
-    record = make_record().model_copy(update={"engine_id": engine_id})
+    record = replace(make_record(), engine_id=engine_id)
     with pytest.raises(ValueError):
         store.save(record)
     assert not store.engines_dir.exists() or engine_files(store) == []
@@ -184,7 +186,7 @@ def test_unrelated_files_are_left_alone(store: RegistryStore) -> None:
 
 
 def _valid_json(engine_id: str) -> bytes:
-    return make_record(engine_id).model_dump_json().encode()
+    return msgspec.json.encode(make_record(engine_id))
 
 
 BAD_CONTENT: dict[str, tuple[bytes, str]] = {
@@ -339,7 +341,7 @@ def test_any_record_saved_then_loaded_compares_equal(record: EngineRecord) -> No
         result = store.load_all()
     assert result.quarantined == []
     assert result.records == [record]
-    assert result.records[0].model_dump() == record.model_dump()
+    assert msgspec.to_builtins(result.records[0]) == msgspec.to_builtins(record)
 
 
 def test_a_record_with_a_phase_the_code_does_not_know_is_quarantined(tmp_path: Path) -> None:
@@ -414,3 +416,37 @@ def test_a_deleted_record_saved_again_is_written_again(store: RegistryStore) -> 
     store.delete(record.engine_id)
     store.save(record)
     assert RegistryStore(store.state_dir).load_all().records == [record]
+
+
+# A record exactly as the agent wrote it while records were pydantic models (f6d8a23's
+# EngineRecord.model_dump_json(), every field set): an upgraded agent reads it whole, and
+# writes the same bytes back, so an upgrade neither quarantines nor rewrites a running fleet.
+PYDANTIC_ERA_RECORD = (
+    '{"version":1,"engine_id":"0123abcd","spec":{"model_name":"qwen3","artifact_url":"hugging'
+    'face://Qwen/Qwen3-0.6B","engine":"vllm","ipc_name":"kvc_qwen3","args":{"--max-model-len"'
+    ':"4096","--enforce-eager":""},"claim_ref":{"namespace":"default","name":"qwen3","uid":"u'
+    '-1"}},"port":20007,"desired":"asleep","sleep_level":1,"pid":4242,"pid_start_time":123456'
+    ',"phase":"sleeping","restart_count":2,"last_error":null,"last_exit":"exited with code 1"'
+    ',"last_transition":1764700000.5,"created_at":1764690000.25,"hbm_peak_bytes":7516192768,"'
+    'hbm_peak_pid":4243,"operations":{"op-1":{"action":"sleep"}},"devices":[0,1],"per_gpu":{"'
+    'maximum_footprint_bytes":6442450944,"kv_floor_bytes":1073741824},"kv_limit_bytes":214748'
+    '3648,"kv_capacity_bytes":4294967296,"kv_inode":77,"kv_applied_bytes":2147483648,"kv_owne'
+    'r_inode":78,"op_counts":{"sleep:success":3},"budget_exhausted":0,"credentials":{"HF_TOKE'
+    'N":"hf_x"},"operation":{"action":"wake","level":1,"started_at":1764700001.0},"healthy_si'
+    'nce":1764695000.0,"adapters":[{"name":"sql","path":"/models/sql","artifact_url":null}]}'
+)
+
+
+def test_a_record_written_by_the_pydantic_era_agent_is_read_whole_and_written_back_the_same(
+        tmp_path: Path) -> None:
+    store = RegistryStore(tmp_path)
+    store.engines_dir.mkdir(parents=True)
+    (store.engines_dir / "0123abcd.json").write_text(PYDANTIC_ERA_RECORD)
+    result = store.load_all()
+    assert result.quarantined == []
+    (record,) = result.records
+    assert msgspec.to_builtins(record) == json.loads(PYDANTIC_ERA_RECORD)
+    assert record.phase is Phase.SLEEPING and record.spec.claim_ref == ClaimRef(
+        namespace="default", name="qwen3", uid="u-1")
+    assert record.per_gpu is not None and record.per_gpu.need_bytes == 7 * 2**30
+    assert msgspec.json.encode(record) == PYDANTIC_ERA_RECORD.encode()

@@ -71,6 +71,25 @@ class EngineConfig(_Request):
         description="engine flags to values; \"\" for a bare flag")
 
 
+class ClaimRefBody(BaseModel):
+    """The claim an activation is for (``registry.record.ClaimRef`` once accepted)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field(default="", max_length=253)
+    name: str = Field(default="", max_length=253)
+    uid: str = Field(default="", max_length=128)
+
+
+class PerGpuBody(BaseModel):
+    """What one instance needs on each of its GPUs (``registry.record.PerGpu`` once accepted)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    maximum_footprint_bytes: int = Field(gt=0)
+    kv_floor_bytes: int = Field(gt=0)
+
+
 class ActivateRequest(_ModelRequest):
     artifact_url: str = Field(min_length=1, max_length=2048)
     engine: Engine = "vllm"
@@ -83,9 +102,9 @@ class ActivateRequest(_ModelRequest):
         description="environment variables for the engine alone (HF_TOKEN, AWS_*); never "
         "logged, shown or written where others can read them")
     engine_config: EngineConfig | None = None
-    claim_ref: ClaimRef | None = None
+    claim_ref: ClaimRefBody | None = None
     kv_limit_bytes: int | None = Field(default=None, gt=0, le=2**62)
-    per_gpu: PerGpu | None = None
+    per_gpu: PerGpuBody | None = None
     wait_seconds: float = Field(default=0, ge=0, le=MAX_WAIT_SECONDS,
                                 description="wait this long for GPU memory instead of refusing")
 
@@ -115,8 +134,10 @@ class ActivateRequest(_ModelRequest):
         spec = EngineSpec(model_name=self.model_name, artifact_url=self.artifact_url,
                           engine=self.engine, ipc_name=self.ipc_name or ipc_name_for(self.model_name),
                           args=self.engine_config.args if self.engine_config else {},
-                          claim_ref=self.claim_ref)
-        return Activation(spec, self.port, self.kv_limit_bytes, self.per_gpu, self.wait_seconds,
+                          claim_ref=ClaimRef(**self.claim_ref.model_dump()) if self.claim_ref
+                          else None)
+        per_gpu = PerGpu(**self.per_gpu.model_dump()) if self.per_gpu else None
+        return Activation(spec, self.port, self.kv_limit_bytes, per_gpu, self.wait_seconds,
                           dict(self.credentials or {}))
 
 

@@ -13,6 +13,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from contract.phases import Phase
 from runtime_agent.gpu.broker import EngineHbm, MemoryBroker
 from runtime_agent.kv.hold import capped_by, in_force
@@ -35,7 +37,7 @@ def model_entry(view: EngineView) -> dict[str, Any]:
         "engine": spec.engine,
         "simulated": view.simulated,  # the simulator runs in place of the engine (no model)
         "artifact_url": spec.artifact_url,
-        "claim_ref": spec.claim_ref.model_dump() if spec.claim_ref else None,
+        "claim_ref": msgspec.to_builtins(spec.claim_ref),
         "engine_id": view.engine_id,
         "port": view.port,
         "ipc_name": spec.ipc_name,

@@ -13,6 +13,8 @@ import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from contract.engines import (
     artifact_problem,
     device_count_problem,
@@ -115,9 +117,9 @@ def carried_spec(record: EngineRecord) -> str:
     """The JSON an engine carries in its environment (see ``recovery.record_from_process``):
     credentials by name only; their values are the engine's own environment."""
     return json.dumps({
-        "spec": record.spec.model_dump(mode="json"), "port": record.port,
+        "spec": msgspec.to_builtins(record.spec), "port": record.port,
         "devices": list(record.devices),
-        "per_gpu": record.per_gpu.model_dump() if record.per_gpu else None,
+        "per_gpu": msgspec.to_builtins(record.per_gpu),
         "kv_limit_bytes": record.kv_limit_bytes, "desired": record.desired,
         "sleep_level": record.sleep_level, "credential_keys": sorted(record.credentials)})
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from msgspec import Struct, field
-from msgspec.structs import replace
+from msgspec.structs import asdict, replace
 
 from contract.engines import lora_enabled
 from contract.names import ipc_name_for
@@ -209,7 +209,7 @@ class EnginePool:
 
     async def _same_or_conflict(self, owner: EngineOwner, spec: EngineSpec, port: int,
                                 kv_limit: int | None) -> Outcome:
-        diffs = [k for k, v in spec.model_dump().items() if getattr(owner.spec, k) != getattr(spec, k)
+        diffs = [k for k in spec.__struct_fields__ if getattr(owner.spec, k) != getattr(spec, k)
                  and not (k == "ipc_name" and spec.ipc_name == ipc_name_for(spec.model_name))]
         if port and port != owner.record.port:
             diffs.append("port")
@@ -289,7 +289,7 @@ class EnginePool:
             # a claim that still asks for the model brings it back: say whose it is
             claim = f"{ref.namespace or 'default'}/{ref.name}"
             return replace(outcome, details={
-                **outcome.details, "claim_ref": ref.model_dump(),
+                **outcome.details, "claim_ref": asdict(ref),
                 "note": f"claim {claim} owns this engine: its reconciler starts it again while "
                         "the claim asks for it; delete or disable the claim to stop it"})
         return outcome

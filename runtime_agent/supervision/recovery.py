@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 from msgspec import Struct
-from pydantic import ValidationError
 
 from contract.phases import Phase
 from registry import stops
@@ -57,20 +57,22 @@ class Step(Struct, frozen=True):
 def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
     """Rebuild a record from what an engine carries in its environment: its spec, port, cards,
     declared need, KV limit and sleep state at its start, and its credentials by name."""
-    from registry.record import EngineRecord, EngineSpec  # loaded with the first engine
+    from registry.record import EngineRecord  # loaded with the first engine
 
     try:
         carried = json.loads(found.environ.get(ENV_ENGINE_SPEC, ""))
         keys = carried.get("credential_keys") or []
-        return EngineRecord(
-            engine_id=found.environ[ENV_ENGINE_ID],
-            spec=EngineSpec.model_validate(carried["spec"]), port=int(carried["port"]),
-            pid=found.pid, pid_start_time=found.start_time, phase=Phase.BOOTING,
-            created_at=now, last_transition=now, devices=carried.get("devices") or [],
-            per_gpu=carried.get("per_gpu"), kv_limit_bytes=carried.get("kv_limit_bytes"),
-            desired=carried.get("desired") or "awake", sleep_level=carried.get("sleep_level"),
-            credentials={k: found.environ[k] for k in keys if k in found.environ})
-    except (ValueError, KeyError, TypeError, AttributeError, ValidationError):
+        return msgspec.convert({  # validated as a record read from disk is
+            "engine_id": found.environ[ENV_ENGINE_ID], "spec": carried["spec"],
+            "port": int(carried["port"]), "pid": found.pid, "pid_start_time": found.start_time,
+            "phase": Phase.BOOTING.value, "created_at": now, "last_transition": now,
+            "devices": carried.get("devices") or [], "per_gpu": carried.get("per_gpu"),
+            "kv_limit_bytes": carried.get("kv_limit_bytes"),
+            "desired": carried.get("desired") or "awake",
+            "sleep_level": carried.get("sleep_level"),
+            "credentials": {k: found.environ[k] for k in keys if k in found.environ}},
+            EngineRecord)
+    except (ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError):
         return None
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -342,7 +343,7 @@ class EngineOwner:
         is reported and retried (``records``), never fatal."""
         self._kv.persist_into(self.record)
         self._peak_into(self.record)
-        return await self._writer.write(self.record.model_copy(deep=True))
+        return await self._writer.write(copy.deepcopy(self.record))
 
     def _peak_into(self, record: EngineRecord) -> None:
         """The HBM peak of the engine's process so far, kept with the record."""

@@ -11,8 +11,11 @@ owner's inbox. A stop that cannot be written is remembered beside the KV segment
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from msgspec.structs import replace
 
 from contract.phases import Phase
 from contract.reasons import STORAGE_UNAVAILABLE
@@ -75,7 +78,7 @@ class RecordWriter:
         segments (a read-only state directory), before anything is stopped: a stop nothing
         remembers would be undone by the next agent (it restarts what it finds recorded)."""
         record = self._loop.record
-        stopping = record.model_copy(deep=True, update={"phase": Phase.STOPPING})
+        stopping = replace(copy.deepcopy(record), phase=Phase.STOPPING)
         try:
             await asyncio.to_thread(self._store.save, stopping)
             return True
