@@ -161,6 +161,8 @@ class RegistryStore:
             return None, f"invalid record: {e}", data
         except msgspec.DecodeError as e:
             return None, f"not valid JSON: {e}", data
+        except RecursionError:  # msgspec's bound on nesting (a free-form field nested deep)
+            return None, "invalid record: nested too deep to read", data
         if record.engine_id != expected_id:
             return None, f"engine_id {record.engine_id!r} does not match file name", data
         return record, "", data

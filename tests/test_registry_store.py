@@ -205,6 +205,11 @@ BAD_CONTENT: dict[str, tuple[bytes, str]] = {
         json.dumps({**json.loads(_valid_json("bbbbbbbb")), "desired": "dreaming"}).encode(),
         "invalid record",
     ),
+    "nested too deep": (  # a free-form field (operations) nested past the decoder's bound
+        _valid_json("bbbbbbbb")[:-1] + b',"operations":{"x":{"y":' + b"[" * 100_000
+        + b"]" * 100_000 + b"}}}",
+        "invalid record",
+    ),
     "mismatched engine id": (_valid_json("cccccccc"), "does not match file name"),
 }
 
@@ -450,3 +455,32 @@ def test_a_record_written_by_the_pydantic_era_agent_is_read_whole_and_written_ba
         namespace="default", name="qwen3", uid="u-1")
     assert record.per_gpu is not None and record.per_gpu.need_bytes == 7 * 2**30
     assert msgspec.json.encode(record) == PYDANTIC_ERA_RECORD.encode()
+
+
+@pytest.mark.parametrize("carried", [
+    "",  # nothing carried
+    "[" * 100_000 + "]" * 100_000,  # nested past json's bound
+    json.dumps({"spec": {"model_name": "m", "artifact_url": "x", "ipc_name": "k",
+                         "args": {"a": [[[[]]]]}}, "port": 20001}),  # args must be strings
+    json.dumps({"spec": {"model_name": "m", "artifact_url": "x", "ipc_name": "k"},
+                "port": 20001, "per_gpu": {"maximum_footprint_bytes": 0,
+                                           "kv_floor_bytes": 1}}),  # a bound broken
+])
+def test_a_record_is_not_rebuilt_from_an_environment_it_cannot_validate(carried: str) -> None:
+    """A running engine whose record was lost is rebuilt from the spec it carries; what it
+    carries is validated as a record read from disk is, and a bad one rebuilds nothing."""
+    from registry.env import ENV_ENGINE_ID, ENV_ENGINE_SPEC
+    from registry.identity import FoundEngine
+    from runtime_agent.supervision.recovery import record_from_process
+
+    found = FoundEngine(pid=4242, start_time=1, pgid=4242,
+                        environ={ENV_ENGINE_ID: "bbbbbbbb", ENV_ENGINE_SPEC: carried})
+    assert record_from_process(found, 1.0) is None
+    good = json.dumps({"spec": {"model_name": "m", "artifact_url": "x", "ipc_name": "k"},
+                       "port": 20001, "per_gpu": {"maximum_footprint_bytes": 2,
+                                                  "kv_floor_bytes": 1}})
+    rebuilt = record_from_process(
+        FoundEngine(pid=4242, start_time=1, pgid=4242,
+                    environ={ENV_ENGINE_ID: "bbbbbbbb", ENV_ENGINE_SPEC: good}), 1.0)
+    assert rebuilt is not None and rebuilt.per_gpu is not None
+    assert rebuilt.per_gpu.need_bytes == 3 and rebuilt.phase is Phase.BOOTING

@@ -72,7 +72,8 @@ def record_from_process(found: FoundEngine, now: float) -> EngineRecord | None:
             "sleep_level": carried.get("sleep_level"),
             "credentials": {k: found.environ[k] for k in keys if k in found.environ}},
             EngineRecord)
-    except (ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
+            msgspec.ValidationError):  # RecursionError: json's and msgspec's nesting bound
         return None
 
 
