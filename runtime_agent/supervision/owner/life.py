@@ -282,6 +282,12 @@ class Life:
             record.desired = "asleep" if sleeping else "awake"
             if sleeping and record.sleep_level is None:
                 record.sleep_level = 2  # unknown: wake it the way that reloads weights
+        # Its workers are watched before any reader is told it is ready: a worker that dies
+        # after "active" was published is then always seen (one that died before the scan is
+        # gone from the table, and would never be). Engines that become ready together share
+        # one or two process scans (``group_workers``), so 32 re-adopted at once wait a scan,
+        # not 32 of them queued on the thread pool (issue 26).
+        await self._watch_workers()
         if target is loop.phase:  # a re-adopted engine: no move, but followers learn it
             loop.emit("Ready", "re-adopted engine answers /health", to=target)
             # and readers with them: the move's write below is not waited for (no phase is
@@ -292,11 +298,7 @@ class Life:
             record.healthy_since = loop.clock.wall()
         await loop.transition(target, "Ready", "answers /health")
         p.turns.end()  # after its event: the next start on its cards is told after it
-        # Readers learn what the move wrote now, not after the workers' /proc scan below: 32
-        # engines re-adopted at once are 32 scans of every process queued on the default
-        # thread pool (issue 26). A worker that ends meanwhile is found all the same.
         loop.publish()
-        await self._watch_workers()
         gen, post, engine = loop.generation, loop.post, self._engine
         self._keep_running("request-figure scrape", lambda: watchers.scrape(
             engine, s, post, gen, self._scrape_pace))
