@@ -243,3 +243,41 @@ def test_a_request_whose_engine_refused_goes_to_another_serving_replica_of_its_c
     assert got is not None and got.claim == ("ns", "c#1")  # never claim d: another claim
     assert plan.another(keys, ("ns", "c"), {("ns", "c"), ("ns", "c#1")}, decide) is None
     assert plan.another(keys, ("ns", "d"), {("ns", "d")}, decide) is None
+
+
+def test_a_sleeping_replica_is_woken_only_when_every_awake_one_would_make_a_call_wait_longer(
+        ) -> None:
+    a, b, c = ("ns", "m"), ("ns", "m#1"), ("ns", "m#2")
+    awake = plan.Forward(a, "h", 1, "agent-a")
+    asleep = [plan.Hold(b, plan.WAKE, wake=True), plan.Hold(c, plan.WAKE, wake=True)]
+
+    def chosen(wait_s: float, wake_s: float = 2.0) -> plan.Decision:
+        return plan.choose([awake, *asleep], lambda k: 0, lambda k: wait_s, lambda k: wake_s)
+
+    assert chosen(1.9) == awake  # queueing is sooner than the wake
+    assert chosen(2.0) == awake  # a tie queues: no memory moves for nothing
+    assert chosen(2.1) == asleep[0]  # the lowest replica, never all of them by load
+    assert chosen(99.0, wake_s=float("inf")) == awake  # no footprint declared: no estimate
+    waking = plan.Hold(c, plan.START)  # a wake already asked: calls converge on it
+    assert plan.choose([awake, asleep[0], waking], lambda k: 0, lambda k: 9.0,
+                       lambda k: 2.0) == waking
+    pending = plan.Hold(c, plan.START, kick=True)  # not placed yet: nothing to converge on
+    assert plan.choose([awake, pending], lambda k: 0, lambda k: 9.0, lambda k: 2.0) == awake
+    # without the figures (a route's first pass), the awake claim wins as before
+    assert plan.choose([awake, *asleep], lambda k: 5) == awake
+
+
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=4), st.floats(0, 100),
+       st.sampled_from([plan.WAKE, plan.START, plan.MOVE, plan.ROOM, plan.SETTLE]),
+       st.booleans())
+def test_an_awake_replica_is_passed_over_only_for_a_sleeping_one_that_wakes_sooner(
+        waits: list[float], wake_s: float, cause: str, kick: bool) -> None:
+    awake = [plan.Forward(("ns", f"m#{i + 1}"), "h", 1, "agent") for i in range(len(waits))]
+    held = plan.Hold(("ns", "m"), cause, kick=kick)
+    coming = cause == plan.WAKE or cause == plan.START and not kick
+    wait = {d.claim: w for d, w in zip(awake, waits)}
+    got = plan.choose([held, *awake], lambda k: 0, wait.__getitem__, lambda k: wake_s)
+    if coming and min(waits) > wake_s:
+        assert got == held
+    else:
+        assert isinstance(got, plan.Forward)

@@ -353,3 +353,28 @@ async def test_a_refused_connection_is_known_never_to_have_reached_the_engine() 
     async with Upstream(timeout=5) as upstream:
         with pytest.raises(UpstreamUnreachable, match="cannot connect"):
             await upstream.post("127.0.0.1", port, "/v1/completions", {}, b"{}")
+
+
+async def test_a_queue_at_the_awake_replica_wakes_the_one_asleep_beside_it(pool: Pool) -> None:
+    """Replica 1 asleep, replica 0 awake with one slot and 1 s calls, six calls at once: once
+    a call would wait at replica 0 longer than replica 1 takes to wake (2 GiB at the seed's
+    1 GiB/s), the door wakes replica 1 and the rest go there. Every call once queued at the
+    awake replica while the other slept until the idle rule removed it."""
+    one_slot = {"--max-num-seqs": "1", "--sim-request-seconds": "1"}
+    pool.write("m", replicated("m", 2, **one_slot).replace("6Gi", "2Gi", 1))
+    await pool.start()
+    await pool.serving("m", 2)
+    assert pool.app is not None
+    pool.app.deps.books.ask_release("m-model#1", ("default", "m#1"))
+    await pool.until("replica 1 asleep, replica 0 serving", lambda: [
+        s.phase if s else None for s in (pool.status("m"), pool.status("m#1"))]
+        == ["Active", "Sleeping"])
+    before = len(pool.access())
+    answers = await asyncio.gather(*(pool.chat("m-model") for _ in range(6)))
+    assert [status for status, _ in answers] == [200] * 6
+    await pool.until("6 more access lines", lambda: len(pool.access()) >= before + 6)
+    agents = [line["upstream"].split()[0] for line in pool.access()[before:]]
+    assert sorted(set(agents)) == ["agent-a", "agent-b"], agents
+    st = pool.status("m#1")
+    assert st is not None and st.phase == "Active"
+    assert "Woken" in [e["reason"] for e in st.as_json()["events"]]

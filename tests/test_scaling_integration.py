@@ -60,9 +60,10 @@ async def test_a_sustained_burst_adds_a_copy_on_the_other_agent_and_idle_time_re
     """One call at a time per engine, 1 s each, and four callers in a loop: at the one copy a
     new call waits what is left of the soonest call plus three behind it (30 s each until the
     door has seen a latency, then about 1 s each), more than a 2 GiB copy's load (2 s) for 2 s,
-    so a second copy starts on agent-b and the door spreads calls over both. Once the callers
-    stop, the copy sleeps after 1 s idle and is removed after 2 s (twice that)."""
-    await two_copies_by_a_burst(pool, sleep_after_s=1)
+    so a second copy starts on agent-b and the door spreads calls over both (had the copy gone
+    to sleep since the burst, the queue at agent-a wakes it). Once the callers stop, the copy
+    sleeps after 2 s idle and is removed after 4 s (twice that)."""
+    await two_copies_by_a_burst(pool, sleep_after_s=2)
     before = len(pool.access())
     answers = await asyncio.gather(*(pool.chat("m-model") for _ in range(8)))
     assert [s for s, _ in answers] == [200] * 8

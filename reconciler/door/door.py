@@ -25,6 +25,7 @@ and the idle tracker is told the model was busy when a request starts and ends.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,7 +49,7 @@ from reconciler.door.routing import Rechoice, Routed, Router
 from reconciler.door.settings import DoorSettings
 from reconciler.replicas import base_key, replica_keys, route_name
 from reconciler.routes import Route, route_of
-from reconciler.selection.delay import Demand, queue_wait
+from reconciler.selection.delay import Demand, bring_up, queue_wait
 from reconciler.selection.route_spec import Route as ModelRoute
 from reconciler.status import ACTIVE, SLEEPING, ClaimStatus
 
@@ -170,6 +171,21 @@ class Door:
         held = -(-self.ledger.held(claim.model_name) // len(serving))
         return min(queue_wait(fw.in_flight(k), held, per, fw.latency(k), now) for k in serving)
 
+    def engine_wait(self, key: ClaimKey) -> float:
+        """Seconds until a new call could start at the claim's engine, from the door's forwards
+        to it (``queue_wait``; what ``plan.choose`` weighs against waking another copy)."""
+        claim = self.catalog.claim(base_key(key))
+        per = slots(claim.engine, claim.engine_args) if claim is not None else 1
+        fw = self.forwards
+        return queue_wait(fw.in_flight(key), 0, per, fw.latency(key), self.w.clock.now())
+
+    def wake_estimate(self, key: ClaimKey) -> float:
+        """Seconds a sleeping copy of the claim takes to serve: its footprint at the seed's
+        1 GiB/s, as the scaler prices a copy (a wake is faster, so this leans to queueing);
+        infinite when the claim declared no footprint."""
+        per_gpu = self.w.per_gpu(base_key(key))
+        return bring_up(None, per_gpu.maximum_footprint) if per_gpu is not None else math.inf
+
     def replicas(self, key: ClaimKey) -> tuple[ClaimKey, ...]:
         """The claim's key and its replicas' (``reconciler.replicas``), replica 0 first."""
         claim = self.catalog.claim(key)
@@ -194,7 +210,8 @@ class Door:
                     and self._healthy(known[1].agent):
                 return known[1]
         decisions = [plan.decide(k, *self.status_and_route(k)) for k in keys]
-        chosen = plan.choose(decisions, lambda k: self.ledger.in_flight(self.route_of(k)))
+        chosen = plan.choose(decisions, lambda k: self.ledger.in_flight(self.route_of(k)),
+                             self.engine_wait, self.wake_estimate)
         if len(keys) == 1 and isinstance(chosen, plan.Forward):
             self._decided[keys[0]] = (self.changes.version, chosen)
         return chosen

@@ -26,6 +26,10 @@ fewest requests in flight, else the cheapest to make servable (``COST``), ties b
 then by replica index, never by load: a held call counts as in flight on the replica it waits
 for, so by load the next call of a burst would pick, and wake, another sleeping replica (one
 burst woke every replica of a claim; now it wakes replica 0, or the lowest that can wake).
+An awake one is passed over for a sleeping (or waking) one only when a new call would wait
+longer at every awake one (the seed's queue wait at its engine) than the other takes to wake:
+otherwise a copy asleep beside a busy one was never woken by traffic, and a burst queued at
+the one awake copy until the idle copy was removed.
 
 ``another`` is where a request goes whose engine refused the connection (it never reached it):
 another replica of the same claim that serves now (``reconciler.replicas``), if there is one.
@@ -124,23 +128,39 @@ def decide(key: ClaimKey, st: ClaimStatus | None, route: Route | None) -> Decisi
     return Hold(key, START, kick=True)
 
 
-def choose(decisions: Sequence[Decision], in_flight: Callable[[ClaimKey], int]) -> Decision:
+def choose(decisions: Sequence[Decision], in_flight: Callable[[ClaimKey], int],
+           wait: Callable[[ClaimKey], float] | None = None,
+           wake: Callable[[ClaimKey], float] | None = None) -> Decision:
     """Per-call placement among the claims serving one name (``decisions`` is not empty): the
     awake claim with the fewest requests in flight, else the held one cheapest to make
-    servable (the lowest replica first); a refusal only when every claim refuses."""
+    servable (the lowest replica first); a refusal only when every claim refuses.
+
+    ``wait`` (seconds until a new call could start at an awake claim's engine) and ``wake``
+    (seconds a sleeping claim takes to wake): with both, a claim asleep or on its way up
+    (activating: a wake asked already) is chosen over the awake ones when the shortest wait
+    among them is longer than its wake; one on its way first, so a burst converges on it."""
     if len(decisions) == 1:
         return decisions[0]
 
     def load(d: Decision) -> tuple[int, ClaimKey]:
         return in_flight(d.claim), d.claim
 
-    awake = [d for d in decisions if isinstance(d, Forward)]
-    if awake:
-        return min(awake, key=load)
-    held = [d for d in decisions if isinstance(d, Hold)]
-    if held:  # not by load: a held call counts as in flight on the one it waits for, so the
-        # next call of a burst would pick (and wake) another sleeping replica, and each
+    def cheapest(held: Sequence[Hold]) -> Hold:
+        # not by load: a held call counts as in flight on the one it waits for, so the next
+        # call of a burst would pick (and wake) another sleeping replica, and each
         return min(held, key=lambda d: (COST[d.cause], base_key(d.claim), index_of(d.claim)))
+
+    awake = [d for d in decisions if isinstance(d, Forward)]
+    held = [d for d in decisions if isinstance(d, Hold)]
+    if awake:
+        coming = [d for d in held if d.cause == WAKE or d.cause == START and not d.kick]
+        if coming and wait is not None and wake is not None:  # asleep, or waking already
+            woken = cheapest(coming)
+            if min(wait(d.claim) for d in awake) > wake(woken.claim):
+                return woken
+        return min(awake, key=load)
+    if held:
+        return cheapest(held)
     return min(decisions, key=lambda d: d.claim)
 
 
