@@ -668,6 +668,29 @@ async def test_used_kv_grows_with_running_requests_and_shrinks_after(launch: Lau
         assert info is not None and (info.total_size, info.used_size, info.prealloc_size) == (2 * GIB, 0, 0)
 
 
+async def test_the_gpu_report_follows_kv_in_use_as_requests_come_and_go(launch: Launcher,
+                                                                       tmp_path: Path) -> None:
+    """The report is written by whoever changed the memory (nothing polls it): a request's KV is
+    in the report while the request runs and gone once it answered."""
+    channel = tmp_path / "gpu"
+    channel.mkdir()
+    sim = launch("--sim-request-seconds", "1.5", "--sim-kv-bytes-per-request", str(3 * MIB),
+                 "--sim-kv-page-bytes", str(MIB), "--sim-kv-layers", "2",
+                 env={**kv_env(tmp_path), "AIBRIX_SIM_GPU_DIR": str(channel),
+                      "CUDA_VISIBLE_DEVICES": "0"})
+    report = channel / f"{sim.proc.pid}.json"
+    assert wait_until(report.exists, 5)
+    assert GpuReport.from_json(report.read_text()).kv_bytes == 0
+    async with aiohttp.ClientSession() as session:
+        url = f"{sim.url}/v1/completions"
+        requests = [asyncio.create_task(post_json(session, url, {"prompt": f"p{i}"}))
+                    for i in range(2)]
+        assert await segment_used_becomes(tmp_path, 8 * MIB, timeout=5.0)
+        assert GpuReport.from_json(report.read_text()).kv_bytes == 8 * MIB  # written with it
+        assert [status for status, _ in await asyncio.gather(*requests)] == [200, 200]
+    assert GpuReport.from_json(report.read_text()).kv_bytes == 0  # before the answers came
+
+
 async def test_a_limit_below_use_keeps_live_kv_and_makes_new_requests_wait(launch: Launcher, tmp_path: Path) -> None:
     request_s = 3.0  # everything up to the gather below happens while the first three run
     sim = launch("--sim-request-seconds", str(request_s), "--sim-kv-bytes-per-request", str(8 * MIB),

@@ -19,7 +19,7 @@ import os
 import struct
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -66,6 +66,7 @@ class KvCache:
         self._changed = asyncio.Condition()
         self._queue: deque[object] = deque()  # requests waiting for KV, first come first served
         self._watch: asyncio.Task[None] | None = None
+        self.used_changed: Callable[[], None] = lambda: None  # the GPU report follows ``used``
 
     # --- the segment file ---------------------------------------------------------------------------
 
@@ -218,11 +219,13 @@ class KvCache:
                 self._queue.remove(ticket)
                 await asyncio.shield(self._notify())
             raise
-        self._publish_used()
+        self.used_changed()  # the GPU report before the segment: a reader of both never sees
+        self._publish_used()  # the segment ahead of the memory it stands for
         try:
             yield
         finally:
             self.used -= need
+            self.used_changed()
             self._publish_used()
             await asyncio.shield(self._notify())  # wake the next in line even if this task is cancelled
 

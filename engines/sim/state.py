@@ -85,6 +85,7 @@ class EngineState:
         if options.kvcached_ipc_name is not None:
             self.kv = KvCache(options.kvcached_ipc_name, options.kvcached_shm_dir, options.kv_capacity_bytes,
                               options.kv_request_bytes)
+            self.kv.used_changed = lambda: self.memory_changed()  # looked up late: main sets it
         self._transition_lock = asyncio.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
         if options.mode == "sglang":
