@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from msgspec import Struct
 import psutil
+from msgspec import Struct
 
 from engines.cgroups import EngineCgroups
 from registry.identity import StatFields, live_processes, process_start_time, scan_engines
@@ -157,10 +157,7 @@ def group_workers(leader: int) -> list[tuple[int, str]]:
 
     The process table is ``_TABLE``'s: 32 engines re-adopted or started at once share one or
     two scans of every process instead of making 32 (issue 26)."""
-    table = _TABLE.read(time.monotonic())
-    children: dict[int, list[int]] = {}
-    for pid, fields in table.items():
-        children.setdefault(fields.ppid, []).append(pid)
+    table, children = _TABLE.read_tree(time.monotonic())
     found = []
     todo = list(children.get(leader, ()))
     while todo:
@@ -182,13 +179,21 @@ class _SharedScan:
         self._lock = threading.Lock()
         self._began = -1.0
         self._table: dict[int, StatFields] = {}
+        self._children: dict[int, list[int]] = {}
 
     def read(self, asked: float) -> dict[int, StatFields]:
+        return self.read_tree(asked)[0]
+
+    def read_tree(self, asked: float) -> tuple[dict[int, StatFields], dict[int, list[int]]]:
+        """The table and each pid's children in it, built once per scan for all who share it."""
         with self._lock:
             if self._began < asked:
                 self._began = time.monotonic()
                 self._table = live_processes()
-            return self._table
+                self._children = {}
+                for pid, fields in self._table.items():
+                    self._children.setdefault(fields.ppid, []).append(pid)
+            return self._table, self._children
 
 
 _TABLE = _SharedScan()
