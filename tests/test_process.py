@@ -388,3 +388,40 @@ def test_a_burst_of_worker_lookups_shares_two_scans_and_none_misses_an_older_pro
     finally:
         child.kill()
         child.wait()
+
+
+def _autogroup_nice(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/autogroup", encoding="ascii") as fh:
+            return int(fh.read().split()[-1])
+    except OSError:
+        return None
+
+
+async def test_an_engine_runs_nicer_than_the_agent_and_so_do_the_workers_it_starts(
+        tmp_path: Path) -> None:
+    """The launcher's ``nicer`` (``--engine-nice``): the engine, and a worker it starts later,
+    run that much nicer than the agent, and where the kernel shares the CPU out by session
+    (autogroup) the engine's session does too; the agent's own stays as it was."""
+    code = ("import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(30)']); print('PIDS', w.pid, flush=True); time.sleep(30)")
+    log = tmp_path / "engine.log"
+    mine, my_group = os.getpriority(os.PRIO_PROCESS, 0), _autogroup_nice(os.getpid())
+    proc = await ProcessLauncher(tmp_path, nicer=7).spawn([sys.executable, "-c", code],
+                                                          dict(os.environ), log)
+    pid = proc.pid  # type: ignore[attr-defined]
+    try:
+        deadline = time.monotonic() + 30
+        while not _said(log, "PIDS"):
+            assert time.monotonic() < deadline, "the engine never started its worker"
+            await asyncio.sleep(0.02)
+        worker = int(_said(log, "PIDS")[0])
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + 7)
+        assert os.getpriority(os.PRIO_PROCESS, worker) == min(19, mine + 7)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the agent's own is untouched
+        if my_group is not None and os.geteuid() == 0:  # unprivileged, the kernel may refuse
+            assert _autogroup_nice(pid) == min(19, my_group + 7)
+            assert _autogroup_nice(os.getpid()) == my_group
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+        await asyncio.wait_for(proc.exited, 10)  # type: ignore[attr-defined]
