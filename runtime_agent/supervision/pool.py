@@ -107,6 +107,9 @@ class EnginePool:
         self.owners: dict[str, EngineOwner] = {}
         self._admitting: set[str] = set()  # names waiting for memory before they get an owner
         self._claiming: dict[str, str] = {}  # ipc name -> engine id, claimed, not yet an owner
+        # Owners whose record is not written yet: readers do not see them, since an agent
+        # killed then forgets them (the activation is not answered: its caller asks again)
+        self._unrecorded: set[str] = set()
 
     # ---- activation -----------------------------------------------------------------------
 
@@ -160,6 +163,8 @@ class EnginePool:
                               devices=list(admitted.devices), credentials=req.credentials,
                               kv_owner_inode=marker)
         owner = self._add(record, StartMode.SPAWN)
+        self._unrecorded.add(name)  # until answered: its record is written before that
+        owner.answered.add_done_callback(lambda _: self._recorded(owner))
         # Answered once the process started or the start waits (its turn on its cards, the
         # weight cache, its port): at once either way; a waiting start says why in the answer.
         error = await asyncio.shield(owner.answered)
@@ -266,6 +271,10 @@ class EnginePool:
             owner.finished.add_done_callback(lambda _: self._forget(owner))
         return owner
 
+    def _recorded(self, owner: EngineOwner) -> None:
+        self._unrecorded.discard(owner.name)
+        self._deps.on_view(owner.view)  # readers see it come: one more change
+
     def _forget(self, owner: EngineOwner) -> None:
         if self.owners.get(owner.name) is owner and owner.view.phase is Phase.STOPPED:
             del self.owners[owner.name]
@@ -343,7 +352,8 @@ class EnginePool:
     # ---- reading --------------------------------------------------------------------------
 
     def views(self) -> list[EngineView]:
-        return [o.view for o in self.owners.values()]
+        """What readers see: every owner but those whose record is not written yet."""
+        return [o.view for name, o in self.owners.items() if name not in self._unrecorded]
 
     def view_of(self, model_name: str) -> EngineView | None:
         owner = self.owners.get(model_name)
