@@ -252,30 +252,10 @@ def in_directory(argv: Sequence[str], executable: str, cwd: Path) -> tuple[str, 
                        os.path.abspath(executable), *argv[1:]]
 
 
-def make_nicer(pid: int, by: int) -> bool:
-    """Make a process just spawned (a session leader) ``by`` nicer than this thread: its
-    niceness, which the workers it starts later inherit, and, where the kernel shares the CPU
-    out by session (autogroup: a process in the root cpu cgroup), its session's as well, or
-    the engine's own session would weigh as much as the agent's whatever its niceness. The
-    kernel lets an unprivileged process change a session's niceness ten times a second; past
-    that (a burst of starts) the session keeps its default. Whether the session's was set."""
-    with contextlib.suppress(ProcessLookupError):  # gone already: its exit is seen
-        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + by))
-    try:
-        with open("/proc/self/autogroup", encoding="ascii") as fh:  # "/autogroup-1 nice 0"
-            own = int(fh.read().split()[-1])
-        with open(f"/proc/{pid}/autogroup", "w", encoding="ascii") as fh:
-            fh.write(str(min(19, own + by)))
-    except (OSError, ValueError, IndexError):  # no autogroup here, the kernel's rate, or gone
-        return False
-    return True
-
-
 def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path,
-                    shown: Sequence[str], nicer: int = 0) -> int:
-    """posix_spawn ``argv`` in a new session, in ``cwd``, ``nicer`` than the agent
-    (``make_nicer``); the log's header names ``shown`` (the engine's own command line, without
-    the cgroup shim)."""
+                    shown: Sequence[str]) -> int:
+    """posix_spawn ``argv`` in a new session, in ``cwd``; the log's header names ``shown``
+    (the engine's own command line, without the cgroup shim)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     executable, argv = in_directory(argv, resolve_executable(argv[0]), cwd)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
@@ -283,7 +263,7 @@ def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path,
     try:
         header = f"=== engine start {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {' '.join(shown)}\n"
         os.write(log_fd, header.encode())
-        pid = os.posix_spawn(
+        return os.posix_spawn(
             executable,
             list(argv),
             dict(env),
@@ -297,9 +277,6 @@ def _spawn_blocking(argv: Sequence[str], env: Mapping[str, str], log_path: Path,
     finally:
         os.close(log_fd)
         os.close(null_fd)
-    if nicer:  # posix_spawn sets no niceness: at once, before the engine has started anything
-        make_nicer(pid, nicer)
-    return pid
 
 
 class ProcessLauncher:
@@ -309,11 +286,9 @@ class ProcessLauncher:
     ``cgroups`` each engine runs in its own cgroup (``engines/cgroups.py``). Tests use the
     same class."""
 
-    def __init__(self, cwd: Path | None = None, cgroups: EngineCgroups | None = None,
-                 nicer: int = 0) -> None:
+    def __init__(self, cwd: Path | None = None, cgroups: EngineCgroups | None = None) -> None:
         self._cwd = cwd or Path.cwd()
         self.cgroups = cgroups
-        self.nicer = nicer  # engines run this much nicer than the agent (``make_nicer``)
 
     async def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], log_path: Path
@@ -323,8 +298,7 @@ class ProcessLauncher:
         if self.cgroups is not None and engine_id:  # the shell finds no executable of its own
             command = self.cgroups.wrap([resolve_executable(argv[0]), *argv[1:]], engine_id)
         # posix_spawn and the log header are blocking syscalls: run them off the event loop.
-        pid = await asyncio.to_thread(_spawn_blocking, command, env, log_path, self._cwd, argv,
-                                      self.nicer)
+        pid = await asyncio.to_thread(_spawn_blocking, command, env, log_path, self._cwd, argv)
         start_time = process_start_time(pid)
         if start_time is None:  # exited before we looked: still watch it to get its status
             start_time = 0

@@ -125,7 +125,7 @@ class Agent:
         # no stall clock of the pool's own: every control call brings its own deadline
         self._http = http = Upstream(timeout=None)
         cgroups = await asyncio.to_thread(engine_cgroups, s)
-        deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(engine_cwd, cgroups, s.engine_nice),
+        deps = OwnerDeps(settings=s, store=store, launcher=ProcessLauncher(engine_cwd, cgroups),
                          driver_for=lambda record: make_driver(s, http, record),
                          on_event=self._on_event, on_view=self._on_view, memory=self.memory,
                          stager=_stager(self.artifacts),

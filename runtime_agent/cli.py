@@ -142,13 +142,6 @@ def _count(text: str) -> int:
     return count
 
 
-def _niceness(text: str) -> int:
-    value = whole_number(text)
-    if value is None or not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 19")
-    return value
-
-
 def _size_or_zero(text: str) -> int:
     return 0 if text.strip() == "0" else _size(text)
 
@@ -216,7 +209,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         health_interval_s=args.health_interval, unresponsive_after=args.unresponsive_after,
         unresponsive_grace_s=args.unresponsive_grace, budget_reset_s=args.budget_reset,
         steady_backoff=args.steady_backoff, scrape_interval_max_s=args.scrape_interval_max,
-        engine_nice=args.engine_nice,
         allow_trust_remote_code=args.allow_trust_remote_code,
         artifact_reserve_bytes=args.artifact_reserve,
         artifact_local_roots=tuple(Path(os.path.abspath(p)) for p in args.artifact_local_root),
@@ -462,11 +454,6 @@ def serve_parser(sub: Any) -> None:
                      "%(default)g; a controller's last look before an idle sleep reads the "
                      "engine itself: the snapshot with ?fresh=requests; keep 2 under AIBrix's "
                      "controller, which does not ask for it)")
-    sup.add_argument("--engine-nice", type=_niceness, default=10,
-                     help="engines run this much nicer than the agent (0-19; default "
-                     "%(default)s): when the node's CPUs are short, as when dozens of engines "
-                     "start at once, the agent's own work goes first; engines share the CPU "
-                     "among themselves as before, and the GPU is not affected")
     sup.add_argument("--steady-backoff", type=_factor, default=10.0,
                      help="while nothing changes, health probes, scrapes and KV checks of an "
                      "engine slow down, doubling, to this many times their interval; any change "

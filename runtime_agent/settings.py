@@ -104,10 +104,6 @@ class Settings(Struct, frozen=True):
     # doubling up to this many times their interval (1: a fixed interval); any change brings
     # them back to it (runtime_agent.cadence).
     steady_backoff: float = 10.0
-    # Engines run this much nicer than the agent (``engines.process.make_nicer``): 64 engines
-    # starting at once keep this machine's 2 cores busy, and at an equal share the agent, one
-    # of 65, took 15 s to accept 64 activations sent together (2.6 s with engines nicer).
-    engine_nice: int = 10
     # ... and scrapes at most to this (the first request after a quiet spell is in the
     # snapshot's figures within it). An idle sleep's last look does not rest on them: it reads
     # the engine then (``?fresh=requests``, ``runtime_agent.api.fresh``), so they may back off
