@@ -167,17 +167,17 @@ class Door:
         serving = [k for k in self.replicas(key) if isinstance(self.decide((k,)), plan.Forward)]
         if not serving:
             return None
-        fw, now, per = self.forwards, self.w.clock.now(), slots(claim.engine, claim.engine_args)
         held = -(-self.ledger.held(claim.model_name) // len(serving))
-        return min(queue_wait(fw.in_flight(k), held, per, fw.latency(k), now) for k in serving)
+        return min(self.engine_wait(k, held) for k in serving)
 
-    def engine_wait(self, key: ClaimKey) -> float:
+    def engine_wait(self, key: ClaimKey, held: int = 0) -> float:
         """Seconds until a new call could start at the claim's engine, from the door's forwards
-        to it (``queue_wait``; what ``plan.choose`` weighs against waking another copy)."""
+        to it and ``held`` more calls waiting for it (``queue_wait``; what ``plan.choose``
+        weighs against waking another copy)."""
         claim = self.catalog.claim(base_key(key))
         per = slots(claim.engine, claim.engine_args) if claim is not None else 1
         fw = self.forwards
-        return queue_wait(fw.in_flight(key), 0, per, fw.latency(key), self.w.clock.now())
+        return queue_wait(fw.in_flight(key), held, per, fw.latency(key), self.w.clock.now())
 
     def wake_estimate(self, key: ClaimKey) -> float:
         """Seconds a sleeping copy of the claim takes to serve: its footprint at the seed's
