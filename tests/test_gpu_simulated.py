@@ -15,6 +15,7 @@ from engines.sim.gpu_report import (
     channel_from_env,
     devices_from_env,
 )
+from runtime_agent.gpu import simulated
 from runtime_agent.gpu.model import GpuProcess
 from runtime_agent.gpu.simulated import (
     SimulatedGpuBackend,
@@ -193,3 +194,49 @@ def test_devices_from_env_refuses_uuids() -> None:
 def test_channel_from_env(tmp_path: Path) -> None:
     assert channel_from_env({}) is None and channel_from_env({"AIBRIX_SIM_GPU_DIR": ""}) is None
     assert channel_from_env({"AIBRIX_SIM_GPU_DIR": str(tmp_path)}) == tmp_path
+
+
+# ---- reading the channel cheaply --------------------------------------------------------------
+
+def test_an_unchanged_report_is_not_parsed_again(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample reads every engine's report; an unchanged file costs a stat, not a parse."""
+    chan = tmp_path / "chan"
+    parsed: list[str] = []
+
+    class Counting:
+        @staticmethod
+        def from_json(text: str) -> GpuReport:
+            parsed.append(text)
+            return GpuReport.from_json(text)
+
+    monkeypatch.setattr(simulated, "GpuReport", Counting)
+    real_ns = simulated.time.time_ns
+    backend = SimulatedGpuBackend("1x80GiB", chan, is_alive=lambda pid: True)
+    reporter = GpuReporter(chan, 101, [0])
+    reporter.update(GIB, 0, 0)
+    # the file was written well before the read: its timestamps cannot hide a change
+    monkeypatch.setattr(simulated.time, "time_ns", lambda: real_ns() + 10**9)
+    assert backend.sample().processes == (GpuProcess(101, 0, GIB),)
+    assert backend.sample().processes == (GpuProcess(101, 0, GIB),)
+    assert len(parsed) == 1
+    reporter.update(2 * GIB, 0, 0)  # replaced (a new file): read again
+    assert backend.sample().processes == (GpuProcess(101, 0, 2 * GIB),)
+    assert len(parsed) == 2
+
+
+def test_a_report_rewritten_in_place_within_a_clock_tick_is_read_again(tmp_path: Path) -> None:
+    """A file's timestamps may have the kernel's coarse clock: a rewrite of the same size right
+    after a read may keep its inode, size and times, so a file that new is always read. (A
+    kernel with fine-grained timestamps, 6.13 and later, shows the change anyway.)"""
+    chan = tmp_path / "chan"
+    chan.mkdir()
+    backend = SimulatedGpuBackend("1x80GiB", chan, is_alive=lambda pid: True)
+    path = chan / "101.json"
+    path.write_text('{"pid": 101, "devices": [0], "weights_bytes": 1000}')
+    assert backend.sample().processes == (GpuProcess(101, 0, 1000),)
+    path.write_text('{"pid": 101, "devices": [0], "weights_bytes": 2000}')
+    assert backend.sample().processes == (GpuProcess(101, 0, 2000),)
+    path.write_text('{"pid": 101, "devices": [0], "weights_bytes": 3o00}')
+    sample = backend.sample()
+    assert sample.processes == () and sample.error is not None and "101.json" in sample.error

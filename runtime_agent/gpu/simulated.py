@@ -10,12 +10,13 @@ of dead processes are ignored and removed (an engine killed with SIGKILL cannot 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
+from msgspec import Struct
 
 from contract.quantity import QuantityError, parse_size
 from engines.sim.gpu_report import GpuReport
@@ -41,17 +42,64 @@ def parse_spec(spec: str) -> tuple[int, int, str]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether the process exists and is not a zombie (a zombie holds no memory)."""
+    """Whether the process exists and is not a zombie (a zombie holds no memory).
+
+    One read of ``/proc/<pid>/stat`` (its state follows the command name, which may hold
+    spaces and ')'): a sample checks every report's process, and psutil's ``Process`` costs
+    ten times as much (64 checks: 3.5 ms against 0.3 ms here)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            line = fh.read()
+    except OSError:
         return False
+    state = line[line.rfind(b")") + 2:line.rfind(b")") + 3]
+    return state not in (b"Z", b"X", b"")
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
     """``total`` in ``parts`` integer shares summing to ``total``; the first take the remainder."""
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+# A file's timestamps have the kernel's coarse clock (a jiffy, up to 10 ms): a file changed
+# within that of its last read may look unchanged, so such a file is read again (git's "racy"
+# rule). Engines replace their report atomically, so a changed file is also a new inode.
+_RACY_NS = 20_000_000
+
+
+class _Read(Struct, frozen=True):
+    """One report file as last read: its identity, when the read began, and what it held (or
+    why it is no report)."""
+
+    stat: tuple[int, int, int, int]  # inode, size, mtime and ctime in ns
+    read_at_ns: int
+    report: GpuReport | str
+
+
+def _read_report(path: str, last: _Read | None) -> _Read | None:
+    """The file's report, parsed again only when it changed since ``last``; None when the
+    file is gone. A sample reads every engine's report: 64 unchanged ones cost 64 ``stat``
+    calls instead of 64 reads and parses."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return _Read((0, 0, 0, 0), 0, str(exc))
+    stat = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if (last is not None and last.stat == stat
+            and max(st.st_mtime_ns, st.st_ctime_ns) < last.read_at_ns - _RACY_NS):
+        return last
+    read_at = time.time_ns()
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode()
+        return _Read(stat, read_at, GpuReport.from_json(text))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        return _Read(stat, read_at, str(exc))
 
 
 class SimulatedGpuBackend:
@@ -69,35 +117,38 @@ class SimulatedGpuBackend:
                         size) for i in range(count)]
         self._clock = clock
         self._is_alive = is_alive
+        self._read: dict[str, _Read] = {}  # what each file held when last read
 
     def reports(self) -> tuple[list[GpuReport], list[str]]:
         """The live engines' reports (sorted by pid) and the problems met reading the channel."""
         reports: list[GpuReport] = []
         problems: list[str] = []
         try:
-            names = sorted(p.name for p in self.channel_dir.iterdir())
+            with os.scandir(self.channel_dir) as entries:
+                found = sorted((e.name, e.path) for e in entries)
         except OSError as exc:
             return [], [f"channel {self.channel_dir} unreadable: {exc}"]
-        for name in names:
+        read: dict[str, _Read] = {}
+        for name, path in found:
             match = _REPORT_NAME.match(name)
             if match is None:
                 continue  # temp files of a writer in progress, anything else
-            path, pid = self.channel_dir / name, int(match[1])
+            pid = int(match[1])
             if not self._is_alive(pid):
                 with contextlib.suppress(OSError):
-                    path.unlink()
+                    os.unlink(path)
                 continue
-            try:
-                report = GpuReport.from_json(path.read_text())
-            except FileNotFoundError:
+            got = _read_report(path, self._read.get(name))
+            if got is None:
                 continue  # its engine withdrew it just now
-            except (OSError, ValueError) as exc:
-                problems.append(f"{name}: {exc}")
-                continue
-            if report.pid != pid:
-                problems.append(f"{name}: names pid {pid} but holds pid {report.pid}")
-                continue
-            reports.append(report)
+            read[name] = got
+            if isinstance(got.report, str):
+                problems.append(f"{name}: {got.report}")
+            elif got.report.pid != pid:
+                problems.append(f"{name}: names pid {pid} but holds pid {got.report.pid}")
+            else:
+                reports.append(got.report)
+        self._read = read
         return sorted(reports, key=lambda r: r.pid), problems
 
     def host_bytes(self) -> dict[int, int]:
