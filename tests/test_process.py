@@ -177,6 +177,37 @@ async def test_an_exit_says_how_and_when_and_closing_afterwards_touches_nothing(
     os.fstat(1)  # ... and no descriptor of the agent's was closed in its place
 
 
+async def test_subprocess_never_reaps_an_engine_so_its_exit_status_is_read(
+        tmp_path: Path) -> None:
+    """Engines are started through ``subprocess.Popen``; a Popen collected while its child
+    runs is swept by the next Popen with ``waitpid``, which would take the status the pidfd
+    watch reads. The launcher keeps its children out of that sweep."""
+    import gc
+
+    proc = await ProcessLauncher(tmp_path).spawn(
+        [sys.executable, "-c", "import sys; sys.stdin.read(); raise SystemExit(5)"],
+        dict(os.environ), tmp_path / "engine.log")
+    try:
+        # its stdin is /dev/null, so it ends at once; a sweep after that would reap it
+        await asyncio.to_thread(os.waitid, os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        gc.collect()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)  # runs subprocess's sweep
+        info = await asyncio.wait_for(proc.exited, 10)
+    finally:
+        proc.signal_group(signal.SIGKILL)
+    assert (info.code, info.signal) == (5, None)
+
+
+async def test_a_start_in_a_missing_directory_is_refused_before_any_process_runs(
+        tmp_path: Path) -> None:
+    from engines.process import SpawnError
+
+    log = tmp_path / "engine.log"
+    with pytest.raises(SpawnError, match="nope"):
+        await ProcessLauncher(tmp_path / "nope").spawn([sys.executable, "-c", "pass"],
+                                                       dict(os.environ), log)
+
+
 async def test_the_launcher_records_the_start_time_the_kernel_reports(tmp_path: Path) -> None:
     proc = await ProcessLauncher(tmp_path).spawn(
         [sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ),
